@@ -1,0 +1,47 @@
+# Two commands do everything on a fresh machine with Python 3.10+: `make demo` and `make test`.
+# Set-up is a virtualenv in .venv with the exact versions of requirements.lock; it reruns only when the
+# lock file or pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO := artifacts/demo
+export PATH := $(abspath $(BIN)):$(PATH)
+
+.PHONY: demo test lint format bench clean setup
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+# The main job on the embedded default: synthetic speakers -> train notebook -> infer notebook -> score.
+demo: $(STAMP)
+	$(BIN)/python -m pipeline data synthetic --out $(DEMO)/data --overwrite
+	$(BIN)/papermill notebooks/train.ipynb $(DEMO)/train.out.ipynb \
+		-p data_dir $(DEMO)/data -p artifact_dir $(DEMO)/model
+	$(BIN)/papermill notebooks/infer.ipynb $(DEMO)/infer.out.ipynb \
+		-p data_dir $(DEMO)/data -p artifact_dir $(DEMO)/model -p submission_path $(DEMO)/submission.csv
+	$(BIN)/python -m pipeline score --submission $(DEMO)/submission.csv --solution $(DEMO)/data/solution.csv
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+	$(BIN)/jupytext --sync notebooks/*.ipynb
+
+test: lint
+	$(BIN)/python -m pytest -q -ra
+
+bench: $(STAMP)
+	$(BIN)/python -m benchmarks.run
+
+clean:
+	rm -rf artifacts/demo benchmarks/out .pytest_cache

@@ -1,0 +1,46 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% tags=["parameters"]
+# Parameters (papermill: -p NAME VALUE). Every field of pipeline.config.TrainConfig is accepted;
+# an unknown name stops the run. None means "find it" (Kaggle inputs) or "the default for this hardware".
+data_dir = None  # competition folder: train.csv, test.csv, sample_submission.csv
+artifact_dir = None  # where the model artifact is written
+accelerator = "auto"  # auto | tpu | cuda | cpu
+devices = None  # data-parallel devices/processes (auto: all)
+model_size = "auto"  # auto | tiny | small | base | voxceleb
+epochs = 12
+per_device_batch_size = 32
+base_batch_size = 32  # the batch size base_lr was tuned for
+base_lr = 2e-3
+lr_scaling = "sqrt"  # linear | sqrt | none
+precision = "auto"  # auto | fp32 | bf16 | fp16
+time_budget_minutes = None  # stop in time to save (auto on Kaggle)
+
+# %% [markdown]
+# # Train an ECAPA-TDNN speaker classifier and save the artifact
+# Uses every device of the session: TPU v5e-8 / v3-8 (torch_xla SPMD), GPU T4 x2 (DDP) or CPU, with the
+# batch size and learning rate scaled to it. The artifact is what `infer.ipynb` loads for the submission.
+
+# %%
+from pipeline.config import TrainConfig, from_params
+from pipeline.notebook import resolve_train_paths
+from pipeline.train import train
+
+config = resolve_train_paths(from_params(TrainConfig, globals()))
+result = train(config)
+
+# %%
+print(result.summary())

@@ -1,0 +1,47 @@
+"""Command line: `python -m pipeline <command>`. Each command is a thin call into a stage module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # check-safety owns its own argument parsing (it is also usable on its own).
+    if argv[:1] == ["check-safety"]:
+        from .safety import main as safety_main
+
+        return safety_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m pipeline", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    data = commands.add_parser("data", help="write a competition folder").add_subparsers(
+        dest="source", required=True
+    )
+    synthetic = data.add_parser("synthetic", help="synthetic speakers (the embedded default, no download)")
+    synthetic.add_argument("--out", required=True)
+    synthetic.add_argument("--seed", type=int, default=0)
+    synthetic.add_argument("--overwrite", action="store_true")
+
+    score = commands.add_parser("score", help="accuracy of a submission against a solution file")
+    score.add_argument("--submission", required=True)
+    score.add_argument("--solution", required=True)
+
+    commands.add_parser("check-safety", help="static submission-safety check of a notebook (see --help)")
+
+    args = parser.parse_args(argv)
+    if args.command == "data" and args.source == "synthetic":
+        from .synthetic import make_synthetic_competition
+
+        out = make_synthetic_competition(args.out, seed=args.seed, overwrite=args.overwrite)
+        print(f"wrote synthetic competition folder {out}")
+    elif args.command == "score":
+        from .submission import score_submission
+
+        print(f"accuracy={score_submission(args.submission, args.solution):.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

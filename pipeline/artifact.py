@@ -1,0 +1,220 @@
+"""The artifact: the only thing that crosses from the training notebook to the submission notebook.
+
+A directory, relocatable, referring to nothing outside itself:
+
+    manifest.json          format version, sha256 + size of every other file, model config, labels, provenance
+    model.safetensors      all weights (CPU tensors): what this project loads, with nothing unpickled
+    hyperparams.yaml       SpeechBrain's recipe: `EncoderClassifier.from_hparams(source=<this dir>)` loads
+    embedding_model.ckpt   \\ plain tensor state dicts for SpeechBrain's Pretrainer (torch.load with
+    classifier.ckpt        /  weights_only=True, torch's default since 2.6)
+    label_encoder.ckpt     SpeechBrain's CategoricalEncoder text format
+
+It is written into a temporary sibling directory and renamed into place, manifest last, so a crash mid-save
+never leaves a directory that looks valid. Loading checks every file against the manifest first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .model import ModelConfig, SpeakerClassifier
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+WEIGHTS = "model.safetensors"
+SPEECHBRAIN_PARTS = ("embedding_model", "classifier")
+
+
+class ArtifactError(RuntimeError):
+    """The artifact is missing, incomplete, tampered with or of an unknown format. Names the file."""
+
+
+@dataclass
+class Artifact:
+    model: SpeakerClassifier
+    labels: list[str]
+    manifest: dict[str, Any]
+    path: Path
+
+    @property
+    def window_samples(self) -> int:
+        return int(self.manifest["model_config"]["window_samples"])
+
+
+def save_artifact(
+    artifact_dir: str | Path,
+    model: SpeakerClassifier,
+    labels: list[str],
+    provenance: dict[str, Any],
+    extra_files: dict[str, Path] | None = None,
+    fallback_label: str | None = None,
+) -> Path:
+    """Write the artifact atomically to `artifact_dir` (replacing an existing one) and return its path."""
+    target = Path(artifact_dir).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(staging / WEIGHTS))
+        for part in SPEECHBRAIN_PARTS:
+            prefix = f"{part}."
+            torch.save({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)},
+                       staging / f"{part}.ckpt")  # fmt: skip
+        _write_label_encoder(staging / "label_encoder.ckpt", labels)
+        (staging / "hyperparams.yaml").write_text(_speechbrain_yaml(model.config))
+        for name, source in (extra_files or {}).items():
+            shutil.copyfile(source, staging / name)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "model_config": model.config.to_dict(),
+            "labels": list(labels),
+            # predicted for test files that cannot be read: the most frequent training label by default
+            "fallback_label": fallback_label if fallback_label is not None else labels[0],
+            "provenance": provenance,
+            "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
+        }
+        _write_json_durably(staging / MANIFEST, manifest)
+        _swap_into_place(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return target
+
+
+def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
+    """Check the manifest and every file it lists; return the manifest or raise ArtifactError."""
+    root = Path(artifact_dir)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{manifest_path}: not found. {root} is not a complete artifact "
+                            "(was training interrupted before it saved?)")  # fmt: skip
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{manifest_path}: not valid JSON ({error})") from error
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{manifest_path}: format_version {version!r} is not supported "
+                            f"(this code reads version {FORMAT_VERSION}); retrain or update the code")  # fmt: skip
+    for name, expected in manifest.get("files", {}).items():
+        path = root / name
+        if Path(name).name != name:
+            raise ArtifactError(f"{manifest_path}: file entry {name!r} points outside the artifact")
+        if not path.is_file():
+            raise ArtifactError(f"{path}: listed in the manifest but missing")
+        actual = _file_record(path)
+        if actual["size"] != expected["size"]:
+            raise ArtifactError(f"{path}: size {actual['size']} != {expected['size']} in the manifest "
+                                "(truncated or replaced)")  # fmt: skip
+        if actual["sha256"] != expected["sha256"]:
+            raise ArtifactError(f"{path}: sha256 does not match the manifest (file modified or corrupted)")
+    if WEIGHTS not in manifest.get("files", {}):
+        raise ArtifactError(f"{manifest_path}: lists no {WEIGHTS}")
+    return manifest
+
+
+def load_artifact(artifact_dir: str | Path) -> Artifact:
+    """Verify, then rebuild the model on CPU from safetensors (never unpickles anything)."""
+    root = Path(artifact_dir)
+    manifest = verify_artifact(root)
+    config = ModelConfig(**manifest["model_config"])
+    model = SpeakerClassifier(config)
+    try:
+        model.load_state_dict(load_file(str(root / WEIGHTS), device="cpu"))
+    except RuntimeError as error:
+        raise ArtifactError(f"{root / WEIGHTS}: weights do not fit the model config ({error})") from error
+    model.eval()
+    return Artifact(model=model, labels=list(manifest["labels"]), manifest=manifest, path=root)
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
+
+
+def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
+    with path.open("w") as handle:
+        json.dump(payload, handle, indent=2, sort_keys=False)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _swap_into_place(staging: Path, target: Path) -> None:
+    """Rename the finished staging dir onto `target`; the old artifact is removed only after the swap."""
+    for child in staging.iterdir():  # data must be on disk before the rename makes it visible
+        with child.open("rb") as handle:
+            os.fsync(handle.fileno())
+    if target.exists():
+        retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
+        target.rename(retired)
+        staging.rename(target)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        staging.rename(target)
+
+
+def _write_label_encoder(path: Path, labels: list[str]) -> None:
+    # SpeechBrain's CategoricalEncoder format, written with its own class so the two never drift apart.
+    from speechbrain.dataio.encoder import CategoricalEncoder
+
+    encoder = CategoricalEncoder()
+    for label in labels:
+        encoder.add_label(label)
+    encoder.save(str(path))
+
+
+def _speechbrain_yaml(config: ModelConfig) -> str:
+    """A SpeechBrain inference recipe whose Pretrainer lists loadables but no `paths`: SpeechBrain then loads
+    `<name>.ckpt` from whatever `source` directory it is given, so the artifact is relocatable."""
+    return f"""# Written by pipeline.artifact. Load offline with
+#   EncoderClassifier.from_hparams(source=<this directory>, savedir=<writable dir>)
+n_mels: {config.n_mels}
+sample_rate: {config.sample_rate}
+
+compute_features: !new:speechbrain.lobes.features.Fbank
+    n_mels: !ref <n_mels>
+
+mean_var_norm: !new:speechbrain.processing.features.InputNormalization
+    norm_type: sentence
+    std_norm: False
+
+embedding_model: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
+    input_size: !ref <n_mels>
+    channels: {list(config.channels)}
+    lin_neurons: {config.lin_neurons}
+    attention_channels: {config.attention_channels}
+    se_channels: {config.se_channels}
+
+classifier: !new:speechbrain.lobes.models.ECAPA_TDNN.Classifier
+    input_size: {config.lin_neurons}
+    out_neurons: {config.n_classes}
+
+modules:
+    compute_features: !ref <compute_features>
+    mean_var_norm: !ref <mean_var_norm>
+    embedding_model: !ref <embedding_model>
+    classifier: !ref <classifier>
+
+label_encoder: !new:speechbrain.dataio.encoder.CategoricalEncoder
+
+pretrainer: !new:speechbrain.utils.parameter_transfer.Pretrainer
+    loadables:
+        embedding_model: !ref <embedding_model>
+        classifier: !ref <classifier>
+        label_encoder: !ref <label_encoder>
+"""

@@ -1,0 +1,118 @@
+"""Resumable training: periodic checkpoints that survive a killed session.
+
+Kaggle sessions end at a time limit, and "Save Version" reruns the whole notebook. A checkpoint holds
+everything the loop needs to continue exactly (weights, optimizer, scheduler, grad scaler, position in the
+epoch, history, best weights so far); the data order and crops are derived from (seed, epoch, step), so they
+need no saved RNG state. Files are written to a temporary name and renamed: a kill mid-save leaves the
+previous checkpoint intact. Checkpoints hold only tensors and plain Python values, so they load with
+`torch.load(weights_only=True)`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LATEST = "latest.pt"
+
+
+@dataclass
+class TrainingState:
+    epoch: int = 0  # epochs completed
+    step_in_epoch: int = 0  # optimizer steps done in the current epoch
+    global_step: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+    best_state: dict[str, torch.Tensor] | None = None
+    best_epoch: int = 0
+    best_metric: tuple[float, float] = (-1.0, float("-inf"))
+
+    def is_better(self, record: dict[str, float]) -> bool:
+        """Higher validation accuracy wins, lower validation loss breaks ties; no validation: latest wins."""
+        if "val_accuracy" not in record:
+            return True
+        return (record["val_accuracy"], -record["val_loss"]) > tuple(self.best_metric)
+
+
+def save(checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state) -> None:
+    """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
+    payload = {
+        "fingerprint": fingerprint,
+        "saved_at": time.time(),
+        "model": {k: v.detach().to("cpu") for k, v in strategy.unwrap(model).state_dict().items()},
+        "optimizer": _to_cpu(optimizer.state_dict()),
+        "scheduler": scheduler.state_dict(),
+        "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
+        "epoch": state.epoch,
+        "step_in_epoch": state.step_in_epoch,
+        "global_step": state.global_step,
+        "history": state.history,
+        "best_state": state.best_state,
+        "best_epoch": state.best_epoch,
+        "best_metric": list(state.best_metric),
+    }
+    if not strategy.is_main:
+        return
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    tmp = checkpoint_dir / f".{LATEST}.{os.getpid()}.tmp"
+    with tmp.open("wb") as handle:
+        torch.save(payload, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, checkpoint_dir / LATEST)
+
+
+def try_resume(
+    checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state: TrainingState,
+    log: Callable[[str], Any],
+) -> str | None:  # fmt: skip
+    """Load the latest checkpoint into the live objects if it belongs to this run; say what happened."""
+    path = checkpoint_dir / LATEST
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - an unreadable checkpoint must not block a fresh start
+        log(f"checkpoint {path} is unreadable ({error}); starting from scratch")
+        return None
+    if payload.get("fingerprint") != fingerprint:
+        log(f"checkpoint {path} is from a run with other parameters or data; starting from scratch "
+            "(delete it or set checkpoint_dir to keep both)")  # fmt: skip
+        return None
+    strategy.unwrap(model).load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
+    scheduler.load_state_dict(payload["scheduler"])
+    if strategy.scaler and payload.get("scaler"):
+        strategy.scaler.load_state_dict(payload["scaler"])
+    state.epoch = payload["epoch"]
+    state.step_in_epoch = payload["step_in_epoch"]
+    state.global_step = payload["global_step"]
+    state.history = payload["history"]
+    state.best_state = payload["best_state"]
+    state.best_epoch = payload["best_epoch"]
+    state.best_metric = tuple(payload["best_metric"])
+    age = time.time() - payload["saved_at"]
+    where = f"epoch {state.epoch + 1}, step {state.step_in_epoch} (global step {state.global_step})"
+    log(f"resuming from checkpoint {path}: {where}, saved {age / 60:.1f} min ago")
+    return f"checkpoint at {where}"
+
+
+def remove(checkpoint_dir: Path) -> None:
+    """Checkpoints are only for unfinished runs: drop them once the artifact is safely saved."""
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
+def _to_cpu(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu")
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value

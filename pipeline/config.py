@@ -1,0 +1,204 @@
+"""Run configuration: the parameters of the two notebooks, validated in one place.
+
+Every notebook parameter is a field of `TrainConfig` or `InferConfig`. `from_params` is the only way a notebook
+builds one: it rejects unknown names (papermill only warns about them), checks types, and names the offending
+parameter in every error so a Kaggle "Save Version" log says exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+# Model size presets: channel widths of ECAPA-TDNN. "voxceleb" is the published VoxCeleb recipe's size;
+# "small" is what trains to high accuracy on 2 CPU cores in a couple of minutes.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"channels": [32, 32, 32, 32, 96], "lin_neurons": 64, "attention_channels": 16, "se_channels": 16},
+    "small": {"channels": [128, 128, 128, 128, 384], "lin_neurons": 128, "attention_channels": 64,
+              "se_channels": 64},
+    "base": {"channels": [512, 512, 512, 512, 1536], "lin_neurons": 192, "attention_channels": 128,
+             "se_channels": 128},
+    "voxceleb": {"channels": [1024, 1024, 1024, 1024, 3072], "lin_neurons": 192, "attention_channels": 128,
+                 "se_channels": 128},
+}  # fmt: skip
+SAMPLE_RATE = 16_000
+
+
+class ConfigError(ValueError):
+    """A parameter is unknown, mistyped or out of range. The message names it."""
+
+
+@dataclass
+class TrainConfig:
+    """Parameters of notebooks/train.ipynb."""
+
+    data_dir: str | None = None  # None: found by pipeline.notebook (Kaggle inputs, else artifacts/)
+    artifact_dir: str | None = None
+    # Model
+    model_size: str = "auto"  # auto: "small" on CPU, "voxceleb" on TPU/GPU
+    n_mels: int = 80
+    window_seconds: float = 1.0  # training crop = inference window (see inference.py for why they must match)
+    aam_margin: float = 0.2
+    aam_scale: float = 30.0
+    init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
+    freeze_encoder: bool = False
+    # Optimisation
+    epochs: int = 12
+    per_device_batch_size: int = 32
+    base_batch_size: int = 32
+    base_lr: float = 2e-3
+    lr_scaling: str = "sqrt"  # linear | sqrt | none
+    warmup_epochs: float = 1.0
+    weight_decay: float = 2e-5
+    grad_accum: int = 1
+    val_fraction: float = 0.1
+    seed: int = 0
+    # Hardware
+    accelerator: str = "auto"  # auto | tpu | cuda | cpu
+    devices: int | None = None
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    num_threads: int | None = None  # torch CPU threads; None = all cores
+    # Robustness
+    on_bad_audio: str = "error"  # error | skip (skip writes a report)
+    time_budget_minutes: float | None = None
+    checkpoint_every_minutes: float = 10.0
+    checkpoint_dir: str | None = None  # default: <artifact_dir>.checkpoints
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("model_size", self.model_size, ["auto", *MODEL_PRESETS])
+        _check_choice("lr_scaling", self.lr_scaling, ["linear", "sqrt", "none"])
+        _check_choice("accelerator", self.accelerator, ["auto", "tpu", "cuda", "cpu"])
+        _check_choice("precision", self.precision, ["auto", "fp32", "bf16", "fp16"])
+        _check_choice("on_bad_audio", self.on_bad_audio, ["error", "skip"])
+        for name in ("epochs", "per_device_batch_size", "base_batch_size", "grad_accum", "n_mels"):
+            _check_positive(name, getattr(self, name))
+        for name in ("window_seconds", "base_lr", "aam_scale", "checkpoint_every_minutes"):
+            _check_positive(name, getattr(self, name))
+        if self.devices is not None:
+            _check_positive("devices", self.devices)
+        if self.time_budget_minutes is not None:
+            _check_positive("time_budget_minutes", self.time_budget_minutes)
+        if not 0.0 <= self.val_fraction < 0.9:
+            raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
+        if self.freeze_encoder and not self.init_from:
+            raise ConfigError("freeze_encoder=True needs init_from (a pretrained model to freeze)")
+
+    @property
+    def window_samples(self) -> int:
+        return int(round(self.window_seconds * SAMPLE_RATE))
+
+
+@dataclass
+class InferConfig:
+    """Parameters of notebooks/infer.ipynb."""
+
+    data_dir: str | None = None  # None: found by pipeline.notebook (Kaggle inputs, else artifacts/)
+    artifact_dir: str | None = None
+    submission_path: str | None = None
+    device: str = "auto"  # auto | cuda | cpu
+    devices: int | None = None  # GPUs to use (auto: all)
+    batch_windows: int = 64  # windows per forward pass; caps padded samples per batch
+    max_windows_per_file: int = 64  # longer files are covered by this many evenly spaced windows
+    num_workers: int = 1  # DataLoader workers decoding audio while the model computes
+    write_probabilities: bool = False
+    write_embeddings: bool = False
+    fallback_label: str | None = None  # default: the most frequent training label
+    num_threads: int | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("device", self.device, ["auto", "cuda", "cpu"])
+        for name in ("batch_windows", "max_windows_per_file"):
+            _check_positive(name, getattr(self, name))
+        if self.devices is not None:
+            _check_positive("devices", self.devices)
+        if self.num_workers < 0:
+            raise ConfigError(f"num_workers={self.num_workers!r}: use 0 (load in the main process) or more")
+
+
+def _check_choice(name: str, value: Any, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"parameter {name}={value!r} is not one of {allowed}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not value > 0:
+        raise ConfigError(f"parameter {name}={value!r} must be > 0")
+
+
+# Names IPython puts into a notebook's namespace; they are never notebook parameters.
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+_PLAIN_TYPES = (str, int, float, bool, type(None), list, tuple, dict)
+
+
+def from_params(config_cls: type, namespace: dict[str, Any]):
+    """Build `config_cls` from a notebook's globals, rejecting unknown or mistyped parameters.
+
+    A notebook calls `from_params(TrainConfig, globals())` right after its parameters cell. Every plain-data
+    global that is not a field is an error: papermill injects `-p lr 0.1` as a variable even when no cell
+    uses it, so a typo would otherwise run silently with the default.
+    """
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    values: dict[str, Any] = {}
+    unknown: list[str] = []
+    for name, value in namespace.items():
+        if name.startswith("_") or name in _IPYTHON_NAMES or not isinstance(value, _PLAIN_TYPES):
+            continue
+        if name in fields:
+            values[name] = _coerce(name, value, fields[name].type)
+        else:
+            unknown.append(name)
+    if unknown:
+        hints = []
+        for name in sorted(unknown):
+            close = difflib.get_close_matches(name, fields, n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(
+            f"unknown notebook parameter(s): {', '.join(hints)}. "
+            f"Known parameters of {config_cls.__name__}: {', '.join(fields)}"
+        )
+    return config_cls(**values)
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check `value` against the field's annotation; ints are accepted for floats (papermill -p 1 gives int)."""
+    hint = _eval_annotation(annotation)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return None
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option in (str, bool) and type(value) is option:
+            return value
+    expected = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    raise ConfigError(f"parameter {name}={value!r} has type {type(value).__name__}; expected {expected}")
+
+
+def _eval_annotation(annotation: Any) -> Any:
+    # `from __future__ import annotations` turns field types into strings such as "int | None".
+    if isinstance(annotation, str):
+        return eval(annotation, {"Any": Any}, {})  # noqa: S307 - our own field annotations only
+    return annotation
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+__all__ = [
+    "MODEL_PRESETS",
+    "SAMPLE_RATE",
+    "ConfigError",
+    "InferConfig",
+    "TrainConfig",
+    "from_params",
+    "to_dict",
+]

@@ -1,0 +1,248 @@
+"""The competition folder contract, and audio in and out of it.
+
+    DATA/train.csv              path,label   (path relative to DATA)
+    DATA/test.csv               id,path
+    DATA/sample_submission.csv  id,label     (the ids a submission must carry, in this order)
+
+Every stage reads the folder through this module and nothing else. Audio becomes 16 kHz mono float32;
+training and inference cut it into the same fixed-length windows (`windows`), because the model learns the
+statistics of a window (sentence mean normalisation over it), not of a whole file.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+
+from .config import SAMPLE_RATE
+
+TRAIN_COLUMNS = ("path", "label")
+TEST_COLUMNS = ("id", "path")
+SUBMISSION_COLUMNS = ("id", "label")
+
+
+class DataError(ValueError):
+    """The competition folder breaks the contract. The message names the file, the row and what to do."""
+
+
+class AudioError(ValueError):
+    """One audio file cannot be used. `reason` is a short machine-readable cause."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    line: int  # line number in train.csv (header = line 1), for error messages
+    rel_path: str
+    label: str
+
+
+@dataclass(frozen=True)
+class TestRow:
+    line: int
+    id: str
+    rel_path: str
+
+
+def read_csv(csv_path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
+    """Rows of `csv_path` as (line number, row) pairs, after checking the header has `columns`."""
+    if not csv_path.is_file():
+        raise DataError(f"{csv_path}: file not found. A competition folder needs {csv_path.name} "
+                        f"with columns {','.join(columns)}.")  # fmt: skip
+    with csv_path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        header = [name.strip() for name in (reader.fieldnames or [])]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise DataError(
+                f"{csv_path}: missing column(s) {missing}; the header is {header}. "
+                f"Expected columns {','.join(columns)}."
+            )
+        reader.fieldnames = header
+        # DictReader's line_num is the physical line just read: the header is line 1.
+        return [(reader.line_num, {k: (v or "").strip() for k, v in row.items() if k}) for row in reader]
+
+
+def resolve_inside(data_dir: Path, rel_path: str) -> Path:
+    """`data_dir / rel_path`, refusing paths that escape `data_dir` (absolute, `..`, symlinks out)."""
+    root = data_dir.resolve()
+    candidate = (root / rel_path).resolve()
+    if not rel_path or not candidate.is_relative_to(root):
+        raise DataError(f"path {rel_path!r} resolves outside the data folder {root}; "
+                        "paths in the CSVs must be relative to it")  # fmt: skip
+    return candidate
+
+
+def read_train_table(data_dir: str | Path) -> list[TrainRow]:
+    csv_path = Path(data_dir) / "train.csv"
+    rows = []
+    for line, row in read_csv(csv_path, TRAIN_COLUMNS):
+        if not row["label"]:
+            raise DataError(f"{csv_path} line {line}: empty label for {row['path']!r}. "
+                            "Give every training file a label or remove the row.")  # fmt: skip
+        if not row["path"]:
+            raise DataError(f"{csv_path} line {line}: empty path. Remove the row or fill in the file.")
+        rows.append(TrainRow(line, row["path"], row["label"]))
+    if not rows:
+        raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
+    return rows
+
+
+def read_test_table(data_dir: str | Path) -> list[TestRow]:
+    csv_path = Path(data_dir) / "test.csv"
+    rows = [TestRow(line, row["id"], row["path"]) for line, row in read_csv(csv_path, TEST_COLUMNS)]
+    seen: set[str] = set()
+    for row in rows:
+        if row.id in seen:
+            raise DataError(f"{csv_path} line {row.line}: duplicate id {row.id!r}")
+        seen.add(row.id)
+    return rows
+
+
+def read_submission_ids(data_dir: str | Path) -> list[str]:
+    """The ids of sample_submission.csv, in order: exactly the rows a submission must have."""
+    csv_path = Path(data_dir) / "sample_submission.csv"
+    return [row["id"] for _, row in read_csv(csv_path, SUBMISSION_COLUMNS)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Audio
+
+
+def load_audio(path: Path, *, max_seconds: float | None = None) -> tuple[np.ndarray, list[str]]:
+    """Decode `path` to 16 kHz mono float32, repairing what can be repaired.
+
+    Returns the samples and the list of repairs made (e.g. "stereo mixed down", "resampled 8000->16000").
+    Raises AudioError when nothing usable is left. `max_seconds` bounds decoding of very long files.
+    """
+    if not path.is_file():
+        raise AudioError("missing", f"{path}: file not found")
+    if path.stat().st_size == 0:
+        raise AudioError("empty", f"{path}: file is empty (0 bytes)")
+    try:
+        info = sf.info(str(path))
+        frames = -1 if max_seconds is None else int(max_seconds * info.samplerate)
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=frames)
+    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
+        raise AudioError("unreadable", f"{path}: not readable as audio ({error})") from error
+    repairs: list[str] = []
+    if samples.shape[1] > 1:
+        samples = samples.mean(axis=1, keepdims=True)
+        repairs.append(f"{info.channels} channels mixed down")
+    mono = samples[:, 0]
+    if not np.isfinite(mono).all():
+        bad = int((~np.isfinite(mono)).sum())
+        if bad == mono.size:
+            raise AudioError("non-finite", f"{path}: every sample is NaN or infinite")
+        mono = np.nan_to_num(mono, nan=0.0, posinf=0.0, neginf=0.0)
+        repairs.append(f"{bad} NaN/inf samples zeroed")
+    if mono.size == 0:
+        raise AudioError("empty", f"{path}: no audio samples")
+    if rate != SAMPLE_RATE:
+        mono = resample(mono, rate)
+        repairs.append(f"resampled {rate}->{SAMPLE_RATE}")
+    return np.ascontiguousarray(mono, dtype=np.float32), repairs
+
+
+def resample(samples: np.ndarray, rate: int) -> np.ndarray:
+    """Resample to 16 kHz with torchaudio's windowed-sinc resampler (the one SpeechBrain uses)."""
+    divisor = math.gcd(int(rate), SAMPLE_RATE)
+    tensor = torch.from_numpy(np.ascontiguousarray(samples))
+    out = AF.resample(tensor, orig_freq=int(rate) // divisor, new_freq=SAMPLE_RATE // divisor)
+    return out.numpy()
+
+
+def random_crop(samples: np.ndarray, window: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+    """A training example: a random `window`-sample crop, or the whole clip left-aligned and zero-padded.
+
+    Returns the window and its relative length (valid samples / window), which the model uses to ignore
+    padding exactly as at inference.
+    """
+    if samples.size >= window:
+        start = int(rng.integers(0, samples.size - window + 1))
+        return samples[start : start + window], 1.0
+    padded = np.zeros(window, dtype=np.float32)
+    padded[: samples.size] = samples
+    return padded, samples.size / window
+
+
+def windows(samples: np.ndarray, window: int, max_windows: int) -> tuple[np.ndarray, np.ndarray]:
+    """Cut a clip into inference windows: [n, window] samples and [n] relative lengths.
+
+    A short clip is one left-aligned padded window (as in training). A long one is covered by
+    ceil(len / window) windows, the last aligned to the end; past `max_windows`, that many evenly spaced
+    windows stand for the file so minutes-long audio costs a bounded amount of compute.
+    """
+    if samples.size <= window:
+        padded = np.zeros((1, window), dtype=np.float32)
+        padded[0, : samples.size] = samples
+        return padded, np.array([samples.size / window], dtype=np.float32)
+    count = min(math.ceil(samples.size / window), max_windows)
+    starts = np.linspace(0, samples.size - window, count).round().astype(np.int64)
+    stacked = np.stack([samples[s : s + window] for s in starts])
+    return stacked, np.ones(count, dtype=np.float32)
+
+
+def label_list(labels: Iterable[str]) -> list[str]:
+    """The class order of a model: sorted unique labels (stable across runs and machines)."""
+    return sorted(set(labels))
+
+
+@dataclass
+class TrainingSet:
+    clips: list[np.ndarray]  # 16 kHz mono float32, one per kept row
+    rows: list[TrainRow]
+    skipped: list[dict[str, str]]  # rows left out under on_bad_audio="skip", with the reason
+
+
+def load_training_set(data_dir: str | Path, on_bad_audio: str = "error") -> TrainingSet:
+    """Read train.csv and decode every file into memory (training revisits each clip every epoch).
+
+    A row whose file is missing, empty, unreadable or outside the folder stops the run with an error naming
+    the CSV line and the file, unless `on_bad_audio="skip"`, which leaves it out and reports it.
+    """
+    data_dir = Path(data_dir)
+    csv_path = data_dir / "train.csv"
+    clips, kept, skipped = [], [], []
+    for row in read_train_table(data_dir):
+        try:
+            samples, _ = load_audio(resolve_inside(data_dir, row.rel_path))
+        except (AudioError, DataError) as error:
+            where = f"{csv_path} line {row.line} ({row.rel_path!r})"
+            if on_bad_audio != "skip":
+                raise DataError(f"{where}: {error}. Fix or remove the row, or set on_bad_audio='skip' to "
+                                "train without it (skipped rows are reported).") from error  # fmt: skip
+            skipped.append({"line": str(row.line), "path": row.rel_path, "reason": str(error)})
+            continue
+        clips.append(samples)
+        kept.append(row)
+    if not kept:
+        raise DataError(f"{csv_path}: no usable training audio (all {len(skipped)} rows were skipped)")
+    return TrainingSet(clips=clips, rows=kept, skipped=skipped)
+
+
+def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Indices (train, validation): `fraction` of each label held out, at least one kept for training."""
+    rng = np.random.default_rng(seed)
+    by_label: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_label.setdefault(label, []).append(index)
+    train_idx, val_idx = [], []
+    for label in sorted(by_label):
+        members = by_label[label]
+        rng.shuffle(members)
+        n_val = min(int(round(len(members) * fraction)), len(members) - 1)
+        val_idx += members[:n_val]
+        train_idx += members[n_val:]
+    return sorted(train_idx), sorted(val_idx)

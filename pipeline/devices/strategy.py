@@ -1,0 +1,100 @@
+"""How one training step reaches the hardware (Lightning Fabric's "strategy"), so train.py stays device-agnostic.
+
+`SingleDevice` is the whole contract; `DDPStrategy` (ddp.py) and `XLASpmdStrategy` (xla.py) override the
+parts that differ: how the model is wrapped, which rows a process reads, precision and how metrics are reduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+
+class SingleDevice:
+    """One process, one device: CPU, or one GPU."""
+
+    name = "single"
+    world_size = 1
+    rank = 0
+    features_on_host = False  # XLA computes Fbank on the host (it crashed the XLA compiler under SPMD)
+
+    def __init__(self, device: torch.device, precision: str = "fp32") -> None:
+        self.device = device
+        self.precision = precision
+        # fp16 needs loss scaling (T4 has no native bf16); bf16 and fp32 do not.
+        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        return model.to(self.device)
+
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        return getattr(model, "module", model)
+
+    def shard(self, indices: Sequence[int]) -> list[int]:
+        """The rows this process trains on; every process gets a disjoint part."""
+        return list(indices)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        if self.precision == "fp16":
+            return torch.autocast(self.device.type, dtype=torch.float16)
+        return contextlib.nullcontext()
+
+    def to_device(self, *tensors: torch.Tensor) -> Iterator[torch.Tensor]:
+        return (t.to(self.device, non_blocking=True) for t in tensors)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, clip: float) -> None:
+        if self.scaler:
+            self.scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        if self.scaler:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+        else:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
+        """Skip gradient all-reduce on accumulation micro-steps (DDP); nothing to skip here."""
+        return contextlib.nullcontext()
+
+    def eval_model(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.device]:
+        """The module and device validation runs on (every process validates the whole split, so all ranks
+        reach the same best-epoch decision without communicating)."""
+        return self.unwrap(model), self.device
+
+    def host_features(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError("only strategies with features_on_host compute features on the host")
+
+    def sum_across(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a small tensor of metrics over processes (identity for one process)."""
+        return values
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Rank 0's decision (e.g. "time budget reached"), so every process stops at the same step."""
+        return flag
+
+    def barrier(self) -> None:
+        pass
+
+    def mark_step(self) -> None:
+        """Cut the lazy graph (XLA); nothing to do for eager devices."""
+
+    def compile_count(self) -> int | None:
+        return None
+
+    def describe(self) -> str:
+        return f"{self.device} ({self.precision})"
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,97 @@
+"""The model: SpeechBrain's Fbank front end, ECAPA-TDNN embedding model and cosine classifier.
+
+The module names (`compute_features`, `mean_var_norm`, `embedding_model`, `classifier`) are SpeechBrain's own
+(spkrec-ecapa-voxceleb's hyperparams.yaml), so an artifact's weights load unchanged into SpeechBrain's
+`EncoderClassifier` as well as into this class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from speechbrain.lobes.features import Fbank
+from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
+from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
+from speechbrain.processing.features import InputNormalization
+
+from .config import MODEL_PRESETS, SAMPLE_RATE
+
+
+@dataclass
+class ModelConfig:
+    """Everything needed to rebuild the network: stored in the artifact (nanoGPT's "model_args")."""
+
+    n_classes: int
+    n_mels: int = 80
+    channels: list[int] = field(default_factory=lambda: list(MODEL_PRESETS["small"]["channels"]))
+    lin_neurons: int = 128
+    attention_channels: int = 64
+    se_channels: int = 64
+    window_samples: int = SAMPLE_RATE
+    sample_rate: int = SAMPLE_RATE
+    score_scale: float = 30.0  # the AAM scale: softmax(scale * cosine) are the class probabilities
+
+    @classmethod
+    def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
+        return cls(**{**MODEL_PRESETS[preset], **overrides})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SpeakerClassifier(torch.nn.Module):
+    """waveforms [B, T] at 16 kHz + relative lengths [B] -> cosine scores [B, n_classes]."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.compute_features = Fbank(n_mels=config.n_mels)
+        self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
+        self.embedding_model = ECAPA_TDNN(
+            input_size=config.n_mels,
+            channels=list(config.channels),
+            lin_neurons=config.lin_neurons,
+            attention_channels=config.attention_channels,
+            se_channels=config.se_channels,
+        )
+        self.classifier = Classifier(input_size=config.lin_neurons, out_neurons=config.n_classes)
+
+    def features(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        """Normalised log-mel features [B, frames, n_mels]. Kept separate so XLA can run it on the host."""
+        with torch.autocast(device_type=wavs.device.type, enabled=False):
+            feats = self.compute_features(wavs.float())
+            return self.mean_var_norm(feats, wav_lens)
+
+    def embed(self, feats: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        """Speaker embeddings [B, lin_neurons]."""
+        return self.embedding_model(feats, wav_lens).squeeze(1)
+
+    def scores(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Cosine similarity to each class centre [B, n_classes] (what SpeechBrain's classify_batch returns)."""
+        return self.classifier(embeddings.unsqueeze(1)).squeeze(1)
+
+    def forward(
+        self, inputs: torch.Tensor, wav_lens: torch.Tensor, features_ready: bool = False
+    ) -> torch.Tensor:
+        """Scores from waveforms, or from `features(...)` output when `features_ready` (the XLA path computes
+        features on the host). One entry point, so DistributedDataParallel's forward hooks always run."""
+        feats = inputs if features_ready else self.features(inputs, wav_lens)
+        return self.scores(self.embed(feats, wav_lens))
+
+
+def aam_loss(margin: float, scale: float) -> torch.nn.Module:
+    """Additive angular margin softmax (ArcFace), SpeechBrain's loss for ECAPA speaker models."""
+    return LogSoftmaxWrapper(AdditiveAngularMargin(margin=margin, scale=scale))
+
+
+def compute_loss(
+    loss_fn: torch.nn.Module, cosine_scores: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets.
+    return loss_fn(cosine_scores.float().unsqueeze(1), targets.unsqueeze(1))
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,416 @@
+"""The train stage: competition folder -> artifact, on whatever topology the session has.
+
+`train(config)` reads as the data flow: topology -> batch/lr plan -> (launch processes) -> data -> model ->
+epochs of steps -> best weights -> artifact. Everything hardware-specific is behind a strategy
+(devices/strategy.py, ddp.py, xla.py); this file never imports torch_xla.
+
+Sessions die (Kaggle time limits, preemption). Training checkpoints every `checkpoint_every_minutes` and a
+rerun with the same parameters resumes from the latest checkpoint; `time_budget_minutes` stops early enough
+to save the best model.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import checkpoint as ckpt
+from .artifact import save_artifact
+from .config import MODEL_PRESETS, TrainConfig, to_dict
+from .data import load_training_set, random_crop, stratified_split
+from .devices.probe import Topology, detect_topology
+from .devices.strategy import SingleDevice
+from .inference import classify_clips
+from .model import ModelConfig, SpeakerClassifier, aam_loss, compute_loss, count_parameters
+from .scaling import BatchPlan, plan_batch
+
+GRAD_CLIP = 5.0
+PATH_FIELDS = {"data_dir", "artifact_dir", "checkpoint_dir", "init_from"}
+
+
+@dataclass
+class TrainResult:
+    artifact_dir: Path
+    history: list[dict[str, float]]
+    best_val_accuracy: float | None
+    best_epoch: int
+    seconds: float
+    plan: dict[str, Any]
+    topology: dict[str, Any]
+    compile_count: int | None
+    skipped_rows: list[dict[str, str]] = field(default_factory=list)
+    resumed_from: str | None = None
+    stopped_early: str | None = None
+
+    def summary(self) -> str:
+        acc = "n/a" if self.best_val_accuracy is None else f"{self.best_val_accuracy:.4f}"
+        compiles = "" if self.compile_count is None else f"; XLA compilations {self.compile_count}"
+        return (f"trained on {self.topology['device_kind']} x{self.topology['num_devices']} in "
+                f"{self.seconds:.0f}s; best val accuracy {acc} (epoch {self.best_epoch}){compiles}; "
+                f"artifact {self.artifact_dir}")  # fmt: skip
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
+    topology = detect_topology(config.accelerator, config.devices)
+    plan = plan_for(config, topology)
+    precision = resolve_precision(config.precision, topology)
+    print(f"{describe_topology(topology)}. {plan.describe()}; {precision}")
+    if topology.num_devices > 1 and topology.accelerator in ("cuda", "cpu"):
+        from .devices.ddp import train_ddp  # DDP: one spawned process per device, rank 0's result returned
+
+        return train_ddp(config, topology, plan, precision)
+    if topology.accelerator == "tpu":
+        from .devices.xla import XLASpmdStrategy  # the only import path that reaches torch_xla
+
+        strategy = XLASpmdStrategy(topology, precision)
+    else:
+        device = torch.device("cuda" if topology.accelerator == "cuda" else "cpu")
+        strategy = SingleDevice(device, precision)
+    return fit(config, strategy, plan, topology)
+
+
+def describe_topology(topology: Topology) -> str:
+    how = {"tpu": "XLA SPMD" if topology.num_devices > 1 else "XLA", "cuda": "DDP" if topology.num_devices > 1
+           else "single GPU", "cpu": "gloo DDP" if topology.num_devices > 1 else "eager"}[topology.accelerator]  # fmt: skip
+    unit = {"tpu": "XLA devices", "cuda": "GPUs", "cpu": "CPU processes"}[topology.accelerator]
+    return f"{topology.accelerator.upper()}: {topology.num_devices} {unit} ({how}, {topology.device_kind})"
+
+
+def plan_for(config: TrainConfig, topology: Topology) -> BatchPlan:
+    return plan_batch(
+        per_device_batch=config.per_device_batch_size,
+        num_devices=topology.num_devices,
+        grad_accum=config.grad_accum,
+        base_lr=config.base_lr,
+        base_batch=config.base_batch_size,
+        rule=config.lr_scaling,
+        accelerator=topology.accelerator,
+    )
+
+
+def resolve_precision(requested: str, topology: Topology) -> str:
+    """bf16 on TPU and on GPUs with native bf16; fp16 + loss scaling on T4 (no native bf16); fp32 on CPU."""
+    if requested != "auto":
+        return requested
+    if topology.accelerator == "tpu":
+        return "bf16"
+    if topology.accelerator == "cuda":
+        return "bf16" if topology.bf16_native else "fp16"
+    return "fp32"
+
+
+def resolve_model_size(config: TrainConfig, topology: Topology) -> str:
+    """`auto`: the VoxCeleb-size model on real accelerators, the small one on CPUs (and CPU stand-ins)."""
+    if config.model_size != "auto":
+        return config.model_size
+    real_accelerator = topology.accelerator == "cuda" or (
+        topology.accelerator == "tpu" and os.environ.get("PJRT_DEVICE", "TPU") != "CPU"
+    )
+    return "voxceleb" if real_accelerator else "small"
+
+
+def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: Topology) -> TrainResult:
+    """The training loop proper, run by every process of the topology."""
+    started = time.perf_counter()
+    torch.manual_seed(config.seed)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    log = print if strategy.is_main else (lambda *_: None)
+
+    dataset = load_training_set(config.data_dir, config.on_bad_audio)
+    if dataset.skipped:
+        log(f"skipped {len(dataset.skipped)} bad training rows (on_bad_audio='skip'): "
+            + "; ".join(f"line {s['line']} {s['path']}: {s['reason']}" for s in dataset.skipped[:5]))  # fmt: skip
+    labels = sorted({row.label for row in dataset.rows})
+    targets = np.array([labels.index(row.label) for row in dataset.rows])
+    train_idx, val_idx = stratified_split(
+        [row.label for row in dataset.rows], config.val_fraction, config.seed
+    )
+    my_rows = strategy.shard(train_idx)
+
+    model_size = resolve_model_size(config, topology)
+    model_config = ModelConfig.from_preset(
+        model_size, n_classes=len(labels), n_mels=config.n_mels,
+        window_samples=config.window_samples, score_scale=config.aam_scale,
+    )  # fmt: skip
+    model = SpeakerClassifier(model_config)
+    log(f"data: {len(dataset.rows)} files, {len(labels)} classes, {len(train_idx)} train / {len(val_idx)} "
+        f"validation; model: ECAPA-TDNN '{model_size}', {count_parameters(model) / 1e6:.2f}M parameters")  # fmt: skip
+    model = strategy.setup_model(model)
+    loss_fn = aam_loss(config.aam_margin, config.aam_scale)
+    optimizer = torch.optim.Adam(model.parameters(), lr=plan.lr, weight_decay=config.weight_decay)
+    steps_per_epoch = max(1, len(train_idx) // plan.global_batch)
+    total_steps = steps_per_epoch * config.epochs
+    warmup_steps = max(plan.warmup_steps, int(config.warmup_epochs * steps_per_epoch))
+    plan = dataclasses.replace(
+        plan, warmup_steps=warmup_steps, warmup_source=f"{config.warmup_epochs:g} epochs"
+    )
+    log(f"{steps_per_epoch} steps per epoch x {config.epochs} epochs; {plan.describe()}")
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
+    )
+
+    state = ckpt.TrainingState()
+    checkpoint_dir = Path(config.checkpoint_dir or f"{config.artifact_dir}.checkpoints")
+    fingerprint = run_fingerprint(config, labels, topology)
+    resumed = ckpt.try_resume(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state, log)
+
+    budget_s = None if config.time_budget_minutes is None else config.time_budget_minutes * 60
+    last_checkpoint = time.perf_counter()
+    stopped_early = None
+    bar = _progress(total_steps, state.global_step, strategy.is_main and config.progress)
+    for epoch in range(state.epoch, config.epochs):
+        model.train()
+        order = epoch_order(
+            my_rows, steps_per_epoch * plan.per_device_batch * plan.grad_accum, config.seed, epoch
+        )
+        losses = []
+        for step in range(state.step_in_epoch, steps_per_epoch):
+            loss_value = train_step(
+                model, strategy, loss_fn, optimizer, dataset.clips, targets, order, step, plan, config, epoch
+            )
+            scheduler.step()
+            losses.append(loss_value)
+            state.global_step += 1
+            state.step_in_epoch = step + 1
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.3f}", epoch=epoch + 1, refresh=False)
+            now = time.perf_counter()
+            if strategy.broadcast_flag(now - last_checkpoint > config.checkpoint_every_minutes * 60):
+                state.epoch = epoch
+                ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state)
+                last_checkpoint = now
+            out_of_time = budget_s is not None and (now - started) > budget_s - reserve_seconds(state)
+            if strategy.broadcast_flag(out_of_time):
+                stopped_early = (
+                    f"time budget of {config.time_budget_minutes} min reached in epoch {epoch + 1}"
+                )
+                break
+        state.step_in_epoch = 0
+        record = evaluate(model, strategy, dataset.clips, targets, val_idx, config)
+        record.update(epoch=epoch + 1, train_loss=float(np.mean(losses)) if losses else float("nan"),
+                      lr=scheduler.get_last_lr()[0], seconds=round(time.perf_counter() - started, 1))  # fmt: skip
+        state.history.append(record)
+        if state.is_better(record):
+            state.best_state = {
+                k: v.detach().to("cpu").clone() for k, v in strategy.unwrap(model).state_dict().items()
+            }
+            state.best_epoch = epoch + 1
+            state.best_metric = (record.get("val_accuracy", 0.0), -record.get("val_loss", 0.0))
+        log(format_epoch(record, config.epochs))
+        state.epoch = epoch + 1
+        if stopped_early:
+            break
+        if epoch + 1 < config.epochs and strategy.broadcast_flag(
+            time.perf_counter() - last_checkpoint > config.checkpoint_every_minutes * 60
+        ):
+            ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state)
+            last_checkpoint = time.perf_counter()
+    if bar is not None:
+        bar.close()
+    if stopped_early:
+        log(f"stopping early: {stopped_early}; saving the best epoch so far")
+
+    final = strategy.unwrap(model)
+    if state.best_state is not None:
+        final.load_state_dict(state.best_state)
+    compile_count = strategy.compile_count()
+    result = TrainResult(
+        artifact_dir=Path(config.artifact_dir),
+        history=state.history,
+        best_val_accuracy=state.history[state.best_epoch - 1].get("val_accuracy")
+        if state.best_epoch
+        else None,
+        best_epoch=state.best_epoch,
+        seconds=time.perf_counter() - started,
+        plan=plan.to_dict(),
+        topology=topology.to_dict(),
+        compile_count=compile_count,
+        skipped_rows=dataset.skipped,
+        resumed_from=resumed,
+        stopped_early=stopped_early,
+    )
+    if strategy.is_main:
+        cpu_model = copy.deepcopy(final).to("cpu")
+        provenance = build_provenance(config, topology, plan, strategy, result, model_size)
+        result.artifact_dir = save_artifact(
+            config.artifact_dir, cpu_model, labels, provenance,
+            fallback_label=labels[int(np.bincount(targets).argmax())],
+        )  # fmt: skip
+        ckpt.remove(checkpoint_dir)
+        log(result.summary())
+    strategy.barrier()
+    return result
+
+
+def train_step(
+    model, strategy, loss_fn, optimizer, clips, targets, order, step, plan, config, epoch
+) -> float:
+    """One optimizer step: `grad_accum` micro-batches of `per_device_batch` random crops each."""
+    total = 0.0
+    for micro in range(plan.grad_accum):
+        start = (step * plan.grad_accum + micro) * plan.per_device_batch
+        rows = order[start : start + plan.per_device_batch]
+        wavs, lens, labels = make_batch(
+            clips, targets, rows, config.window_samples, config.seed, epoch, start
+        )
+        features_ready = strategy.features_on_host
+        if features_ready:  # XLA: Fbank on the host, static-shape features to the device
+            wavs = strategy.host_features(wavs, lens)
+        wavs, lens, labels = strategy.to_device(wavs, lens, labels)
+        last = micro == plan.grad_accum - 1
+        with strategy.no_sync(model) if not last else _null():
+            with strategy.autocast():
+                scores = model(wavs, lens, features_ready=features_ready)
+            loss = compute_loss(loss_fn, scores, labels) / plan.grad_accum
+            strategy.backward(loss)
+        total += loss.detach()
+    strategy.optimizer_step(optimizer, model, GRAD_CLIP)
+    strategy.mark_step()
+    return float(total)
+
+
+def make_batch(
+    clips, targets, rows, window, seed, epoch, offset
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random crops for `rows`; the RNG is derived from (seed, epoch, position) so a resumed run sees the
+    same crops as an uninterrupted one."""
+    rng = np.random.default_rng([seed, epoch, offset])
+    crops, lens = zip(*(random_crop(clips[i], window, rng) for i in rows), strict=True)
+    return (torch.from_numpy(np.stack(crops)), torch.tensor(lens, dtype=torch.float32),
+            torch.from_numpy(targets[list(rows)]).long())  # fmt: skip
+
+
+def epoch_order(rows: list[int], needed: int, seed: int, epoch: int) -> list[int]:
+    """This epoch's shuffled row order, repeated if the shard is smaller than one epoch of batches."""
+    rng = np.random.default_rng([seed, epoch, 7919])
+    order: list[int] = []
+    while len(order) < needed:
+        order += [rows[i] for i in rng.permutation(len(rows))]
+    return order[:needed]
+
+
+def evaluate(model, strategy, clips, targets, val_idx, config) -> dict[str, float]:
+    """Validation exactly as at inference (windowed, length-weighted), on the held-out files."""
+    if not val_idx:
+        return {}
+    eval_model, device = strategy.eval_model(model)
+    eval_model.eval()
+    predictions = classify_clips(
+        eval_model, [clips[i] for i in val_idx], config.window_samples, device=device
+    )
+    truth = targets[val_idx]
+    scores = torch.from_numpy(predictions.scores) * config.aam_scale
+    loss = torch.nn.functional.cross_entropy(scores, torch.from_numpy(truth)).item()
+    accuracy = float((predictions.scores.argmax(1) == truth).mean())
+    return {"val_accuracy": accuracy, "val_loss": loss}
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Linear warmup (large scaled learning rates need it, Goyal et al. 2017), then cosine decay to 2%."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def reserve_seconds(state: ckpt.TrainingState) -> float:
+    """Time kept back from the budget for the last validation and the artifact save."""
+    epoch_times = [r["seconds"] for r in state.history]
+    longest_epoch = max(np.diff([0.0, *epoch_times]), default=60.0)
+    return max(30.0, 0.25 * float(longest_epoch))
+
+
+def run_fingerprint(config: TrainConfig, labels: list[str], topology: Topology) -> str:
+    """What a checkpoint must match to be resumed: the parameters that shape the run, not paths or budgets."""
+    keep = {k: v for k, v in to_dict(config).items()
+            if k not in {"artifact_dir", "checkpoint_dir", "time_budget_minutes", "progress",
+                         "checkpoint_every_minutes", "num_threads"}}  # fmt: skip
+    payload = json.dumps({"config": keep, "labels": labels, "devices": topology.num_devices}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def build_provenance(config, topology, plan, strategy, result, model_size) -> dict[str, Any]:
+    return {
+        "accelerator": topology.accelerator,
+        "device_kind": topology.device_kind,
+        "devices": topology.num_devices,
+        "strategy": strategy.name,
+        "precision": strategy.precision,
+        "model_size": model_size,
+        "batch_plan": plan.to_dict(),
+        "epochs_run": len(result.history),
+        "epochs_planned": config.epochs,
+        "best_epoch": result.best_epoch,
+        "history": result.history,
+        "validation": result.history[result.best_epoch - 1] if result.best_epoch else {},
+        "xla_compile_count": result.compile_count,
+        "resumed_from": result.resumed_from,
+        "stopped_early": result.stopped_early,
+        "skipped_rows": result.skipped_rows,
+        "train_seconds": round(result.seconds, 1),
+        # Paths are reduced to their last component: the artifact must not point outside itself.
+        "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in to_dict(config).items()},
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "presets": {model_size: MODEL_PRESETS[model_size]},
+    }
+
+
+def package_versions() -> dict[str, str | None]:
+    from importlib import metadata
+
+    versions = {}
+    for name in ("torch", "torchaudio", "speechbrain", "torch_xla", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)  # fmt: skip
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def format_epoch(record: dict[str, float], epochs: int) -> str:
+    parts = [f"epoch {int(record['epoch'])}/{epochs}", f"loss {record['train_loss']:.3f}"]
+    if "val_accuracy" in record:
+        parts += [f"val_acc {record['val_accuracy']:.4f}", f"val_loss {record['val_loss']:.3f}"]
+    parts += [f"lr {record['lr']:.2e}", f"{record['seconds']:.0f}s"]
+    return " | ".join(parts)
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=2.0, leave=False)
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()

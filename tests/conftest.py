@@ -1,0 +1,53 @@
+"""Shared fixtures: a small synthetic competition folder and a tiny trained artifact, built once per session."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FSDD = ROOT.parent / "shared" / "fsdd" / "recordings"
+
+# Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores.
+TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_batch_size=8, n_mels=40,
+                  window_seconds=0.5, accelerator="cpu", progress=False, num_threads=2)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(tmp_path_factory) -> Path:
+    from pipeline.synthetic import make_synthetic_competition
+
+    return make_synthetic_competition(
+        tmp_path_factory.mktemp("syn") / "data",
+        seed=3,
+        n_speakers=4,
+        train_per_speaker=12,
+        test_per_speaker=4,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory, synthetic_data) -> Path:
+    from pipeline.config import TrainConfig
+    from pipeline.train import train
+
+    out = tmp_path_factory.mktemp("art") / "model"
+    train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(out), **TINY_TRAIN))
+    return out
+
+
+@pytest.fixture
+def artifact_copy(tiny_artifact, tmp_path) -> Path:
+    """A private copy of the session artifact for tests that damage it."""
+    target = tmp_path / "artifact"
+    shutil.copytree(tiny_artifact, target)
+    return target
+
+
+@pytest.fixture
+def fsdd_recordings() -> Path:
+    if not FSDD.is_dir() or not any(FSDD.glob("*.wav")):
+        pytest.skip(f"FSDD recordings not found at {FSDD} (they live in ../shared beside the repo)")
+    return FSDD

@@ -1,0 +1,108 @@
+import json
+import shutil
+
+import pytest
+import torch
+
+from pipeline.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
+from pipeline.model import ModelConfig, SpeakerClassifier
+
+
+def small_model():
+    torch.manual_seed(0)
+    return SpeakerClassifier(
+        ModelConfig.from_preset("tiny", n_classes=3, n_mels=40, window_samples=8000)
+    ).eval()
+
+
+def test_roundtrip_reproduces_outputs_and_labels(tmp_path):
+    model = small_model()
+    path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {"note": "test"}, fallback_label="y")
+    loaded = load_artifact(path)
+    wavs = torch.randn(2, 8000)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(wavs, torch.ones(2)), model(wavs, torch.ones(2)))
+    assert loaded.labels == ["x", "y", "z"] and loaded.manifest["fallback_label"] == "y"
+    assert loaded.manifest["provenance"] == {"note": "test"}
+    files = set(loaded.manifest["files"])
+    assert {"model.safetensors", "hyperparams.yaml", "embedding_model.ckpt", "classifier.ckpt"} <= files
+
+
+def test_artifact_refers_to_nothing_outside_itself(tiny_artifact):
+    for name in ("manifest.json", "hyperparams.yaml"):
+        text = (tiny_artifact / name).read_text()
+        assert str(tiny_artifact) not in text and "speechbrain/spkrec" not in text
+        assert "/tmp" not in text and "pretrained_path" not in text
+
+
+def test_flipped_byte_is_refused_naming_the_file(artifact_copy):
+    weights = artifact_copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"model.safetensors: sha256 does not match"):
+        load_artifact(artifact_copy)
+
+
+def test_truncated_and_missing_files_are_refused(artifact_copy):
+    ckpt = artifact_copy / "classifier.ckpt"
+    ckpt.write_bytes(ckpt.read_bytes()[:-10])
+    with pytest.raises(ArtifactError, match=r"classifier.ckpt: size"):
+        verify_artifact(artifact_copy)
+    ckpt.unlink()
+    with pytest.raises(ArtifactError, match=r"classifier.ckpt: listed in the manifest but missing"):
+        verify_artifact(artifact_copy)
+
+
+def test_unknown_format_version_and_missing_manifest(artifact_copy):
+    manifest = json.loads((artifact_copy / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (artifact_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="format_version 99 is not supported"):
+        load_artifact(artifact_copy)
+    (artifact_copy / "manifest.json").unlink()
+    with pytest.raises(ArtifactError, match=r"manifest.json: not found"):
+        load_artifact(artifact_copy)
+
+
+def test_a_failed_save_leaves_no_valid_looking_directory(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        save_artifact(
+            tmp_path / "a", small_model(), ["x", "y", "z"], {}, extra_files={"p.png": tmp_path / "no"}
+        )
+    assert not (tmp_path / "a").exists()
+    assert list(tmp_path.iterdir()) == []  # the staging directory is gone too
+
+
+def test_a_failed_save_keeps_the_previous_artifact(tmp_path):
+    first = save_artifact(tmp_path / "a", small_model(), ["x", "y", "z"], {"run": 1})
+    with pytest.raises(FileNotFoundError):
+        save_artifact(
+            first, small_model(), ["x", "y", "z"], {"run": 2}, extra_files={"p.png": tmp_path / "no"}
+        )
+    assert load_artifact(first).manifest["provenance"] == {"run": 1}
+
+
+def test_moved_artifact_still_loads(artifact_copy, tmp_path):
+    moved = tmp_path / "elsewhere" / "deep" / "model"
+    shutil.move(str(artifact_copy), moved)
+    assert load_artifact(moved).labels
+
+
+def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_copy, tmp_path, monkeypatch):
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import LocalStrategy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    ours = load_artifact(artifact_copy)
+    sb = EncoderClassifier.from_hparams(
+        source=str(artifact_copy), savedir=str(tmp_path / "sb"), local_strategy=LocalStrategy.COPY
+    )
+    torch.manual_seed(1)
+    wavs = torch.randn(3, ours.window_samples) * 0.1
+    lens = torch.tensor([1.0, 0.7, 0.4])
+    with torch.no_grad():
+        sb_scores, _, sb_index, sb_labels = sb.classify_batch(wavs, lens)
+        our_scores = ours.model(wavs, lens)
+    torch.testing.assert_close(sb_scores, our_scores, atol=1e-5, rtol=1e-4)
+    assert sb_labels == [ours.labels[i] for i in our_scores.argmax(1).tolist()]

@@ -1,0 +1,173 @@
+import shutil
+import wave
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline.config import SAMPLE_RATE
+from pipeline.data import (
+    AudioError,
+    DataError,
+    load_audio,
+    load_training_set,
+    random_crop,
+    read_test_table,
+    read_train_table,
+    resolve_inside,
+    stratified_split,
+    windows,
+)
+
+
+def write_folder(root, rows, files):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train.csv").write_text("path,label\n" + "".join(f"{p},{lab}\n" for p, lab in rows))
+    for name, samples in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(root / name, samples, SAMPLE_RATE)
+    return root
+
+
+def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+def test_missing_columns_are_named(tmp_path):
+    (tmp_path / "train.csv").write_text("file,speaker\na.wav,x\n")
+    with pytest.raises(DataError, match=r"train.csv: missing column\(s\) \['path', 'label'\]"):
+        read_train_table(tmp_path)
+
+
+def test_missing_csv_is_named(tmp_path):
+    with pytest.raises(DataError, match="test.csv: file not found"):
+        read_test_table(tmp_path)
+
+
+def test_empty_label_names_the_line(tmp_path):
+    (tmp_path / "train.csv").write_text("path,label\na.wav,x\nb.wav,\n")
+    with pytest.raises(DataError, match="line 3: empty label"):
+        read_train_table(tmp_path)
+
+
+def test_duplicate_test_ids_are_refused(tmp_path):
+    (tmp_path / "test.csv").write_text("id,path\n1,a.wav\n1,b.wav\n")
+    with pytest.raises(DataError, match="line 3: duplicate id '1'"):
+        read_test_table(tmp_path)
+
+
+@pytest.mark.parametrize("rel", ["../outside.wav", "/etc/passwd", "a/../../x.wav"])
+def test_paths_outside_the_folder_are_refused(tmp_path, rel):
+    with pytest.raises(DataError, match="outside the data folder"):
+        resolve_inside(tmp_path, rel)
+
+
+def test_symlink_out_of_the_folder_is_refused(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "secret.wav").write_bytes(b"x")
+    (tmp_path / "data" / "link.wav").symlink_to(tmp_path / "secret.wav")
+    with pytest.raises(DataError, match="outside"):
+        resolve_inside(tmp_path / "data", "link.wav")
+
+
+def test_bad_training_audio_names_line_and_file(tmp_path):
+    root = write_folder(tmp_path / "d", [("a.wav", "x"), ("missing.wav", "y")], {"a.wav": tone()})
+    with pytest.raises(
+        DataError, match=r"train.csv line 3 \('missing.wav'\).*file not found.*on_bad_audio='skip'"
+    ):
+        load_training_set(root)
+
+
+@pytest.mark.parametrize("kind", ["empty", "garbage", "outside"])
+def test_each_kind_of_bad_row_is_an_error_or_a_reported_skip(tmp_path, kind):
+    rows = [("good.wav", "x"), ("bad.wav", "y")]
+    root = write_folder(tmp_path / "d", rows if kind != "outside" else [rows[0], ("../bad.wav", "y")],
+                        {"good.wav": tone()})  # fmt: skip
+    if kind == "empty":
+        (root / "bad.wav").write_bytes(b"")
+    elif kind == "garbage":
+        (root / "bad.wav").write_bytes(b"this is not a wav file at all" * 10)
+    else:
+        sf.write(tmp_path / "bad.wav", tone(), SAMPLE_RATE)
+    with pytest.raises(DataError, match="line 3"):
+        load_training_set(root)
+    result = load_training_set(root, on_bad_audio="skip")
+    assert [r.rel_path for r in result.rows] == ["good.wav"]
+    assert len(result.skipped) == 1 and result.skipped[0]["line"] == "3"
+
+
+def test_all_rows_bad_is_an_error_even_when_skipping(tmp_path):
+    root = write_folder(tmp_path / "d", [("nope.wav", "x")], {})
+    with pytest.raises(DataError, match="no usable training audio"):
+        load_training_set(root, on_bad_audio="skip")
+
+
+def test_load_audio_repairs_stereo_rate_and_nan(tmp_path):
+    stereo = np.stack([tone(0.5, rate=8000), tone(0.5, rate=8000)], axis=1)
+    stereo[10, 0] = np.nan
+    sf.write(tmp_path / "s.wav", stereo, 8000, subtype="FLOAT")
+    samples, repairs = load_audio(tmp_path / "s.wav")
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    assert abs(samples.size - SAMPLE_RATE * 0.5) <= 2
+    assert np.isfinite(samples).all()
+    assert any("mixed down" in r for r in repairs) and any("resampled 8000" in r for r in repairs)
+    assert any("NaN" in r for r in repairs)
+
+
+def test_load_audio_rejects_all_nan_and_header_only(tmp_path):
+    sf.write(tmp_path / "nan.wav", np.full(100, np.nan, dtype=np.float32), SAMPLE_RATE, subtype="FLOAT")
+    with pytest.raises(AudioError) as info:
+        load_audio(tmp_path / "nan.wav")
+    assert info.value.reason == "non-finite"
+    with wave.open(str(tmp_path / "zero.wav"), "wb") as handle:  # a valid header with no frames
+        handle.setnchannels(1), handle.setsampwidth(2), handle.setframerate(SAMPLE_RATE)
+    with pytest.raises(AudioError) as info:
+        load_audio(tmp_path / "zero.wav")
+    assert info.value.reason in {"empty", "unreadable"}
+
+
+def test_resampled_tone_keeps_its_frequency(tmp_path):
+    sf.write(tmp_path / "t.wav", tone(1.0, 440.0, rate=22050), 22050)
+    samples, _ = load_audio(tmp_path / "t.wav")
+    spectrum = np.abs(np.fft.rfft(samples))
+    peak_hz = np.argmax(spectrum) * SAMPLE_RATE / samples.size
+    assert abs(peak_hz - 440.0) < 2.0
+
+
+def test_random_crop_pads_short_and_crops_long():
+    rng = np.random.default_rng(0)
+    short, rel = random_crop(np.ones(30, dtype=np.float32), 100, rng)
+    assert short.shape == (100,) and rel == pytest.approx(0.3) and short[30:].sum() == 0
+    long = np.arange(1000, dtype=np.float32)
+    crop, rel = random_crop(long, 100, rng)
+    assert rel == 1.0 and np.all(np.diff(crop) == 1)
+
+
+def test_windows_cover_long_clips_and_cap_very_long_ones():
+    clip = np.arange(250, dtype=np.float32)
+    w, lens = windows(clip, 100, max_windows=10)
+    assert w.shape == (3, 100) and lens.tolist() == [1, 1, 1]
+    assert w[0, 0] == 0 and w[-1, -1] == 249  # first window at the start, last one ends at the end
+    w, lens = windows(np.zeros(100_000, dtype=np.float32), 100, max_windows=7)
+    assert w.shape == (7, 100)
+    w, lens = windows(np.ones(40, dtype=np.float32), 100, max_windows=7)
+    assert w.shape == (1, 100) and lens[0] == pytest.approx(0.4)
+
+
+def test_stratified_split_holds_out_each_label_and_keeps_one_for_training():
+    labels = ["a"] * 10 + ["b"] * 10 + ["c"]
+    train, val = stratified_split(labels, 0.2, seed=1)
+    assert sorted(train + val) == list(range(len(labels))) and not set(train) & set(val)
+    assert [labels[i] for i in val].count("a") == 2 and [labels[i] for i in val].count("b") == 2
+    assert 20 in train  # the single "c" stays in training
+    assert stratified_split(labels, 0.2, seed=1) == (train, val)
+
+
+def test_synthetic_folder_satisfies_the_contract(synthetic_data, tmp_path):
+    rows = read_train_table(synthetic_data)
+    assert len({r.label for r in rows}) == 4
+    copy = tmp_path / "copy"
+    shutil.copytree(synthetic_data, copy)
+    dataset = load_training_set(copy)
+    assert len(dataset.clips) == len(rows) and not dataset.skipped

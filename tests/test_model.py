@@ -1,0 +1,52 @@
+import torch
+
+from pipeline.config import MODEL_PRESETS
+from pipeline.model import ModelConfig, SpeakerClassifier, aam_loss, compute_loss, count_parameters
+
+
+def tiny(n_classes=3):
+    return SpeakerClassifier(
+        ModelConfig.from_preset("tiny", n_classes=n_classes, n_mels=40, window_samples=8000)
+    )
+
+
+def test_forward_gives_cosine_scores_per_class():
+    model = tiny().eval()
+    wavs, lens = torch.randn(4, 8000), torch.tensor([1.0, 1.0, 0.5, 0.25])
+    scores = model(wavs, lens)
+    assert scores.shape == (4, 3)
+    assert scores.abs().max() <= 1.0 + 1e-5  # cosines
+
+
+def test_features_ready_path_equals_waveform_path():
+    model = tiny().eval()
+    wavs, lens = torch.randn(2, 8000), torch.ones(2)
+    with torch.no_grad():
+        direct = model(wavs, lens)
+        via_features = model(model.features(wavs, lens), lens, features_ready=True)
+    torch.testing.assert_close(direct, via_features)
+
+
+def test_aam_loss_decreases_with_a_few_steps():
+    torch.manual_seed(0)
+    model = tiny(2)
+    loss_fn = aam_loss(0.2, 30.0)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    wavs = torch.randn(8, 8000) * torch.tensor([0.1] * 4 + [1.0] * 4)[:, None]
+    wavs[:4] = torch.sin(torch.arange(8000) * 0.05)[None] + 0.01 * wavs[:4]
+    targets = torch.tensor([0] * 4 + [1] * 4)
+    losses = []
+    for _ in range(15):
+        loss = compute_loss(loss_fn, model(wavs, torch.ones(8)), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_presets_grow():
+    sizes = [
+        count_parameters(SpeakerClassifier(ModelConfig.from_preset(p, n_classes=5))) for p in MODEL_PRESETS
+    ]
+    assert sizes == sorted(sizes) and sizes[0] < 200_000 < sizes[-1]

@@ -1,0 +1,87 @@
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipeline.artifact import ArtifactError
+from pipeline.config import InferConfig
+from pipeline.data import DataError
+from pipeline.submission import run_inference, score_submission, write_submission
+
+
+def read_rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_write_submission_keeps_sample_order_and_refuses_gaps(tmp_path):
+    write_submission(tmp_path / "s.csv", ["b", "a"], {"a": "x", "b": "y"})
+    assert read_rows(tmp_path / "s.csv") == [{"id": "b", "label": "y"}, {"id": "a", "label": "x"}]
+    with pytest.raises(RuntimeError, match="no label"):
+        write_submission(tmp_path / "t.csv", ["a", "c"], {"a": "x"})
+    assert not (tmp_path / "t.csv").exists()
+
+
+def test_score_checks_ids(tmp_path):
+    (tmp_path / "sol.csv").write_text("id,label\n1,a\n2,b\n")
+    (tmp_path / "sub.csv").write_text("id,label\n1,a\n2,a\n")
+    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == 0.5
+    (tmp_path / "bad.csv").write_text("id,label\n1,a\n3,b\n")
+    with pytest.raises(DataError, match="1 missing"):
+        score_submission(tmp_path / "bad.csv", tmp_path / "sol.csv")
+
+
+def test_inference_stage_on_synthetic_data(tiny_artifact, synthetic_data, tmp_path):
+    out = tmp_path / "sub.csv"
+    config = InferConfig(data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact), submission_path=str(out),
+                         progress=False, write_probabilities=True, write_embeddings=True)  # fmt: skip
+    result = run_inference(config)
+    ids = [r["id"] for r in read_rows(synthetic_data / "sample_submission.csv")]
+    assert [r["id"] for r in read_rows(out)] == ids and result.n_fallbacks == 0
+    assert score_submission(out, synthetic_data / "solution.csv") >= 0.5  # 3-epoch tiny model, 4 speakers
+    probs = read_rows(tmp_path / "probabilities.csv")
+    assert len(probs) == len(ids)
+    assert abs(sum(float(v) for k, v in probs[0].items() if k != "id") - 1.0) < 1e-3
+    emb = np.load(tmp_path / "embeddings.npz")
+    assert emb["embeddings"].shape[0] == len(ids) and emb["ok"].all()
+
+
+def test_broken_test_files_still_get_rows_and_are_reported(tiny_artifact, synthetic_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    rows = read_rows(data / "test.csv")
+    sf.write(data / "audio" / "stereo.wav", np.random.default_rng(0).standard_normal((16000, 2)) * 0.1, 44100)
+    (data / "audio" / "empty.wav").write_bytes(b"")
+    (data / "audio" / "text.wav").write_text("not audio")
+    extra = [("x_stereo", "audio/stereo.wav"), ("x_empty", "audio/empty.wav"), ("x_text", "audio/text.wav"),
+             ("x_missing", "audio/nope.wav"), ("x_outside", "../../etc/passwd")]  # fmt: skip
+    with open(data / "test.csv", "a") as handle:
+        handle.writelines(f"{i},{p}\n" for i, p in extra)
+    ids = [r["id"] for r in rows] + [i for i, _ in extra] + ["x_not_in_test"]
+    (data / "sample_submission.csv").write_text("id,label\n" + "".join(f"{i},?\n" for i in ids))
+    out = tmp_path / "sub.csv"
+    config = InferConfig(data_dir=str(data), artifact_dir=str(tiny_artifact), submission_path=str(out),
+                         progress=False)  # fmt: skip
+    result = run_inference(config)
+    written = read_rows(out)
+    assert [r["id"] for r in written] == ids
+    report = json.loads(result.report_path.read_text())
+    fallback_ids = {f["id"] for f in report["fallbacks"]}
+    assert fallback_ids == {"x_empty", "x_text", "x_missing", "x_outside", "x_not_in_test"}
+    assert any(
+        r["id"] == "x_stereo" and any("mixed down" in x for x in r["repairs"]) for r in report["repaired"]
+    )
+    labels = {r["id"]: r["label"] for r in written}
+    assert all(labels[i] == report["fallback_label"] for i in fallback_ids)
+
+
+def test_invalid_artifact_fails_the_run(artifact_copy, synthetic_data, tmp_path):
+    (artifact_copy / "classifier.ckpt").write_bytes(b"tampered")
+    config = InferConfig(data_dir=str(synthetic_data), artifact_dir=str(artifact_copy),
+                         submission_path=str(tmp_path / "s.csv"), progress=False)  # fmt: skip
+    with pytest.raises(ArtifactError, match="classifier.ckpt"):
+        run_inference(config)
+    assert not (tmp_path / "s.csv").exists()

@@ -1,0 +1,84 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_TRAIN
+
+from pipeline.artifact import load_artifact
+from pipeline.config import TrainConfig
+from pipeline.train import epoch_order, lr_factor, make_batch, resolve_precision, train
+
+
+def test_training_learns_and_records_provenance(tiny_artifact):
+    artifact = load_artifact(tiny_artifact)
+    provenance = artifact.manifest["provenance"]
+    history = provenance["history"]
+    assert len(history) == TINY_TRAIN["epochs"]
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert provenance["accelerator"] == "cpu" and provenance["devices"] == 1
+    assert provenance["batch_plan"]["global_batch"] == TINY_TRAIN["per_device_batch_size"]
+    assert provenance["versions"]["torch"] == torch.__version__.split("+")[0]
+    assert artifact.labels == sorted(artifact.labels) and len(artifact.labels) == 4
+    assert artifact.manifest["model_config"]["window_samples"] == int(TINY_TRAIN["window_seconds"] * 16000)
+
+
+def test_training_is_reproducible_with_a_fixed_seed(synthetic_data, tmp_path):
+    settings = {**TINY_TRAIN, "epochs": 1}
+    a = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "a"), **settings))
+    b = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "b"), **settings))
+    assert a.history[0]["train_loss"] == b.history[0]["train_loss"]
+    wa = load_artifact(tmp_path / "a").model.state_dict()
+    wb = load_artifact(tmp_path / "b").model.state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_path):
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    with open(data / "train.csv", "a") as handle:
+        handle.write("audio/gone.wav,spk00\n")
+    with pytest.raises(ValueError, match=r"train.csv line \d+ \('audio/gone.wav'\)"):
+        train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "a"), **TINY_TRAIN))
+    assert not (tmp_path / "a").exists()
+    result = train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "a"), on_bad_audio="skip",
+                               **{**TINY_TRAIN, "epochs": 1}))  # fmt: skip
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert [s["path"] for s in manifest["provenance"]["skipped_rows"]] == ["audio/gone.wav"]
+    assert result.skipped_rows
+
+
+def test_lr_schedule_warms_up_then_decays():
+    factors = [lr_factor(s, 10, 100) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
+    assert factors[-1] < 0.05
+
+
+def test_epoch_order_is_a_shuffled_cover_and_fills_small_shards():
+    order = epoch_order(list(range(10)), 10, seed=0, epoch=0)
+    assert sorted(order) == list(range(10)) and order != list(range(10))
+    assert epoch_order(list(range(10)), 10, seed=0, epoch=1) != order
+    assert len(epoch_order([3, 4], 8, seed=0, epoch=0)) == 8
+
+
+def test_batches_are_static_shape_and_deterministic():
+    clips = [np.ones(n, dtype=np.float32) for n in (100, 3000, 50)]
+    targets = np.array([0, 1, 2])
+    a = make_batch(clips, targets, [0, 1, 2], 1000, seed=0, epoch=0, offset=0)
+    b = make_batch(clips, targets, [0, 1, 2], 1000, seed=0, epoch=0, offset=0)
+    assert a[0].shape == (3, 1000) and torch.equal(a[0], b[0])
+    assert a[1].tolist() == pytest.approx([0.1, 1.0, 0.05])
+
+
+def test_precision_follows_the_hardware():
+    from pipeline.devices.probe import Topology
+
+    t4 = Topology("cuda", 2, "Tesla T4", False, "")
+    a100 = Topology("cuda", 1, "A100", True, "")
+    tpu = Topology("tpu", 8, "TPU v5e", True, "")
+    cpu = Topology("cpu", 1, "cpu", False, "")
+    assert [resolve_precision("auto", t) for t in (t4, a100, tpu, cpu)] == ["fp16", "bf16", "bf16", "fp32"]
+    assert resolve_precision("fp32", tpu) == "fp32"
