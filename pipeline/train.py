@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,9 @@ from .data import load_training_set, random_crop, stratified_split
 from .devices.probe import Topology, detect_topology
 from .devices.strategy import SingleDevice
 from .inference import classify_clips
-from .model import ModelConfig, SpeakerClassifier, aam_loss, compute_loss, count_parameters
+from .model import aam_loss, compute_loss, count_parameters
+from .pretrained import initial_model
+from .report import save_training_figures
 from .scaling import BatchPlan, plan_batch
 
 GRAD_CLIP = 5.0
@@ -143,11 +146,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     my_rows = strategy.shard(train_idx)
 
     model_size = resolve_model_size(config, topology)
-    model_config = ModelConfig.from_preset(
-        model_size, n_classes=len(labels), n_mels=config.n_mels,
-        window_samples=config.window_samples, score_scale=config.aam_scale,
-    )  # fmt: skip
-    model = SpeakerClassifier(model_config)
+    model = initial_model(config, model_size, labels, log)  # fresh, or fine-tuned from config.init_from
     log(f"data: {len(dataset.rows)} files, {len(labels)} classes, {len(train_idx)} train / {len(val_idx)} "
         f"validation; model: ECAPA-TDNN '{model_size}', {count_parameters(model) / 1e6:.2f}M parameters")  # fmt: skip
     model = strategy.setup_model(model)
@@ -246,12 +245,18 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         stopped_early=stopped_early,
     )
     if strategy.is_main:
-        cpu_model = copy.deepcopy(final).to("cpu")
+        cpu_model = copy.deepcopy(final).to("cpu").eval()
         provenance = build_provenance(config, topology, plan, strategy, result, model_size)
-        result.artifact_dir = save_artifact(
-            config.artifact_dir, cpu_model, labels, provenance,
-            fallback_label=labels[int(np.bincount(targets).argmax())],
-        )  # fmt: skip
+        with tempfile.TemporaryDirectory() as figures_dir:
+            val_pred = evaluate(cpu_model, SingleDevice(torch.device("cpu")), dataset.clips, targets, val_idx,
+                                config, return_predictions=True)  # fmt: skip
+            figures = save_training_figures(
+                state.history, targets[val_idx], val_pred, labels, Path(figures_dir)
+            )
+            result.artifact_dir = save_artifact(
+                config.artifact_dir, cpu_model, labels, provenance, extra_files=figures,
+                fallback_label=labels[int(np.bincount(targets).argmax())],
+            )  # fmt: skip
         ckpt.remove(checkpoint_dir)
         log(result.summary())
     strategy.barrier()
@@ -305,10 +310,11 @@ def epoch_order(rows: list[int], needed: int, seed: int, epoch: int) -> list[int
     return order[:needed]
 
 
-def evaluate(model, strategy, clips, targets, val_idx, config) -> dict[str, float]:
-    """Validation exactly as at inference (windowed, length-weighted), on the held-out files."""
+def evaluate(model, strategy, clips, targets, val_idx, config, return_predictions=False):
+    """Validation exactly as at inference (windowed, length-weighted), on the held-out files.
+    Returns the metrics, or the predicted class per validation file with `return_predictions`."""
     if not val_idx:
-        return {}
+        return np.zeros(0, dtype=np.int64) if return_predictions else {}
     eval_model, device = strategy.eval_model(model)
     eval_model.eval()
     predictions = classify_clips(
@@ -317,6 +323,8 @@ def evaluate(model, strategy, clips, targets, val_idx, config) -> dict[str, floa
     truth = targets[val_idx]
     scores = torch.from_numpy(predictions.scores) * config.aam_scale
     loss = torch.nn.functional.cross_entropy(scores, torch.from_numpy(truth)).item()
+    if return_predictions:
+        return predictions.scores.argmax(1)
     accuracy = float((predictions.scores.argmax(1) == truth).mean())
     return {"val_accuracy": accuracy, "val_loss": loss}
 

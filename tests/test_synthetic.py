@@ -96,7 +96,7 @@ def test_levels_and_durations_are_in_range(comp: Path, table: dict[str, list]) -
     peaks = np.array([20 * np.log10(np.max(np.abs(sf.read(p)[0]))) for p in sorted(comp.rglob("*.wav"))])
     assert peaks.min() > -20.5 and peaks.max() < -2.5
     durations = np.array([len(x) / 16000 for x in table["audio16k"]])
-    assert durations.min() >= 0.59 and durations.max() <= 3.0
+    assert durations.min() >= 0.599 and durations.max() <= 2.501
 
 
 def _nearest_centroid_accuracy(features: np.ndarray, labels: np.ndarray, is_train: np.ndarray) -> float:
