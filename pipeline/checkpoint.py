@@ -42,6 +42,8 @@ class TrainingState:
 
 def save(checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state) -> None:
     """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
+    if not strategy.is_main:
+        return
     payload = {
         "fingerprint": fingerprint,
         "saved_at": time.time(),
@@ -57,8 +59,6 @@ def save(checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, st
         "best_epoch": state.best_epoch,
         "best_metric": list(state.best_metric),
     }
-    if not strategy.is_main:
-        return
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     tmp = checkpoint_dir / f".{LATEST}.{os.getpid()}.tmp"
     with tmp.open("wb") as handle:

@@ -60,9 +60,7 @@ class SpeakerClassifier(torch.nn.Module):
 
     def features(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         """Normalised log-mel features [B, frames, n_mels]. Kept separate so XLA can run it on the host."""
-        with torch.autocast(device_type=wavs.device.type, enabled=False):
-            feats = self.compute_features(wavs.float())
-            return self.mean_var_norm(feats, wav_lens)
+        return Frontend.forward(self, wavs, wav_lens)
 
     def embed(self, feats: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         """Speaker embeddings [B, lin_neurons]."""
@@ -79,6 +77,22 @@ class SpeakerClassifier(torch.nn.Module):
         features on the host). One entry point, so DistributedDataParallel's forward hooks always run."""
         feats = inputs if features_ready else self.features(inputs, wav_lens)
         return self.scores(self.embed(feats, wav_lens))
+
+
+class Frontend(torch.nn.Module):
+    """The parameter-free front end alone (Fbank + sentence mean normalisation), for computing features on
+    the host. SpeakerClassifier.features runs this same code on its own identically named modules."""
+
+    def __init__(self, n_mels: int) -> None:
+        super().__init__()
+        self.compute_features = Fbank(n_mels=n_mels)
+        self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
+
+    def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        # Features in fp32 even under autocast: log-mel energies lose too much in fp16/bf16.
+        with torch.autocast(device_type=wavs.device.type, enabled=False):
+            feats = self.compute_features(wavs.float())
+            return self.mean_var_norm(feats, wav_lens)
 
 
 def aam_loss(margin: float, scale: float) -> torch.nn.Module:

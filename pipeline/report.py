@@ -11,7 +11,11 @@ import numpy as np
 
 
 def save_training_figures(
-    history: list[dict[str, float]], val_truth: np.ndarray, val_pred: np.ndarray, labels: list[str], out_dir: Path
+    history: list[dict[str, float]],
+    val_truth: np.ndarray,
+    val_pred: np.ndarray,
+    labels: list[str],
+    out_dir: Path,
 ) -> dict[str, Path]:
     """Write figures into `out_dir`; returns {artifact file name: path} for save_artifact's extra_files."""
     return {}

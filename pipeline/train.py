@@ -11,6 +11,7 @@ to save the best model.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
@@ -57,6 +58,8 @@ class TrainResult:
     skipped_rows: list[dict[str, str]] = field(default_factory=list)
     resumed_from: str | None = None
     stopped_early: str | None = None
+    rows_trained: int = 0  # rows of this process's shard
+    weights_sha256: str = ""  # of the final weights: equal on every rank under data parallelism
 
     def summary(self) -> str:
         acc = "n/a" if self.best_val_accuracy is None else f"{self.best_val_accuracy:.4f}"
@@ -71,7 +74,6 @@ def train(config: TrainConfig) -> TrainResult:
     topology = detect_topology(config.accelerator, config.devices)
     plan = plan_for(config, topology)
     precision = resolve_precision(config.precision, topology)
-    print(f"{describe_topology(topology)}. {plan.describe()}; {precision}")
     if topology.num_devices > 1 and topology.accelerator in ("cuda", "cpu"):
         from .devices.ddp import train_ddp  # DDP: one spawned process per device, rank 0's result returned
 
@@ -93,7 +95,7 @@ def describe_topology(topology: Topology) -> str:
     return f"{topology.accelerator.upper()}: {topology.num_devices} {unit} ({how}, {topology.device_kind})"
 
 
-def plan_for(config: TrainConfig, topology: Topology) -> BatchPlan:
+def plan_for(config: TrainConfig, topology: Topology, total_steps: int | None = None) -> BatchPlan:
     return plan_batch(
         per_device_batch=config.per_device_batch_size,
         num_devices=topology.num_devices,
@@ -102,6 +104,7 @@ def plan_for(config: TrainConfig, topology: Topology) -> BatchPlan:
         base_batch=config.base_batch_size,
         rule=config.lr_scaling,
         accelerator=topology.accelerator,
+        total_steps=total_steps,
     )
 
 
@@ -154,11 +157,14 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     optimizer = torch.optim.Adam(model.parameters(), lr=plan.lr, weight_decay=config.weight_decay)
     steps_per_epoch = max(1, len(train_idx) // plan.global_batch)
     total_steps = steps_per_epoch * config.epochs
-    warmup_steps = max(plan.warmup_steps, int(config.warmup_epochs * steps_per_epoch))
-    plan = dataclasses.replace(
-        plan, warmup_steps=warmup_steps, warmup_source=f"{config.warmup_epochs:g} epochs"
-    )
-    log(f"{steps_per_epoch} steps per epoch x {config.epochs} epochs; {plan.describe()}")
+    if config.warmup_epochs > 0:  # warmup in epochs, the user's choice; else the scaling rule's default
+        plan = dataclasses.replace(plan, warmup_steps=max(1, round(config.warmup_epochs * steps_per_epoch)),
+                                   warmup_source=f"{config.warmup_epochs:g} epochs")  # fmt: skip
+    else:
+        plan = plan_for(config, topology, total_steps)
+    warmup_steps = plan.warmup_steps
+    log(f"{describe_topology(topology)}. {plan.describe()}; {strategy.precision}")
+    log(f"{steps_per_epoch} steps per epoch x {config.epochs} epochs = {total_steps} steps")
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
     )
@@ -172,23 +178,26 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     last_checkpoint = time.perf_counter()
     stopped_early = None
     bar = _progress(total_steps, state.global_step, strategy.is_main and config.progress)
+    rows_per_batch = plan.per_device_batch * strategy.devices_per_process  # SPMD feeds the global batch
     for epoch in range(state.epoch, config.epochs):
         model.train()
-        order = epoch_order(
-            my_rows, steps_per_epoch * plan.per_device_batch * plan.grad_accum, config.seed, epoch
+        order = epoch_order(my_rows, steps_per_epoch * plan.grad_accum * rows_per_batch, config.seed, epoch)
+        first_batch = state.step_in_epoch * plan.grad_accum
+        batches = strategy.device_batches(
+            host_batches(dataset.clips, targets, order, rows_per_batch, first_batch, config, epoch, strategy)
         )
         losses = []
         for step in range(state.step_in_epoch, steps_per_epoch):
-            loss_value = train_step(
-                model, strategy, loss_fn, optimizer, dataset.clips, targets, order, step, plan, config, epoch
-            )
+            micro_batches = [next(batches) for _ in range(plan.grad_accum)]
+            loss = train_step(model, strategy, loss_fn, optimizer, micro_batches)
             scheduler.step()
-            losses.append(loss_value)
+            losses.append(loss)  # stays on the device: reading it every step would stall XLA
             state.global_step += 1
             state.step_in_epoch = step + 1
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss_value:.3f}", epoch=epoch + 1, refresh=False)
+                if step % 10 == 0 or step + 1 == steps_per_epoch:
+                    bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1, refresh=False)
             now = time.perf_counter()
             if strategy.broadcast_flag(now - last_checkpoint > config.checkpoint_every_minutes * 60):
                 state.epoch = epoch
@@ -202,7 +211,9 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
                 break
         state.step_in_epoch = 0
         record = evaluate(model, strategy, dataset.clips, targets, val_idx, config)
-        record.update(epoch=epoch + 1, train_loss=float(np.mean(losses)) if losses else float("nan"),
+        # Read each loss back on its own: stacking them would be one more XLA graph to compile.
+        train_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
+        record.update(epoch=epoch + 1, train_loss=train_loss,
                       lr=scheduler.get_last_lr()[0], seconds=round(time.perf_counter() - started, 1))  # fmt: skip
         state.history.append(record)
         if state.is_better(record):
@@ -243,6 +254,8 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         skipped_rows=dataset.skipped,
         resumed_from=resumed,
         stopped_early=stopped_early,
+        rows_trained=len(my_rows),
+        weights_sha256=weights_digest(final),
     )
     if strategy.is_main:
         cpu_model = copy.deepcopy(final).to("cpu").eval()
@@ -264,38 +277,42 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
 
 
 def train_step(
-    model, strategy, loss_fn, optimizer, clips, targets, order, step, plan, config, epoch
-) -> float:
-    """One optimizer step: `grad_accum` micro-batches of `per_device_batch` random crops each."""
-    total = 0.0
-    for micro in range(plan.grad_accum):
-        start = (step * plan.grad_accum + micro) * plan.per_device_batch
-        rows = order[start : start + plan.per_device_batch]
-        wavs, lens, labels = make_batch(
-            clips, targets, rows, config.window_samples, config.seed, epoch, start
-        )
-        features_ready = strategy.features_on_host
-        if features_ready:  # XLA: Fbank on the host, static-shape features to the device
-            wavs = strategy.host_features(wavs, lens)
-        wavs, lens, labels = strategy.to_device(wavs, lens, labels)
-        last = micro == plan.grad_accum - 1
-        with strategy.no_sync(model) if not last else _null():
+    model, strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]]
+) -> torch.Tensor:
+    """One optimizer step over `grad_accum` micro-batches already on the device; returns the loss (on device)."""
+    total = None
+    for index, batch in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        with strategy.no_sync(model) if not last else contextlib.nullcontext():
             with strategy.autocast():
-                scores = model(wavs, lens, features_ready=features_ready)
-            loss = compute_loss(loss_fn, scores, labels) / plan.grad_accum
+                scores = model(batch["inputs"], batch["lens"], features_ready=strategy.features_on_host)
+            loss = compute_loss(loss_fn, scores, batch["labels"]) / len(micro_batches)
             strategy.backward(loss)
-        total += loss.detach()
+        total = loss.detach() if total is None else total + loss.detach()
     strategy.optimizer_step(optimizer, model, GRAD_CLIP)
     strategy.mark_step()
-    return float(total)
+    return total
+
+
+def host_batches(clips, targets, order, batch_rows, first_batch, config, epoch, strategy):
+    """Micro-batches of random crops, as dicts of CPU tensors, from position `first_batch` of this epoch.
+    On XLA the Fbank features are computed here on the host (the compiler crashed on them under SPMD)."""
+    for batch_index in range(first_batch, len(order) // batch_rows):
+        start = batch_index * batch_rows
+        rows = order[start : start + batch_rows]
+        wavs, lens, labels = make_batch(
+            clips, targets, rows, config.window_samples, config.seed, epoch, start, strategy.rank
+        )
+        inputs = strategy.host_features(wavs, lens) if strategy.features_on_host else wavs
+        yield {"inputs": inputs, "lens": lens, "labels": labels}
 
 
 def make_batch(
-    clips, targets, rows, window, seed, epoch, offset
+    clips, targets, rows, window, seed, epoch, offset, rank=0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random crops for `rows`; the RNG is derived from (seed, epoch, position) so a resumed run sees the
-    same crops as an uninterrupted one."""
-    rng = np.random.default_rng([seed, epoch, offset])
+    """Random crops for `rows`; the RNG is derived from (seed, epoch, rank, position) so a resumed run sees
+    the same crops as an uninterrupted one, and ranks crop independently."""
+    rng = np.random.default_rng([seed, epoch, rank, offset])
     crops, lens = zip(*(random_crop(clips[i], window, rng) for i in rows), strict=True)
     return (torch.from_numpy(np.stack(crops)), torch.tensor(lens, dtype=torch.float32),
             torch.from_numpy(targets[list(rows)]).long())  # fmt: skip
@@ -327,6 +344,14 @@ def evaluate(model, strategy, clips, targets, val_idx, config, return_prediction
         return predictions.scores.argmax(1)
     accuracy = float((predictions.scores.argmax(1) == truth).mean())
     return {"val_accuracy": accuracy, "val_loss": loss}
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
@@ -368,6 +393,7 @@ def build_provenance(config, topology, plan, strategy, result, model_size) -> di
         "history": result.history,
         "validation": result.history[result.best_epoch - 1] if result.best_epoch else {},
         "xla_compile_count": result.compile_count,
+        "xla_uncached_compile_counter": strategy.uncached_compiles(),
         "resumed_from": result.resumed_from,
         "stopped_early": result.stopped_early,
         "skipped_rows": result.skipped_rows,
@@ -416,9 +442,3 @@ def _progress(total: int, initial: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=2.0, leave=False)
-
-
-def _null():
-    import contextlib
-
-    return contextlib.nullcontext()

@@ -19,6 +19,7 @@ class SingleDevice:
     world_size = 1
     rank = 0
     features_on_host = False  # XLA computes Fbank on the host (it crashed the XLA compiler under SPMD)
+    devices_per_process = 1  # SPMD drives all devices from one process, so it feeds the global batch
 
     def __init__(self, device: torch.device, precision: str = "fp32") -> None:
         self.device = device
@@ -47,8 +48,10 @@ class SingleDevice:
             return torch.autocast(self.device.type, dtype=torch.float16)
         return contextlib.nullcontext()
 
-    def to_device(self, *tensors: torch.Tensor) -> Iterator[torch.Tensor]:
-        return (t.to(self.device, non_blocking=True) for t in tensors)
+    def device_batches(self, batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+        """Move host batches to the device (XLA overrides this with a sharding-aware background loader)."""
+        for batch in batches:
+            yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
@@ -91,6 +94,9 @@ class SingleDevice:
         """Cut the lazy graph (XLA); nothing to do for eager devices."""
 
     def compile_count(self) -> int | None:
+        return None
+
+    def uncached_compiles(self) -> int | None:
         return None
 
     def describe(self) -> str:
