@@ -23,6 +23,16 @@ def main(argv: list[str] | None = None) -> int:
     synthetic.add_argument("--out", required=True)
     synthetic.add_argument("--seed", type=int, default=0)
     synthetic.add_argument("--overwrite", action="store_true")
+    fsdd = data.add_parser("fsdd", help="Free Spoken Digit Dataset recordings -> speaker or digit task")
+    fsdd.add_argument(
+        "--source", dest="recordings", required=True, help="folder of {digit}_{speaker}_{index}.wav files"
+    )
+    fsdd.add_argument("--out", required=True)
+    fsdd.add_argument("--task", choices=["speaker", "digit"], required=True)
+    fsdd.add_argument("--seed", type=int, default=0)
+    fsdd.add_argument("--test-fraction", type=float, default=0.2)
+    fsdd.add_argument("--max-per-cell", type=int, default=None, help="keep N files per (digit, speaker)")
+    fsdd.add_argument("--overwrite", action="store_true")
 
     score = commands.add_parser("score", help="accuracy of a submission against a solution file")
     score.add_argument("--submission", required=True)
@@ -36,6 +46,17 @@ def main(argv: list[str] | None = None) -> int:
 
         out = make_synthetic_competition(args.out, seed=args.seed, overwrite=args.overwrite)
         print(f"wrote synthetic competition folder {out}")
+    elif args.command == "data" and args.source == "fsdd":
+        from .fsdd import FSDDError, make_fsdd_competition
+
+        try:
+            out = make_fsdd_competition(args.recordings, args.out, task=args.task, seed=args.seed,
+                                        test_fraction=args.test_fraction, max_per_cell=args.max_per_cell,
+                                        overwrite=args.overwrite)  # fmt: skip
+        except (FSDDError, FileExistsError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"wrote FSDD {args.task} competition folder {out}")
     elif args.command == "score":
         from .submission import score_submission
 

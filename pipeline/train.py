@@ -210,6 +210,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
                 )
                 break
         state.step_in_epoch = 0
+        strategy.sync_buffers(model)  # every rank validates (and may keep) the same weights
         record = evaluate(model, strategy, dataset.clips, targets, val_idx, config)
         # Read each loss back on its own: stacking them would be one more XLA graph to compile.
         train_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")

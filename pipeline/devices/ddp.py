@@ -56,6 +56,10 @@ class DDPStrategy(SingleDevice):
     def barrier(self) -> None:
         dist.barrier()
 
+    def sync_buffers(self, model: torch.nn.Module) -> None:
+        for buffer in self.unwrap(model).buffers():
+            dist.broadcast(buffer.data, src=0)
+
     def describe(self) -> str:
         return f"DDP rank {self.rank}/{self.world_size} on {self.device} ({self.precision})"
 
@@ -66,6 +70,7 @@ def train_ddp(config: TrainConfig, topology: Topology, plan: BatchPlan, precisio
         return ddp_worker(
             int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), config, topology, plan, precision
         )
+    print(f"launching {topology.num_devices} training processes (spawn); rank 0 reports")
     results = launch(ddp_worker, nprocs=topology.num_devices, args=(config, topology, plan, precision))
     return results[0]
 
@@ -77,7 +82,8 @@ def ddp_worker(
     from ..train import fit  # imported here: train.py imports this module lazily too
 
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
-    config = dataclasses.replace(config, num_threads=None)  # threads are set per rank below
+    # Threads are set per rank below; a progress bar from a child would reach the notebook as raw "\r" text.
+    config = dataclasses.replace(config, num_threads=None, progress=False)
     if topology.accelerator == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

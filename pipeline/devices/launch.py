@@ -141,6 +141,9 @@ def _exit_when_orphaned(parent_pid: int) -> None:
 def _child_main(rank: int, env_updates: dict[str, str], payload: bytes, result_path: str) -> None:
     """Entry point of every child: set env, then unpickle (= import) the worker, run it, store the outcome."""
     os.environ.update(env_updates)
+    # A child's own stdout is the kernel's terminal, which a notebook never shows: write Python-level output
+    # to a file the parent relays into its (notebook-captured) streams.
+    sys.stdout = sys.stderr = open(f"{result_path}.log", "a", buffering=1)  # noqa: SIM115 - lives as long as the child
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     ok = False
     try:
@@ -298,9 +301,17 @@ def launch(
 
             results: dict[int, Any] = {}
             pending = {p.sentinel: rank for rank, p in enumerate(procs)}
+            relay = _OutputRelay([f"{path}.log" for path in paths])
             while pending:
-                wait_for = None if deadline is None else max(0.0, deadline - time.monotonic())
+                wait_for = (
+                    RELAY_INTERVAL
+                    if deadline is None
+                    else max(0.0, min(RELAY_INTERVAL, deadline - time.monotonic()))
+                )
                 ready = multiprocessing.connection.wait(list(pending), timeout=wait_for)
+                relay.pump()
+                if not ready and (deadline is None or time.monotonic() < deadline):
+                    continue
                 if not ready:
                     running = sorted(pending.values())
                     raise LaunchTimeout(
@@ -309,10 +320,41 @@ def launch(
                 for sentinel in ready:
                     rank = pending.pop(sentinel)
                     procs[rank].join()
+                    relay.pump()
                     results[rank] = _result_or_raise(rank, procs[rank].exitcode, _read_outcome(paths[rank]))
             return [results[rank] for rank in range(nprocs)]
         finally:
             _kill_all(procs)
+
+
+RELAY_INTERVAL = 0.5  # seconds between copies of the children's output to ours
+
+
+class _OutputRelay:
+    """Copies what each child wrote to its log file to this process's stdout: rank 0 as is (it is the one
+    that logs progress), other ranks prefixed with their rank."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.paths = paths
+        self.offsets = [0] * len(paths)
+
+    def pump(self) -> None:
+        for rank, path in enumerate(self.paths):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    handle.seek(self.offsets[rank])
+                    text = handle.read()
+            except FileNotFoundError:
+                continue
+            complete = text.rfind("\n") + 1  # relay whole lines only; the rest comes next time
+            if not complete:
+                continue
+            self.offsets[rank] += len(text[:complete].encode("utf-8"))
+            lines = text[:complete]
+            if rank:
+                lines = "".join(f"[rank {rank}] {line}" for line in lines.splitlines(keepends=True))
+            sys.stdout.write(lines)
+            sys.stdout.flush()
 
 
 def _result_or_raise(rank: int, exitcode: int | None, outcome: tuple[str, Any] | None) -> Any:

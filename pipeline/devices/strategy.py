@@ -90,6 +90,10 @@ class SingleDevice:
     def barrier(self) -> None:
         pass
 
+    def sync_buffers(self, model: torch.nn.Module) -> None:
+        """Make BatchNorm running statistics equal on every process (DDP only broadcasts them before each
+        forward, so each rank's last forward leaves its own)."""
+
     def mark_step(self) -> None:
         """Cut the lazy graph (XLA); nothing to do for eager devices."""
 

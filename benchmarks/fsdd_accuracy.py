@@ -1,0 +1,147 @@
+"""Time-to-accuracy on real speech: FSDD speaker and digit tasks through the real pipeline, default settings.
+
+    python -m benchmarks.fsdd_accuracy [--task speaker|digit|both] [--quick] [--source DIR] [--seed S]
+
+Builds a competition folder with the FSDD adapter, trains with `TrainConfig(data_dir, artifact_dir)` and
+predicts with `InferConfig(data_dir, artifact_dir, submission_path)` (no tuning parameters: what a user who
+changes nothing gets), then scores the submission against solution.csv. The machine is usually shared, so
+the result also records how much CPU other processes took during the run (`others_cpu_share`: 0 = the
+machine was ours, 0.5 = half the cores went elsewhere); times are only comparable at similar contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SOURCE = ROOT.parent / "shared" / "fsdd" / "recordings"
+TARGETS = {"speaker": 0.995, "digit": 0.985}  # the issue's bar, on held-out recordings
+TIME_LIMIT_S = 180.0  # train + infer
+
+
+class CpuMeter:
+    """System-wide CPU busy time (from /proc/stat) minus this process tree's own, over a `with` block."""
+
+    def __enter__(self) -> CpuMeter:
+        self.wall0, self.busy0, self.own0 = time.perf_counter(), _system_busy_seconds(), _own_cpu_seconds()
+        self.load0 = os.getloadavg()[0]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.wall = time.perf_counter() - self.wall0
+        busy = _system_busy_seconds()
+        own = _own_cpu_seconds() - self.own0
+        cores = os.cpu_count() or 1
+        others = None if busy is None or self.busy0 is None else max(0.0, busy - self.busy0 - own)
+        self.result = {
+            "cores": cores,
+            "own_cpu_s": round(own, 1),
+            "others_cpu_s": None if others is None else round(others, 1),
+            # Fraction of the machine's CPU capacity that other processes used while we ran.
+            "others_cpu_share": None if others is None else round(others / (cores * self.wall), 3),
+            "loadavg_1m_start": round(self.load0, 2),
+            "loadavg_1m_end": round(os.getloadavg()[0], 2),
+        }
+
+
+def _system_busy_seconds() -> float | None:
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    values = [int(v) for v in fields]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
+    busy = sum(values[:8]) - idle  # user nice system idle iowait irq softirq steal; guest is inside user
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU of this process and its waited-for children (DataLoader workers, spawned ranks)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def run(
+    task: str = "speaker",
+    *,
+    source: str | os.PathLike | None = None,
+    quick: bool = False,
+    seed: int = 0,
+    work_dir: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Train + infer with default configs on an FSDD `task` folder; returns accuracy and times.
+
+    `quick` is a smoke run (few files per cell, 2 epochs): it checks the path works, not the accuracy.
+    """
+    from pipeline.config import InferConfig, TrainConfig
+    from pipeline.fsdd import make_fsdd_competition
+    from pipeline.submission import run_inference, score_submission
+    from pipeline.train import train
+
+    source = Path(source) if source else DEFAULT_SOURCE
+    with tempfile.TemporaryDirectory(prefix=f"fsdd-{task}-", dir=work_dir) as tmp:
+        data = make_fsdd_competition(source, Path(tmp) / "data", task=task, seed=seed,
+                                     max_per_cell=6 if quick else None)  # fmt: skip
+        artifact = Path(tmp) / "model"
+        submission = Path(tmp) / "submission.csv"
+        # Defaults only: the point is what a user who sets nothing gets. Quick mode is the one exception.
+        overrides: dict[str, Any] = {"epochs": 2} if quick else {}
+        with CpuMeter() as meter:
+            t0 = time.perf_counter()
+            trained = train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), **overrides))
+            t1 = time.perf_counter()
+            inferred = run_inference(
+                InferConfig(data_dir=str(data), artifact_dir=str(artifact), submission_path=str(submission))
+            )
+            t2 = time.perf_counter()
+        accuracy = score_submission(submission, data / "solution.csv")
+        n_train = sum(1 for _ in open(data / "train.csv")) - 1
+        n_test = inferred.n_rows
+    total = t2 - t0
+    result = {
+        "task": task,
+        "quick": quick,
+        "seed": seed,
+        "train_files": n_train,
+        "test_files": n_test,
+        "accuracy": round(accuracy, 4),
+        "train_s": round(t1 - t0, 1),
+        "infer_s": round(t2 - t1, 1),
+        "total_s": round(total, 1),
+        "epochs": len(trained.history),
+        "best_epoch": trained.best_epoch,
+        "best_val_accuracy": trained.best_val_accuracy,
+        "device": trained.topology.get("device_kind"),
+        "target_accuracy": TARGETS[task],
+        "time_limit_s": TIME_LIMIT_S,
+        "meets_target": bool(accuracy >= TARGETS[task] and total <= TIME_LIMIT_S) if not quick else None,
+        **meter.result,
+    }
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fsdd_accuracy", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--task", choices=["speaker", "digit", "both"], default="both")
+    parser.add_argument("--source", default=None, help=f"FSDD recordings (default {DEFAULT_SOURCE})")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    tasks = ["speaker", "digit"] if args.task == "both" else [args.task]
+    for task in tasks:
+        print(json.dumps(run(task, source=args.source, quick=args.quick, seed=args.seed)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

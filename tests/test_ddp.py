@@ -1,0 +1,55 @@
+"""DistributedDataParallel on CPU with gloo: the T4 x2 code path, run by the real engine with 2 ranks."""
+
+import json
+
+import pytest
+import torch
+from conftest import TINY_TRAIN
+from helpers import run_papermill
+
+from pipeline.config import TrainConfig
+from pipeline.data import read_train_table, stratified_split
+from pipeline.devices.ddp import DDPStrategy, ddp_worker
+from pipeline.devices.launch import launch
+from pipeline.devices.probe import detect_topology
+from pipeline.train import plan_for
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+def test_shards_are_disjoint_and_cover_the_rows(world_size):
+    rows = list(range(0, 103, 1))
+    shards = [DDPStrategy(torch.device("cpu"), "fp32", r, world_size).shard(rows) for r in range(world_size)]
+    assert sorted(sum(shards, [])) == rows
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(synthetic_data, tmp_path):
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
+                         **{**TINY_TRAIN, "epochs": 2, "devices": 2})  # fmt: skip
+    topology = detect_topology("cpu", 2)
+    plan = plan_for(config, topology)
+    results = launch(ddp_worker, nprocs=2, args=(config, topology, plan, "fp32"), timeout=240)
+    assert results[0].weights_sha256 == results[1].weights_sha256
+    labels = [r.label for r in read_train_table(synthetic_data)]
+    train_idx, _ = stratified_split(labels, config.val_fraction, config.seed)
+    assert results[0].rows_trained + results[1].rows_trained == len(train_idx)
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    assert manifest["provenance"]["strategy"] == "ddp" and manifest["provenance"]["devices"] == 2
+    assert manifest["provenance"]["batch_plan"]["global_batch"] == 2 * TINY_TRAIN["per_device_batch_size"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_train_notebook_with_two_cpu_processes(synthetic_data, tmp_path):
+    artifact = tmp_path / "model"
+    run = run_papermill("notebooks/train.ipynb", tmp_path / "out.ipynb", {
+        "data_dir": synthetic_data, "artifact_dir": artifact, "accelerator": "cpu", "devices": 2,
+        "model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,
+        "window_seconds": 0.5,
+    })  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "CPU: 2 CPU processes (gloo DDP" in run.stderr
+    assert "global batch 16 = 8 per device x 2 devices" in run.stderr
+    assert (artifact / "manifest.json").is_file()
