@@ -22,6 +22,33 @@ submission_path = None  # default: submission.csv in the working directory
 device = "auto"  # auto | cuda | cpu  (never TPU: code competitions do not accept TPU notebooks)
 batch_windows = 64
 
+# %%
+# Kaggle bootstrap: install this project offline from the attached code dataset (written by
+# `python -m pipeline kaggle package`). Only on Kaggle and only if `pipeline` is missing. Plain Python,
+# since it runs before `pipeline` can be imported.
+import glob
+import importlib.util
+import os
+import subprocess
+import sys
+
+if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeline") is None:
+    _input = os.environ.get("KAGGLE_ROOT", "/kaggle") + "/input"
+    # Depth 1 (/kaggle/input/<slug>) to 5: both input layouts, without walking the competition's audio.
+    _wheels = sorted(
+        w for d in range(1, 6) for w in glob.glob(_input + "/*" * d + "/kaggle_ecapa_pipeline-*.whl")
+    )
+    if not _wheels:
+        raise RuntimeError(f"no kaggle_ecapa_pipeline-*.whl under {_input}: attach the code dataset")
+    _code = os.path.dirname(_wheels[-1])
+    _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", _code,
+                           "kaggle-ecapa-pipeline"], capture_output=True, text=True)  # fmt: skip
+    if _pip.returncode != 0:
+        raise RuntimeError(f"offline install from {_code} failed (its README.md lists missing wheels):\n"
+                           + _pip.stdout[-3000:] + _pip.stderr[-3000:])  # fmt: skip
+    importlib.invalidate_caches()
+    print(f"installed {os.path.basename(_wheels[-1])} (and what the image lacked) from {_code}")
+
 # %% [markdown]
 # # Predict the test set from the trained artifact and write submission.csv
 # Runs offline on GPU or CPU, without torch_xla. Every test id gets a row: unreadable files get the

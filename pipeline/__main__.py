@@ -40,6 +40,18 @@ def main(argv: list[str] | None = None) -> int:
 
     commands.add_parser("check-safety", help="static submission-safety check of a notebook (see --help)")
 
+    kaggle = commands.add_parser("kaggle", help="Kaggle helpers").add_subparsers(dest="action", required=True)
+    pack = kaggle.add_parser("package", help="push-ready train/infer notebook folders and the code dataset")
+    pack.add_argument("--out", required=True)
+    pack.add_argument("--owner", required=True, help="your Kaggle user name")
+    pack.add_argument("--competition", required=True, help="the competition's slug")
+    pack.add_argument("--train-accelerator", choices=["tpu", "t4x2"], default="tpu")
+    pack.add_argument("--train-internet", choices=["on", "off"], default="on")
+    pack.add_argument("--wheels-dir", help="extra wheels to bundle (Linux x86_64, CPython 3.11/3.12)")
+    pack.add_argument("--download-wheels", action="store_true", help="pip download the extra wheels")
+
+    commands.add_parser("doctor", help="this session's hardware, the precision and batch training will use")
+
     args = parser.parse_args(argv)
     if args.command == "data" and args.source == "synthetic":
         from .synthetic import make_synthetic_competition
@@ -61,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         from .submission import score_submission
 
         print(f"accuracy={score_submission(args.submission, args.solution):.4f}")
+    elif args.command == "kaggle" and args.action == "package":
+        from .packaging import main as package_main
+
+        return package_main(args)
+    elif args.command == "doctor":
+        from .doctor import main as doctor_main
+
+        return doctor_main()
     return 0
 
 

@@ -1,12 +1,15 @@
 """Notebook defaults: parameters left as None are resolved here, the same way for every notebook.
 
-On Kaggle the inputs are searched for under /kaggle/input and outputs go to /kaggle/working; elsewhere the
-defaults are the local `artifacts/` folder the Makefile's demo uses.
+On Kaggle the inputs are searched for under /kaggle/input, outputs and checkpoints go to /kaggle/working,
+and training gets a time budget that ends before the session limit. Elsewhere the defaults are the local
+`artifacts/` folder the Makefile's demo uses, and no budget.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from . import kaggle
@@ -17,13 +20,50 @@ LOCAL_ARTIFACT = Path("artifacts/model")
 LOCAL_SUBMISSION = Path("artifacts/submission.csv")
 
 
-def resolve_train_paths(config: TrainConfig) -> TrainConfig:
+def resolve_train_defaults(config: TrainConfig) -> TrainConfig:
+    """Fill data_dir, artifact_dir, checkpoint_dir and (on Kaggle) time_budget_minutes."""
     data_dir = config.data_dir or _found(kaggle.find_competition_dir, LOCAL_DATA, "data_dir",
                                          "a folder with train.csv, test.csv and sample_submission.csv")  # fmt: skip
-    artifact_dir = config.artifact_dir or str(
-        kaggle.working_dir() / "model" if kaggle.on_kaggle() else LOCAL_ARTIFACT
-    )
-    return dataclasses.replace(config, data_dir=str(data_dir), artifact_dir=str(artifact_dir))
+    if not kaggle.on_kaggle():
+        artifact_dir = config.artifact_dir or str(LOCAL_ARTIFACT)
+        return dataclasses.replace(config, data_dir=str(data_dir), artifact_dir=artifact_dir)
+
+    artifact_dir = config.artifact_dir or str(kaggle.working_dir() / "model")
+    # Checkpoints live in /kaggle/working whatever artifact_dir is: it is the only place that is kept
+    # (as the version's output, or across interactive sessions with "Files" persistence).
+    checkpoint_dir = Path(config.checkpoint_dir or kaggle.working_dir() / "checkpoints")
+    seed_checkpoint(checkpoint_dir)
+    budget = config.time_budget_minutes
+    if budget is None:
+        budget = kaggle.default_time_budget_minutes()
+        print(f"time_budget_minutes: {budget:.0f} (Kaggle's {kaggle.session_limit_hours():g} h session limit "
+              f"minus {kaggle.SESSION_MARGIN_MINUTES:g} min margin and the time already used)")  # fmt: skip
+    return dataclasses.replace(config, data_dir=str(data_dir), artifact_dir=str(artifact_dir),
+                               checkpoint_dir=str(checkpoint_dir), time_budget_minutes=budget)  # fmt: skip
+
+
+def resolve_train_paths(config: TrainConfig) -> TrainConfig:
+    """The earlier name of `resolve_train_defaults` (kept for notebooks saved before the rename)."""
+    return resolve_train_defaults(config)
+
+
+def seed_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """Copy a checkpoint found among the inputs into `checkpoint_dir` unless it already holds one.
+
+    A Save Version run starts with an empty /kaggle/working: the checkpoint of an earlier version (attached
+    as an input) is how it continues instead of starting over. Whether it belongs to this run is decided
+    at resume time by its fingerprint; a foreign one is reported and ignored there.
+    """
+    target = checkpoint_dir / kaggle.CHECKPOINT_FILE
+    if target.exists():
+        return None
+    found = kaggle.find_input_checkpoint()
+    if found is None:
+        return None
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(found / kaggle.CHECKPOINT_FILE, target)  # inputs are read-only: resume writes here
+    print(f"checkpoint: copied {found / kaggle.CHECKPOINT_FILE} from the inputs to {target}")
+    return target
 
 
 def resolve_infer_paths(config: InferConfig) -> InferConfig:
@@ -39,7 +79,7 @@ def resolve_infer_paths(config: InferConfig) -> InferConfig:
     )
 
 
-def _found(search, local_default: Path, name: str, what: str) -> str:
+def _found(search: Callable[[], Path | None], local_default: Path, name: str, what: str) -> str:
     if kaggle.on_kaggle():
         found = search()
         if found is None:

@@ -154,7 +154,8 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         f"validation; model: ECAPA-TDNN '{model_size}', {count_parameters(model) / 1e6:.2f}M parameters")  # fmt: skip
     model = strategy.setup_model(model)
     loss_fn = aam_loss(config.aam_margin, config.aam_scale)
-    optimizer = torch.optim.Adam(model.parameters(), lr=plan.lr, weight_decay=config.weight_decay)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # freeze_encoder: the classifier only
+    optimizer = torch.optim.Adam(trainable, lr=plan.lr, weight_decay=config.weight_decay)
     steps_per_epoch = max(1, len(train_idx) // plan.global_batch)
     total_steps = steps_per_epoch * config.epochs
     if config.warmup_epochs > 0:  # warmup in epochs, the user's choice; else the scaling rule's default

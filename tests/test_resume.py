@@ -1,0 +1,112 @@
+"""Surviving session limits for real: SIGKILL a training process mid-run, rerun it, and it resumes; a tiny
+time budget stops early with a valid artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_TRAIN
+from helpers import ROOT, venv_env
+
+from pipeline.artifact import load_artifact
+from pipeline.config import TrainConfig
+from pipeline.train import train
+
+EPOCHS = 12  # 5 steps per epoch on the synthetic set: 60 steps, long enough to kill in the middle
+INTERVAL_MINUTES = 0.002  # 0.12 s: a checkpoint after (nearly) every step
+KILL_AFTER_STEP = 12  # kill once a checkpoint past the second epoch is on disk
+
+
+def training_command(data: Path, artifact: Path, **overrides) -> list[str]:
+    params = {**TINY_TRAIN, "epochs": EPOCHS, "checkpoint_every_minutes": INTERVAL_MINUTES, **overrides}
+    code = (
+        "from pipeline.config import TrainConfig\n"
+        "from pipeline.train import train\n"
+        f"train(TrainConfig(data_dir={str(data)!r}, artifact_dir={str(artifact)!r}, **{params!r}))\n"
+    )
+    return [sys.executable, "-c", code]
+
+
+def read_checkpoint(path: Path) -> dict | None:
+    try:  # written to a temporary name and renamed: whatever is at `path` is complete
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, EOFError, RuntimeError):
+        return None
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_path):
+    artifact = tmp_path / "model"
+    latest = tmp_path / "model.checkpoints" / "latest.pt"
+    command = training_command(synthetic_data, artifact)
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(command, cwd=ROOT, env=venv_env(), stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)  # fmt: skip
+    deadline = time.monotonic() + 300
+    checkpoint = None
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            checkpoint = read_checkpoint(latest)
+            if checkpoint and checkpoint["global_step"] >= KILL_AFTER_STEP:
+                break
+            time.sleep(0.05)
+        assert first.poll() is None, "training finished before it could be killed: give it more epochs"
+        assert checkpoint and checkpoint["global_step"] >= KILL_AFTER_STEP, "no checkpoint within 300 s"
+        os.killpg(first.pid, signal.SIGKILL)  # the whole group we started: nothing gets to clean up
+        killed_at = time.time()
+        first.wait(timeout=30)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+        log.close()
+    assert first.returncode == -signal.SIGKILL
+    assert not (artifact / "manifest.json").exists(), "a killed run must not leave a valid-looking artifact"
+
+    on_disk = read_checkpoint(latest)  # what the rerun will find: possibly newer than the one we saw
+    assert on_disk["global_step"] >= checkpoint["global_step"]
+    lost_seconds = killed_at - on_disk["saved_at"]
+    print(f"killed at global step >= {on_disk['global_step']} (epoch {on_disk['epoch'] + 1}, step "
+          f"{on_disk['step_in_epoch']}); checkpoint {lost_seconds:.2f} s old at the kill")  # fmt: skip
+    # Lost at most one checkpoint interval, plus the step (or the epoch-end validation) in flight.
+    assert lost_seconds < INTERVAL_MINUTES * 60 + 10
+
+    started = time.monotonic()
+    second = subprocess.run(command, cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=600)
+    print(f"rerun took {time.monotonic() - started:.1f} s")
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    where = f"epoch {on_disk['epoch'] + 1}, step {on_disk['step_in_epoch']} (global step {on_disk['global_step']})"
+    assert f"resuming from checkpoint {latest}: {where}" in second.stdout
+    # The rerun continues: it never prints the epochs the killed run finished.
+    reported = [
+        int(line.split()[1].split("/")[0]) for line in second.stdout.splitlines() if line.startswith("epoch ")
+    ]
+    assert reported and reported[0] == len(on_disk["history"]) + 1 > 1
+    assert reported == list(range(reported[0], EPOCHS + 1))
+
+    loaded = load_artifact(artifact)
+    provenance = loaded.manifest["provenance"]
+    assert [int(record["epoch"]) for record in provenance["history"]] == list(range(1, EPOCHS + 1))
+    assert provenance["resumed_from"] and provenance["stopped_early"] is None
+    assert not latest.parent.exists(), "checkpoints are dropped once the artifact is saved"
+
+
+def test_tiny_time_budget_stops_early_with_a_valid_artifact(synthetic_data, tmp_path):
+    artifact = tmp_path / "model"
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(artifact),
+                         **{**TINY_TRAIN, "epochs": 50, "time_budget_minutes": 0.01})  # fmt: skip
+    result = train(config)
+    assert result.stopped_early and "time budget" in result.stopped_early
+    loaded = load_artifact(artifact)
+    provenance = loaded.manifest["provenance"]
+    assert provenance["stopped_early"] == result.stopped_early
+    assert 1 <= provenance["epochs_run"] < 50
+    assert json.loads((artifact / "manifest.json").read_text())["provenance"]["epochs_planned"] == 50
