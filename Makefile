@@ -22,7 +22,7 @@ $(STAMP): requirements.lock pyproject.toml
 # The main job on the embedded default: synthetic speakers -> train notebook -> infer notebook -> score.
 demo: $(STAMP)
 	$(BIN)/python -m pipeline data synthetic --out $(DEMO)/data --overwrite
-	$(BIN)/papermill notebooks/train.ipynb $(DEMO)/train.out.ipynb \
+	$(BIN)/papermill --log-output notebooks/train.ipynb $(DEMO)/train.out.ipynb \
 		-p data_dir $(DEMO)/data -p artifact_dir $(DEMO)/model
 	$(BIN)/papermill notebooks/infer.ipynb $(DEMO)/infer.out.ipynb \
 		-p data_dir $(DEMO)/data -p artifact_dir $(DEMO)/model -p submission_path $(DEMO)/submission.csv

@@ -137,10 +137,12 @@ def render(report: Report) -> str:
     if report.gpus:
         for gpu in report.gpus:
             cc = gpu.get("compute_capability")
+            capability = f"{cc[0]}.{cc[1]}" if cc else "?"
             memory = f"{gpu['memory_mib'] / 1024:.1f} GiB" if gpu.get("memory_mib") else "memory unknown"
-            lines.append(f"GPU {gpu['index']}: {gpu['name']}, {memory}, compute capability "
-                         f"{'%d.%d' % tuple(cc) if cc else '?'}, bf16 "
-                         f"{'native' if gpu['bf16_native'] else 'NOT native (fp16 + loss scaling)'}")  # fmt: skip
+            bf16 = "native" if gpu["bf16_native"] else "NOT native (fp16 + loss scaling)"
+            lines.append(
+                f"GPU {gpu['index']}: {gpu['name']}, {memory}, compute capability {capability}, bf16 {bf16}"
+            )
     else:
         lines.append("GPU: none visible")
 

@@ -86,8 +86,8 @@ def scan_recordings(source: str | os.PathLike) -> list[Recording]:
 def split_recordings(
     recordings: list[Recording], test_fraction: float, seed: int
 ) -> tuple[list[Recording], list[Recording]]:
-    """(train, test): `test_fraction` of every (digit, speaker) cell, shuffled by `seed`; at least one file of
-    each cell stays in train, so every label of either task is trainable."""
+    """(train, test): `test_fraction` of every (digit, speaker) cell, shuffled by `seed`. Every cell keeps at
+    least one file in train (every label of either task is trainable) and gives one to test if it has two."""
     cells: dict[tuple[str, str], list[Recording]] = {}
     for rec in recordings:
         cells.setdefault((rec.digit, rec.speaker), []).append(rec)
@@ -97,7 +97,8 @@ def split_recordings(
         # One generator per cell, keyed by the cell itself: adding a speaker never reshuffles the others.
         cell_seed = int.from_bytes(hashlib.sha256(f"{key[0]}|{key[1]}".encode()).digest()[:4], "little")
         order = np.random.default_rng([seed, cell_seed]).permutation(len(members))
-        n_test = min(int(round(len(members) * test_fraction)), len(members) - 1)
+        # At least one test file per cell when there are two (small folders still test every cell).
+        n_test = min(max(1, int(round(len(members) * test_fraction))), len(members) - 1)
         test += [members[i] for i in order[:n_test]]
         train += [members[i] for i in order[n_test:]]
     return train, test

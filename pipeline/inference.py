@@ -220,6 +220,8 @@ def predict_rows(
     # Rows of other shards are neither ok nor problems here.
     outside = set(range(len(rows))) - set(indices)
     result.problems = {i: p for i, p in result.problems.items() if i not in outside}
+    # Files this device handled, including those that fell back (as the multi-device path counts them).
+    result.device_counts = {str(device): len(indices)}
     return result
 
 

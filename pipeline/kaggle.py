@@ -85,8 +85,8 @@ def find_test_dir() -> Path | None:
 
 def find_artifact_dir() -> Path | None:
     """An artifact among the inputs (a train notebook's output, a dataset or a model), else in working."""
-    matches = find_dirs_with(("manifest.json", "model.safetensors"), [input_dir(), working_dir()])
-    return _first(matches, "artifacts")
+    markers = ("manifest.json", "model.safetensors")
+    return _first(find_dirs_with(markers) or find_dirs_with(markers, [working_dir()]), "artifacts")
 
 
 def find_input_checkpoint() -> Path | None:

@@ -42,11 +42,6 @@ def resolve_train_defaults(config: TrainConfig) -> TrainConfig:
                                checkpoint_dir=str(checkpoint_dir), time_budget_minutes=budget)  # fmt: skip
 
 
-def resolve_train_paths(config: TrainConfig) -> TrainConfig:
-    """The earlier name of `resolve_train_defaults` (kept for notebooks saved before the rename)."""
-    return resolve_train_defaults(config)
-
-
 def seed_checkpoint(checkpoint_dir: Path) -> Path | None:
     """Copy a checkpoint found among the inputs into `checkpoint_dir` unless it already holds one.
 
@@ -83,7 +78,7 @@ def _found(search: Callable[[], Path | None], local_default: Path, name: str, wh
     if kaggle.on_kaggle():
         found = search()
         if found is None:
-            raise ConfigError(f"parameter {name} is None and no {what} was found under {kaggle.input_dir()}; "
+            raise ConfigError(f"parameter {name} is None and {what} was not found under {kaggle.input_dir()}; "
                               f"attach the input or pass -p {name} PATH")  # fmt: skip
         print(f"{name}: found {found}")
         return str(found)

@@ -306,9 +306,10 @@ def push_readme(out: Path, slugs: Slugs, train_accelerator: str) -> str:
        kaggle kernels push -p {out / "train"}
        kaggle kernels status {slugs.owner}/{slugs.train}
 
-   Training stops in time for Kaggle's session limit (9 h TPU, 12 h GPU) and saves the best model to
-   /kaggle/working/model. If it stopped early, its checkpoint is kept in /kaggle/working/checkpoints: add
-   this notebook's output as an input of the next version and training continues where it stopped.
+   Training stops in time for Kaggle's session limit (9 h TPU, 12 h GPU), saves the best model so far to
+   /kaggle/working/model and keeps its checkpoint in /kaggle/working/checkpoints. A later run continues
+   from a checkpoint it finds in /kaggle/working (interactive sessions with "Files" persistence) or among
+   its inputs (attach the stopped version's output), instead of starting over.
 
 3. The infer notebook (GPU T4 x2, internet off; attaches the train notebook's output), once step 2 is done:
 

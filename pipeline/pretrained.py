@@ -163,7 +163,9 @@ def read_hyperparams(path: Path) -> dict[str, Any]:
             resolved = resolve_references(handle).getvalue()
         tree = yaml.load(resolved, Loader=_DataLoader)  # noqa: S506 - a SafeLoader subclass
     except Exception as error:  # noqa: BLE001 - any parse failure is reported against the file
-        raise PretrainedError(f"{path}: not a readable HyperPyYAML file ({type(error).__name__}: {error})") from error
+        raise PretrainedError(
+            f"{path}: not a readable HyperPyYAML file ({type(error).__name__}: {error})"
+        ) from error
     if not isinstance(tree, dict):
         raise PretrainedError(f"{path}: expected a mapping of hyperparameters at the top level")
     return tree
@@ -227,7 +229,9 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
             raise PretrainedError(f"{path}: `compute_features.{name}: {_show(value)}` differs from the Fbank "
                                   "settings this project's model computes (SpeechBrain's defaults)")  # fmt: skip
     if fbank_args.get("sample_rate", SAMPLE_RATE) != SAMPLE_RATE:
-        raise PretrainedError(f"{path}: the model expects {fbank_args['sample_rate']} Hz audio, not {SAMPLE_RATE}")
+        raise PretrainedError(
+            f"{path}: the model expects {fbank_args['sample_rate']} Hz audio, not {SAMPLE_RATE}"
+        )
     norm = tree.get("mean_var_norm")
     norm_args = norm.value if isinstance(norm, Tagged) and isinstance(norm.value, dict) else None
     if (
@@ -244,11 +248,19 @@ def encoder_weights_file(root: Path, tree: dict[str, Any]) -> Path:
     or SpeechBrain's embedding_model.ckpt. The Pretrainer's `paths` are never followed (they name the hub)."""
     from .artifact import MANIFEST, WEIGHTS
 
-    for name in (WEIGHTS if (root / MANIFEST).is_file() else None, f"{ENCODER}.safetensors", f"{ENCODER}.ckpt"):
+    for name in (
+        WEIGHTS if (root / MANIFEST).is_file() else None,
+        f"{ENCODER}.safetensors",
+        f"{ENCODER}.ckpt",
+    ):
         if name and (root / name).is_file():
             return root / name
     hint = ""
-    paths = (tree.get("pretrainer").value or {}).get("paths") if isinstance(tree.get("pretrainer"), Tagged) else None
+    paths = (
+        (tree.get("pretrainer").value or {}).get("paths")
+        if isinstance(tree.get("pretrainer"), Tagged)
+        else None
+    )
     if isinstance(paths, dict) and paths.get(ENCODER):
         hint = (f" hyperparams.yaml's pretrainer names {paths[ENCODER]!r}, which is never downloaded "
                 "(submission sessions are offline):")  # fmt: skip
@@ -341,7 +353,8 @@ def _same(value: Any, default: Any) -> bool:
     if isinstance(value, Tagged):  # e.g. activation: !name:torch.nn.ReLU against the class itself
         target = value.tag.split(":", 1)[-1]
         return isinstance(default, type) and target in (
-            f"{default.__module__}.{default.__qualname__}", f"torch.nn.{default.__qualname__}"
+            f"{default.__module__}.{default.__qualname__}",
+            f"torch.nn.{default.__qualname__}",
         )
     if isinstance(value, (list, tuple)) and isinstance(default, (list, tuple)):
         return list(value) == list(default)

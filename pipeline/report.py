@@ -1,13 +1,63 @@
 """What a Kaggler sees: training curves and the confusion matrix (saved in the artifact), shown inline.
 
-(Plots: being implemented under the real-speech issue; for now nothing is drawn.)
+Figures are drawn on matplotlib `Figure` objects with the Agg canvas, never through pyplot: nothing is
+added to pyplot's global figure list (so nothing to close or leak), no display is needed, and a notebook's
+inline backend is left alone. matplotlib is optional (the `notebooks` extra): without it, or if drawing
+fails, training still saves its artifact, only without figures.
+
+The display helpers render inline when running in IPython (Jupyter, papermill, Kaggle) and print plain text
+otherwise, so scripts and tests can call them too.
 """
 
 from __future__ import annotations
 
+import io
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+CURVES_FILE = "training_curves.png"
+CONFUSION_FILE = "confusion_matrix.png"
+MAX_CONFUSION_CLASSES = 20  # beyond this a matrix is unreadable: show the most-confused classes
+MAX_BAR_LABELS = 30  # predicted-label bar chart: the most frequent labels, the rest summed as "other"
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def confusion_counts(
+    truth: Sequence[int] | np.ndarray, pred: Sequence[int] | np.ndarray, n_classes: int
+) -> np.ndarray:
+    """[n_classes, n_classes] int matrix: row = true class, column = predicted class."""
+    truth = np.asarray(truth, dtype=np.int64).reshape(-1)
+    pred = np.asarray(pred, dtype=np.int64).reshape(-1)
+    if truth.shape != pred.shape:
+        raise ValueError(f"truth and pred differ in length: {truth.size} vs {pred.size}")
+    for name, values in (("truth", truth), ("pred", pred)):
+        if values.size and (values.min() < 0 or values.max() >= n_classes):
+            raise ValueError(f"{name} has class indices outside [0, {n_classes})")
+    matrix = np.zeros((n_classes, n_classes), dtype=np.int64)
+    np.add.at(matrix, (truth, pred), 1)
+    return matrix
+
+
+def most_confused(matrix: np.ndarray, limit: int = MAX_CONFUSION_CLASSES) -> list[int]:
+    """Class indices to draw: all of them up to `limit`, else the `limit` classes involved in the most errors
+    (as truth or as prediction), in their original order so the diagonal stays a diagonal."""
+    n = matrix.shape[0]
+    if n <= limit:
+        return list(range(n))
+    errors = matrix.sum(0) + matrix.sum(1) - 2 * np.diag(matrix)
+    # Ties (e.g. no errors at all) fall back to the classes with the most validation files.
+    support = matrix.sum(1)
+    ranked = sorted(range(n), key=lambda i: (-errors[i], -support[i], i))
+    return sorted(ranked[:limit])
+
+
+# ------------------------------------------------------------------------------------------ figures
 
 
 def save_training_figures(
@@ -17,5 +67,264 @@ def save_training_figures(
     labels: list[str],
     out_dir: Path,
 ) -> dict[str, Path]:
-    """Write figures into `out_dir`; returns {artifact file name: path} for save_artifact's extra_files."""
-    return {}
+    """Write figures into `out_dir`; returns {artifact file name: path} for save_artifact's extra_files.
+
+    Never raises: the figures are a convenience, and losing a finished training run to a plotting error would
+    not be. A figure that cannot be drawn is left out with a one-line note.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures: dict[str, Path] = {}
+    try:
+        import matplotlib  # noqa: F401 - probe only; the drawing functions import what they use
+    except ImportError:
+        print("figures skipped: matplotlib is not installed (pip install matplotlib)")
+        return figures
+    jobs = [
+        (CURVES_FILE, lambda path: plot_training_curves(history, path)),
+        (
+            CONFUSION_FILE,
+            lambda path: plot_confusion(confusion_counts(val_truth, val_pred, len(labels)), labels, path),
+        ),
+    ]
+    for name, draw in jobs:
+        if name == CONFUSION_FILE and len(val_truth) == 0:
+            continue  # no validation split (val_fraction=0): nothing to show
+        try:
+            draw(out_dir / name)
+            figures[name] = out_dir / name
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            print(f"figure {name} skipped: {type(error).__name__}: {error}")
+    return figures
+
+
+def _new_figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def plot_training_curves(history: list[dict[str, float]], path: Path) -> Path:
+    """Loss (train and validation), validation accuracy and learning rate against epoch, side by side."""
+    figure = _new_figure(12, 3.4)
+    ax_loss, ax_acc, ax_lr = figure.subplots(1, 3)
+    epochs = [int(r["epoch"]) for r in history]
+
+    def series(key: str) -> list[float]:
+        return [float(r.get(key, math.nan)) for r in history]
+
+    ax_loss.plot(epochs, series("train_loss"), marker="o", label="train (AAM loss)")
+    if any("val_loss" in r for r in history):
+        ax_loss.plot(epochs, series("val_loss"), marker="o", label="validation (softmax CE)")
+    ax_loss.set(title="Loss", xlabel="epoch")
+    ax_loss.legend(fontsize=8)
+    if any("val_accuracy" in r for r in history):
+        accuracy = series("val_accuracy")
+        ax_acc.plot(epochs, accuracy, marker="o", color="tab:green")
+        best = int(np.nanargmax(accuracy))
+        ax_acc.annotate(f"best {accuracy[best]:.4f}", (epochs[best], accuracy[best]), textcoords="offset points",
+                        xytext=(0, -14), ha="center", fontsize=8)  # fmt: skip
+        # Zoom to the data: the interesting part of a good run is 0.98 vs 0.995, not 0 vs 1.
+        low = float(np.nanmin(accuracy))
+        ax_acc.set_ylim(max(0.0, low - 0.1 * (1.0 - low) - 0.005), 1.0 + 0.05 * (1.0 - low) + 0.002)
+    else:
+        ax_acc.text(0.5, 0.5, "no validation split", ha="center", va="center", transform=ax_acc.transAxes)
+    ax_acc.set(title="Validation accuracy", xlabel="epoch")
+    ax_lr.plot(epochs, series("lr"), marker="o", color="tab:orange")
+    ax_lr.set(title="Learning rate (end of epoch)", xlabel="epoch")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
+    for axis in (ax_loss, ax_acc, ax_lr):
+        axis.grid(alpha=0.3)
+        if epochs:
+            axis.set_xticks(_epoch_ticks(epochs))
+    figure.savefig(path)
+    return Path(path)
+
+
+def _epoch_ticks(epochs: list[int]) -> list[int]:
+    step = max(1, math.ceil(len(epochs) / 12))
+    return epochs[::step]
+
+
+def plot_confusion(
+    matrix: np.ndarray, labels: Sequence[str], path: Path, limit: int = MAX_CONFUSION_CLASSES
+) -> Path:
+    """Counts with true labels on rows; above `limit` classes only the most-confused are drawn (titled so)."""
+    shown = most_confused(matrix, limit)
+    sub = matrix[np.ix_(shown, shown)]
+    names = [_short(str(labels[i])) for i in shown]
+    size = max(4.0, 0.4 * len(shown) + 2.0)
+    figure = _new_figure(size + 1.0, size)
+    axis = figure.subplots()
+    image = axis.imshow(sub, cmap="Blues", interpolation="nearest")
+    figure.colorbar(image, ax=axis, shrink=0.8)
+    axis.set_xticks(
+        range(len(shown)),
+        names,
+        rotation=60 if len(shown) > 6 else 0,
+        ha="right" if len(shown) > 6 else "center",
+    )
+    axis.set_yticks(range(len(shown)), names)
+    axis.set(xlabel="predicted", ylabel="true")
+    total, correct = int(matrix.sum()), int(np.trace(matrix))
+    title = f"Validation confusion: {correct}/{total} correct"
+    if len(shown) < matrix.shape[0]:
+        title += f"\n{len(shown)} most-confused of {matrix.shape[0]} classes"
+    axis.set_title(title, fontsize=10)
+    if len(shown) <= 20:  # numbers in cells stay legible up to about this size
+        threshold = sub.max() / 2 if sub.size else 0
+        for (i, j), count in np.ndenumerate(sub):
+            if count:
+                axis.text(j, i, str(count), ha="center", va="center", fontsize=8,
+                          color="white" if count > threshold else "black")  # fmt: skip
+    figure.savefig(path)
+    return Path(path)
+
+
+def _short(label: str, width: int = 16) -> str:
+    """Shorten in the middle: long labels often share a prefix ("speaker_0012") and differ at the end."""
+    if len(label) <= width:
+        return label
+    head = (width - 1) // 2
+    return label[:head] + "…" + label[-(width - 1 - head) :]
+
+
+def label_bar_chart(label_counts: Mapping[str, int], limit: int = MAX_BAR_LABELS) -> bytes:
+    """PNG bytes of a horizontal bar chart of predicted labels (most frequent first, the rest as 'other')."""
+    ranked = sorted(label_counts.items(), key=lambda item: (-item[1], item[0]))
+    if len(ranked) > limit:
+        rest = sum(count for _, count in ranked[limit - 1 :])
+        ranked = ranked[: limit - 1] + [(f"other ({len(label_counts) - limit + 1} labels)", rest)]
+    figure = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
+    axis = figure.subplots()
+    names = [_short(str(name), 24) for name, _ in ranked][::-1]
+    counts = [count for _, count in ranked][::-1]
+    axis.barh(names, counts, color="tab:blue")
+    for y, count in enumerate(counts):
+        axis.text(count, y, f" {count}", va="center", fontsize=8)
+    axis.set(title=f"Predicted labels ({sum(label_counts.values())} test files)", xlabel="files")
+    axis.margins(x=0.12)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------ display
+
+
+def in_ipython() -> bool:
+    """True inside a Jupyter/IPython kernel (papermill and Kaggle included)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return get_ipython() is not None
+
+
+def training_summary(result: Any) -> list[tuple[str, str]]:
+    """(field, value) rows describing a TrainResult: device, batch/lr scaling, compiles, time, accuracy."""
+    topo, plan = result.topology, result.plan
+    acc = "n/a" if result.best_val_accuracy is None else f"{result.best_val_accuracy:.4f}"
+    rows = [
+        ("device", f"{topo.get('accelerator', '?')} x{topo.get('num_devices', '?')} ({topo.get('device_kind', '?')})"),
+        ("global batch", f"{plan.get('global_batch')} = {plan.get('per_device_batch')} per device x "
+                         f"{plan.get('num_devices')} x {plan.get('grad_accum')} accum"),
+        ("learning rate", f"{plan.get('base_lr', 0):.1e} at batch {plan.get('base_batch')} -> {plan.get('lr', 0):.1e} "
+                          f"({plan.get('rule')} rule), warmup {plan.get('warmup_steps')} steps"),
+        ("XLA compilations", "n/a (eager)" if result.compile_count is None else str(result.compile_count)),
+        ("time", f"{result.seconds:.0f} s, {len(result.history)} epochs"),
+        ("best validation accuracy", f"{acc} (epoch {result.best_epoch})"),
+        ("artifact", str(result.artifact_dir)),
+    ]  # fmt: skip
+    if getattr(result, "stopped_early", None):
+        rows.append(("stopped early", str(result.stopped_early)))
+    if getattr(result, "skipped_rows", None):
+        rows.append(("skipped training rows", str(len(result.skipped_rows))))
+    return rows
+
+
+def inference_summary(result: Any) -> list[tuple[str, str]]:
+    """(field, value) rows describing an InferenceResult."""
+    report = result.report or {}
+    devices = ", ".join(f"{d}: {n}" for d, n in result.device_counts.items())
+    return [
+        ("rows", str(report.get("rows", sum(result.label_counts.values())))),
+        ("fallbacks", f"{len(report.get('fallbacks', []))} (label {report.get('fallback_label')!r})"),
+        ("repaired files", str(len(report.get("repaired", [])))),
+        ("files per device", devices),
+        ("time", f"{result.seconds:.1f} s"),
+    ]
+
+
+def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
+    """A GitHub-flavoured markdown table (pipes in cells escaped)."""
+
+    def cell(value: Any) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def show_training_report(result: Any) -> str:
+    """Show the run summary and the artifact's figures (inline in a notebook); returns the summary table."""
+    table = markdown_table(training_summary(result), ("training run", ""))
+    figures = [Path(result.artifact_dir) / name for name in (CURVES_FILE, CONFUSION_FILE)]
+    figures = [path for path in figures if path.is_file()]
+    if in_ipython():
+        from IPython.display import Image, Markdown, display
+
+        display(Markdown(table))
+        for path in figures:
+            display(Image(filename=str(path)))
+    else:
+        print(table)
+        for path in figures:
+            print(f"figure: {path}")
+    return table
+
+
+def show_inference_report(result: Any, max_fallback_rows: int = 20) -> str:
+    """Show the predicted-label distribution, the fallback report and a run summary; returns the text."""
+    report = result.report or {}
+    parts = [markdown_table(inference_summary(result), ("inference run", ""))]
+    fallbacks = report.get("fallbacks", [])
+    if fallbacks:
+        rows = [(f["id"], f["reason"]) for f in fallbacks[:max_fallback_rows]]
+        more = len(fallbacks) - len(rows)
+        parts.append(f"**Fallbacks** (got label {report.get('fallback_label')!r}):\n\n"
+                     + markdown_table(rows, ("id", "reason")) + (f"\n\n... and {more} more" if more > 0 else ""))  # fmt: skip
+    else:
+        parts.append("No fallbacks: every test file got a model prediction.")
+    text = "\n\n".join(parts)
+    if in_ipython():
+        from IPython.display import Image, Markdown, display
+
+        try:
+            display(Image(data=label_bar_chart(result.label_counts)))
+        except ImportError:  # no matplotlib: the table below still tells the story
+            pass
+        display(Markdown(text))
+    else:
+        counts = sorted(result.label_counts.items(), key=lambda item: (-item[1], item[0]))
+        print("predicted labels: " + ", ".join(f"{label}: {n}" for label, n in counts[:MAX_BAR_LABELS]))
+        print(text)
+    return text
+
+
+__all__ = [
+    "confusion_counts",
+    "in_ipython",
+    "label_bar_chart",
+    "markdown_table",
+    "most_confused",
+    "plot_confusion",
+    "plot_training_curves",
+    "save_training_figures",
+    "show_inference_report",
+    "show_training_report",
+]

@@ -209,6 +209,9 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
                 stopped_early = (
                     f"time budget of {config.time_budget_minutes} min reached in epoch {epoch + 1}"
                 )
+                # Keep the exact position: a rerun (next Save Version, same command) continues from here.
+                state.epoch = epoch
+                ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state)
                 break
         state.step_in_epoch = 0
         strategy.sync_buffers(model)  # every rank validates (and may keep) the same weights
@@ -272,7 +275,10 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
                 config.artifact_dir, cpu_model, labels, provenance, extra_files=figures,
                 fallback_label=labels[int(np.bincount(targets).argmax())],
             )  # fmt: skip
-        ckpt.remove(checkpoint_dir)
+        if stopped_early:
+            log(f"checkpoint kept in {checkpoint_dir}: rerun with the same parameters to continue training")
+        else:
+            ckpt.remove(checkpoint_dir)
         log(result.summary())
     strategy.barrier()
     return result

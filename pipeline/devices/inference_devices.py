@@ -8,6 +8,7 @@ artifact on the CPU once per process and moved to that process's device.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from collections.abc import Sequence
@@ -81,9 +82,12 @@ def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Pred
             ),
         )
         parts = [np.load(Path(tmp) / f"rank{rank}.npz", allow_pickle=False) for rank in range(len(devices))]
-        problems = {}
+        problems: dict[int, str] = {}
+        repairs: dict[int, list[str]] = {}
         for rank in range(len(devices)):
-            problems.update(_read_problems(Path(tmp) / f"rank{rank}.problems"))
+            notes = json.loads((Path(tmp) / f"rank{rank}.json").read_text())
+            problems.update({int(i): text for i, text in notes["problems"].items()})
+            repairs.update({int(i): done for i, done in notes["repairs"].items()})
     scores = parts[0]["scores"].copy()
     embeddings = parts[0]["embeddings"].copy()
     ok = np.zeros(len(rows), dtype=bool)
@@ -93,7 +97,7 @@ def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Pred
         embeddings[shard] = part["embeddings"][shard]
         ok[shard] = part["ok"][shard]
         counts[f"{devices[rank]}#{rank}"] = len(shard)
-    return Predictions(scores, embeddings, ok, problems, {}, counts)
+    return Predictions(scores, embeddings, ok, problems, dict(sorted(repairs.items())), counts)
 
 
 def gpu_inference_worker(
@@ -117,15 +121,7 @@ def gpu_inference_worker(
     )
     target = Path(out_dir) / f"rank{rank}.npz"
     np.savez(target, scores=result.scores, embeddings=result.embeddings, ok=result.ok)
-    with open(Path(out_dir) / f"rank{rank}.problems", "w") as handle:
-        for index, problem in result.problems.items():
-            handle.write(f"{index}\t{problem.replace(os.linesep, ' ')}\n")
+    # Why files fell back and what was repaired travel with the scores: the report needs both.
+    notes = {"problems": result.problems, "repairs": result.repairs}
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(notes))
     return int(result.ok.sum())
-
-
-def _read_problems(path: Path) -> dict[int, str]:
-    problems = {}
-    for line in path.read_text().splitlines():
-        index, _, text = line.partition("\t")
-        problems[int(index)] = text
-    return problems

@@ -1,0 +1,303 @@
+"""Inference throughput: the seed's one-file-at-a-time SpeechBrain loop against the project's `run_inference`,
+on the same artifact and the same files.
+
+    python -m benchmarks.inference [--quick] [--files N] [--preset base] [--json out.json]
+
+- naive (the seed's pattern, ../shared/seeds/000_*.txt): `EncoderClassifier.from_hparams(source=<artifact>)`
+  offline, then per file: read it, `torch.from_numpy(signal).float()` resampled to 16 kHz by SpeechBrain's
+  own audio normaliser, `.unsqueeze(0)`, `classify_batch`.
+- ours: `pipeline.submission.run_inference` end to end (manifest check, DataLoader workers decoding and
+  resampling, fixed 1 s windows batched `batch_windows` at a time, submission + report written).
+
+Files: FSDD recordings (../shared/fsdd/recordings, 8 kHz, ~0.44 s each) copied into a competition folder with
+test.csv; synthetic voices when FSDD is absent. The model is ECAPA-TDNN of the `base` preset (C=512, the size
+../shared/NOTES.md's baselines were measured with) with untrained weights: throughput does not depend on
+what the weights are, only on shapes, so no training is needed. `--quick` uses 40 files and the `small` preset.
+
+Model FLOPs are counted with torch.utils.flop_counter.FlopCounterMode on one batch (convolutions and matmuls;
+the Fbank's FFT is not counted) and scaled by the audio each side actually processed: the naive loop runs
+each clip at its own length, ours runs whole 1 s windows (a short clip is zero-padded to one window, exactly
+as in training, which is why it costs ~2.3x the naive loop's FLOPs per FSDD clip; see pipeline/inference.py).
+"Useful" FLOP/s counts both sides at the clip's own length, so that ratio is fair to the naive loop.
+The peak is the best fp32 torch.matmul rate measured in this process (2048^3, all threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import soundfile as sf
+import torch
+
+FSDD = Path(__file__).resolve().parents[2] / "shared" / "fsdd" / "recordings"
+WINDOW = 16_000
+
+
+def run(quick: bool = False, files: int | None = None, preset: str | None = None, tune: bool = False) -> dict:
+    """Run the benchmark and return its numbers (also printed by `main`)."""
+    from pipeline.config import InferConfig
+
+    n_files = files or (40 if quick else 300)
+    preset = preset or ("small" if quick else "base")
+    with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
+        tmp = Path(tmp)
+        data, source = make_test_folder(tmp / "data", n_files)
+        labels = ["george", "jackson", "lucas", "nicolas", "theo", "yweweler"]
+        artifact = make_artifact(tmp / "model", preset, labels)
+        durations = [sf.info(str(data / row["path"])).duration for row in _rows(data / "test.csv")]
+        peak_before = matmul_peak()
+
+        warm = make_subset(data, tmp / "warm", 8)  # first calls pay one-off costs (oneDNN kernels, imports)
+        naive_loop(artifact, warm, tmp / "sb-warm")
+        naive = naive_loop(artifact, data, tmp / "sb")
+        base = InferConfig(data_dir=str(data), artifact_dir=str(artifact), submission_path="", progress=False)
+        ours_runs = {}
+        for name, overrides in configurations(tune):
+            ours_runs[name] = ours_timed(base, overrides, warm, tmp / name)
+        peak = max(peak_before, matmul_peak())
+
+        per_window, per_sample = model_flops(artifact)
+    windows = sum(_windows(d * 16000) for d in durations)
+    audio_samples = sum(d * 16000 for d in durations)
+    naive_flops = per_sample * audio_samples
+    ours_flops = per_window * windows
+    result: dict[str, Any] = {
+        "files": n_files,
+        "source": source,
+        "preset": preset,
+        "audio_seconds": round(sum(durations), 1),
+        "windows": windows,
+        "gflop_per_window": per_window / 1e9,
+        "matmul_peak_gflops": peak / 1e9,
+        "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(),
+        "naive": _rates(naive, n_files, naive_flops, naive_flops, peak),
+        "ours": {
+            name: _rates(r, n_files, ours_flops, naive_flops, peak) | {"settings": r["settings"]}
+            for name, r in ours_runs.items()
+        },
+    }
+    best = max(result["ours"], key=lambda k: result["ours"][k]["files_per_s"])
+    result["best"] = best
+    result["speedup"] = result["ours"][best]["files_per_s"] / result["naive"]["files_per_s"]
+    result["speedup_default"] = result["ours"]["default"]["files_per_s"] / result["naive"]["files_per_s"]
+    return result
+
+
+def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
+    """InferConfig settings to time: the defaults, and with --tune the variants that were tried."""
+    runs: list[tuple[str, dict[str, Any]]] = [("default", {})]
+    if tune:
+        runs += [
+            ("batch 16", {"batch_windows": 16}),
+            ("batch 32", {"batch_windows": 32}),
+            ("batch 128", {"batch_windows": 128}),
+            ("0 workers", {"num_workers": 0}),
+            ("2 workers", {"num_workers": 2}),
+            ("1 thread", {"num_threads": 1}),
+            ("2 CPU processes", {"device": "cpu", "devices": 2}),
+        ]
+    return runs
+
+
+def make_test_folder(data: Path, n_files: int) -> tuple[Path, str]:
+    """A competition folder (test.csv, sample_submission.csv, audio/) with `n_files` clips."""
+    audio = data / "audio"
+    audio.mkdir(parents=True)
+    if FSDD.is_dir() and any(FSDD.glob("*.wav")):
+        recordings = sorted(FSDD.glob("*.wav"))
+        chosen = [recordings[i] for i in np.random.default_rng(0).permutation(len(recordings))[:n_files]]
+        for path in chosen:  # copies: symlinks resolve outside DATA and are refused (pipeline.data)
+            shutil.copyfile(path, audio / path.name)
+        names, source = [p.name for p in chosen], f"FSDD ({FSDD})"
+    else:
+        from pipeline.synthetic import make_synthetic_competition
+
+        synthetic = make_synthetic_competition(data.parent / "synthetic", seed=0, n_speakers=6,
+                                               train_per_speaker=1, test_per_speaker=math.ceil(n_files / 6))  # fmt: skip
+        found = sorted((synthetic / "audio").rglob("*.wav"))[:n_files]
+        for path in found:
+            shutil.copyfile(path, audio / path.name)
+        names, source = [p.name for p in found], "synthetic voices (FSDD not found)"
+    rows = [(f"f{i:05d}", f"audio/{name}") for i, name in enumerate(names)]
+    (data / "test.csv").write_text("id,path\n" + "".join(f"{i},{p}\n" for i, p in rows))
+    (data / "sample_submission.csv").write_text("id,label\n" + "".join(f"{i},?\n" for i, _ in rows))
+    return data, source
+
+
+def make_subset(data: Path, target: Path, n: int) -> Path:
+    rows = _rows(data / "test.csv")[:n]
+    (target / "audio").mkdir(parents=True)
+    for row in rows:
+        shutil.copyfile(data / row["path"], target / row["path"])
+    (target / "test.csv").write_text("id,path\n" + "".join(f"{r['id']},{r['path']}\n" for r in rows))
+    (target / "sample_submission.csv").write_text("id,label\n" + "".join(f"{r['id']},?\n" for r in rows))
+    return target
+
+
+def make_artifact(target: Path, preset: str, labels: list[str]) -> Path:
+    """An artifact with untrained weights of a realistic size (throughput does not depend on the values)."""
+    from pipeline.artifact import save_artifact
+    from pipeline.model import ModelConfig, SpeakerClassifier
+
+    torch.manual_seed(0)
+    model = SpeakerClassifier(ModelConfig.from_preset(preset, n_classes=len(labels), n_mels=80,
+                                                      window_samples=WINDOW)).eval()  # fmt: skip
+    return save_artifact(target, model, labels, {"benchmark": "untrained weights"})
+
+
+def naive_loop(artifact: Path, data: Path, savedir: Path) -> dict[str, Any]:
+    """The seed's pattern: SpeechBrain's EncoderClassifier, one file at a time."""
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import LocalStrategy
+
+    started = time.perf_counter()
+    classifier = EncoderClassifier.from_hparams(source=str(artifact), savedir=str(savedir),
+                                                local_strategy=LocalStrategy.COPY, run_opts={"device": "cpu"})  # fmt: skip
+    loaded = time.perf_counter()
+    predictions = {}
+    for row in _rows(data / "test.csv"):
+        signal, rate = sf.read(str(data / row["path"]), dtype="float32")
+        wav = classifier.audio_normalizer(torch.from_numpy(signal).float(), rate)  # resample to 16 kHz
+        _, _, _, text = classifier.classify_batch(wav.unsqueeze(0))
+        predictions[row["id"]] = text[0]
+    loop_done = time.perf_counter()
+    with open(savedir / "submission.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["id", "label"])
+        writer.writerows(predictions.items())
+    return {"seconds": time.perf_counter() - started, "loop_seconds": loop_done - loaded,
+            "load_seconds": loaded - started, "settings": {}}  # fmt: skip
+
+
+def ours_timed(base, overrides: dict[str, Any], warm: Path, out: Path) -> dict[str, Any]:
+    """`run_inference` end to end, after a warm-up run on a few files with the same settings."""
+    import dataclasses
+
+    from pipeline.submission import run_inference
+
+    out.mkdir()
+    threads = torch.get_num_threads()
+    try:
+        warm_config = dataclasses.replace(base, data_dir=str(warm), submission_path=str(out / "warm.csv"),
+                                          **overrides)  # fmt: skip
+        run_inference(warm_config)
+        config = dataclasses.replace(base, submission_path=str(out / "submission.csv"), **overrides)
+        started = time.perf_counter()
+        result = run_inference(config)
+        seconds = time.perf_counter() - started
+    finally:
+        torch.set_num_threads(threads)  # num_threads overrides are process-wide
+    assert result.n_fallbacks == 0, result.report["fallbacks"][:3]
+    return {"seconds": seconds, "settings": overrides, "device_counts": result.device_counts}
+
+
+def model_flops(artifact: Path) -> tuple[float, float]:
+    """(FLOPs per 1 s window in a batch, FLOPs per input sample at batch 1 on a 1 s clip)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from pipeline.artifact import load_artifact
+
+    model = load_artifact(artifact).model
+    batch = 8
+    wavs, lens = 0.1 * torch.randn(batch, WINDOW), torch.ones(batch)
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model.scores(model.embed(model.features(wavs, lens), lens))
+    per_window = counter.get_total_flops() / batch
+    with FlopCounterMode(display=False) as counter, torch.inference_mode():
+        model.scores(model.embed(model.features(wavs[:1], lens[:1]), lens[:1]))
+    return per_window, counter.get_total_flops() / WINDOW
+
+
+def matmul_peak(n: int = 2048, seconds: float = 3.0) -> float:
+    """Best fp32 matmul FLOP/s over a few short bursts (the machine is shared: keep the best)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.matmul(a, b)
+    best = 0.0
+    for _ in range(5):
+        started, count = time.perf_counter(), 0
+        while time.perf_counter() - started < seconds / 5:
+            torch.matmul(a, b)
+            count += 1
+        best = max(best, 2 * n**3 * count / (time.perf_counter() - started))
+    return best
+
+
+def _windows(samples: float) -> int:
+    return 1 if samples <= WINDOW else min(math.ceil(samples / WINDOW), 64)
+
+
+def _rates(run: dict[str, Any], n_files: int, flops: float, useful: float, peak: float) -> dict[str, Any]:
+    seconds = run["seconds"]
+    out = {
+        "seconds": round(seconds, 2),
+        "files_per_s": n_files / seconds,
+        "gflops": flops / seconds / 1e9,
+        "fraction_of_peak": flops / seconds / peak,
+        "useful_fraction_of_peak": useful / seconds / peak,
+    }
+    if "loop_seconds" in run:
+        out["loop_seconds"] = round(run["loop_seconds"], 2)
+        out["loop_fraction_of_peak"] = flops / run["loop_seconds"] / peak
+    if "device_counts" in run:
+        out["device_counts"] = run["device_counts"]
+    return out
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def report(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['files']} files from {result['source']}, {result['audio_seconds']} s of audio -> "
+        f"{result['windows']} windows of 1 s; ECAPA-TDNN '{result['preset']}', "
+        f"{result['gflop_per_window']:.2f} GFLOP per window",
+        f"fp32 matmul peak {result['matmul_peak_gflops']:.0f} GFLOP/s ({result['torch_threads']} torch threads, "
+        f"{result['cpus']} CPUs)",
+        "",
+        f"{'':28s} {'files/s':>8s} {'seconds':>8s} {'GFLOP/s':>8s} {'of peak':>8s} {'useful':>8s}",
+    ]
+    naive = result["naive"]
+    lines.append(f"{'naive: SpeechBrain, 1 file':28s} {naive['files_per_s']:8.1f} {naive['seconds']:8.2f} "
+                 f"{naive['gflops']:8.1f} {naive['fraction_of_peak']:8.0%} {naive['useful_fraction_of_peak']:8.0%}")  # fmt: skip
+    for name, r in result["ours"].items():
+        lines.append(f"{'ours: run_inference, ' + name:28s} {r['files_per_s']:8.1f} {r['seconds']:8.2f} "
+                     f"{r['gflops']:8.1f} {r['fraction_of_peak']:8.0%} {r['useful_fraction_of_peak']:8.0%}")  # fmt: skip
+    lines += [
+        "",
+        f"naive loop alone (model loaded): {naive['loop_seconds']:.2f} s, {naive['loop_fraction_of_peak']:.0%} of peak",
+        f"speed-up of run_inference (defaults) over the one-file loop: {result['speedup_default']:.2f}x"
+        + (f"; best setting '{result['best']}': {result['speedup']:.2f}x" if len(result["ours"]) > 1 else ""),
+        "('of peak' counts the FLOPs each side executed; 'useful' counts every clip at its own length)",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="40 files, small model")
+    parser.add_argument("--files", type=int, default=None)
+    parser.add_argument("--preset", default=None, help="model size preset (default: base; quick: small)")
+    parser.add_argument("--tune", action="store_true", help="also time the variants of InferConfig tried")
+    parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    args = parser.parse_args()
+    result = run(quick=args.quick, files=args.files, preset=args.preset, tune=args.tune)
+    print(report(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

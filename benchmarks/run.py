@@ -1,0 +1,368 @@
+"""`make bench`: every benchmark of the project in one run on one machine -> results.json + results.md.
+
+    python -m benchmarks.run [--quick] [--only SECTION ...] [--out DIR]
+
+Sections (each fails soft: an error is recorded and the next section runs):
+  inference     naive one-file-at-a-time loop vs the project's batched inference  (benchmarks/inference.py)
+  training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
+  loader_wait   time the training loop spends making batches, as a fraction of step time (measured here)
+  fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
+  cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
+
+Ratios are the headline: absolute times depend on the machine and, on a shared machine, on the neighbours;
+every section records how much CPU other processes took while it ran (`others_cpu_share`).
+`--quick` is a smoke run (small data, few steps) written to benchmarks/out/ so it never replaces real results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.fsdd_accuracy import DEFAULT_SOURCE, CpuMeter
+
+ROOT = Path(__file__).resolve().parents[1]
+BASELINE_FSDD_S = {"speaker": 92.0, "digit": 143.0}  # plain loop, ../shared/NOTES.md (train + infer, 2 cores)
+SECTIONS = ("inference", "training", "loader_wait", "fsdd", "cold_start")
+
+
+# ------------------------------------------------------------------------------------------ sections
+
+
+def section_inference(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.inference", quick)
+
+
+def section_training(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.training", quick)
+
+
+def _external(module_name: str, quick: bool) -> dict[str, Any]:
+    """Another benchmark module's `run(quick=...)`; "not available" if it does not exist yet."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name != module_name:
+            raise  # the module exists but one of its imports is missing: that is an error worth seeing
+        raise NotAvailable(f"{module_name} is not in this checkout") from error
+    if not hasattr(module, "run"):
+        raise NotAvailable(f"{module_name} has no run(quick=...)")
+    return module.run(quick=quick)
+
+
+def section_loader_wait(quick: bool) -> dict[str, Any]:
+    """A real (short) training run with default settings, timing `make_batch` (random crops, inline in the
+    loop) against `train_step` (forward, backward, optimizer). Wraps the functions; train.py is unchanged."""
+    import pipeline.train as train_module
+    from pipeline.config import TrainConfig
+    from pipeline.fsdd import make_fsdd_competition
+
+    timers = {"make_batch_s": 0.0, "train_step_s": 0.0, "load_training_set_s": 0.0, "steps": 0}
+
+    def timed(name: str, function: Callable, count: bool = False) -> Callable:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                timers[name] += time.perf_counter() - started
+                timers["steps"] += count
+
+        return wrapper
+
+    originals = {
+        name: getattr(train_module, name) for name in ("make_batch", "train_step", "load_training_set")
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
+        data = make_fsdd_competition(_fsdd_source(), Path(tmp) / "data", task="speaker",
+                                     max_per_cell=6 if quick else 20)  # fmt: skip
+        config = TrainConfig(data_dir=str(data), artifact_dir=str(Path(tmp) / "model"), epochs=1 if quick else 2,
+                             progress=False)  # fmt: skip
+        try:
+            train_module.make_batch = timed("make_batch_s", originals["make_batch"])
+            train_module.train_step = timed("train_step_s", originals["train_step"], count=True)
+            train_module.load_training_set = timed("load_training_set_s", originals["load_training_set"])
+            started = time.perf_counter()
+            with contextlib.redirect_stdout(sys.stderr):  # keep the training log out of the JSON on stdout
+                result = train_module.train(config)
+            total = time.perf_counter() - started
+        finally:
+            for name, function in originals.items():
+                setattr(train_module, name, function)
+    step_total = timers["make_batch_s"] + timers["train_step_s"]
+    return {
+        "headline": f"data wait {timers['make_batch_s'] / step_total:.1%} of step time",
+        "wait_fraction": timers["make_batch_s"] / step_total,
+        "steps": timers["steps"],
+        "ms_per_step_make_batch": 1000 * timers["make_batch_s"] / max(1, timers["steps"]),
+        "ms_per_step_train_step": 1000 * timers["train_step_s"] / max(1, timers["steps"]),
+        # Decoding + resampling every file happens once, before the first step.
+        "load_fraction_of_run": timers["load_training_set_s"] / total,
+        "load_training_set_s": timers["load_training_set_s"],
+        "run_s": total,
+        "device": result.topology.get("device_kind"),
+        "batch": result.plan.get("global_batch"),
+    }
+
+
+def section_fsdd(quick: bool) -> dict[str, Any]:
+    from benchmarks.fsdd_accuracy import run
+
+    results: dict[str, Any] = {}
+    for task in ("speaker", "digit"):
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                outcome = run(task, source=_fsdd_source(), quick=quick)
+            outcome["vs_time_limit"] = outcome["total_s"] / outcome["time_limit_s"]
+            outcome["vs_baseline_time"] = outcome["total_s"] / BASELINE_FSDD_S[task]
+            results[task] = outcome
+        except Exception as error:  # noqa: BLE001 - the other task's numbers still count
+            results[task] = {"error": f"{type(error).__name__}: {error}"}
+    parts = [f"{task} acc {r['accuracy']:.4f} in {r['total_s']:.0f}s ({r['vs_time_limit']:.2f}x the 180s limit)"
+             for task, r in results.items() if "accuracy" in r]  # fmt: skip
+    results["headline"] = "; ".join(parts) or "failed"
+    return results
+
+
+def section_cold_start(quick: bool) -> dict[str, Any]:
+    """papermill notebooks/infer.ipynb on a small FSDD folder: time from launching papermill to the submission
+    file existing, against the inference time measured inside the run (the rest is start-up overhead)."""
+    from pipeline.config import TrainConfig
+    from pipeline.fsdd import make_fsdd_competition
+    from pipeline.train import train
+
+    with tempfile.TemporaryDirectory(prefix="bench-cold-") as tmp:
+        tmp_path = Path(tmp)
+        data = make_fsdd_competition(_fsdd_source(), tmp_path / "data", task="speaker", max_per_cell=3)
+        artifact = tmp_path / "model"
+        with contextlib.redirect_stdout(sys.stderr):
+            train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), epochs=1, progress=False))
+        submission = tmp_path / "submission.csv"
+        executed = tmp_path / "infer.out.ipynb"
+        command = [sys.executable, "-m", "papermill", str(ROOT / "notebooks" / "infer.ipynb"), str(executed),
+                   "-p", "data_dir", str(data), "-p", "artifact_dir", str(artifact),
+                   "-p", "submission_path", str(submission), "--cwd", str(tmp_path)]  # fmt: skip
+        first_prediction = _run_until_file(command, submission, timeout=900)
+        report = json.loads(submission.with_name("submission_report.json").read_text())
+        cells = _cell_durations(executed)
+        import_s = _python_import_seconds()
+    inference_s = float(report["seconds"])
+    return {
+        "headline": f"first prediction after {first_prediction['first_file_s']:.1f}s; "
+        f"{first_prediction['first_file_s'] / max(inference_s, 1e-9):.0f}x the in-process inference time",
+        "papermill_to_submission_s": first_prediction["first_file_s"],
+        "papermill_total_s": first_prediction["exit_s"],
+        "in_process_inference_s": inference_s,
+        "overhead_ratio": first_prediction["first_file_s"] / max(inference_s, 1e-9),
+        "python_import_pipeline_s": import_s,
+        "test_files": report["rows"],
+        "cell_seconds": cells,
+    }
+
+
+def _run_until_file(command: list[str], target: Path, timeout: float) -> dict[str, float]:
+    """Run `command`, noting when `target` first exists (polled every 20 ms) and when the process exits."""
+    started = time.perf_counter()
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if target.exists():
+                seen["first_file_s"] = time.perf_counter() - started
+                return
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        run = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    finally:
+        stop.set()
+        watcher.join(timeout=1)
+    if run.returncode != 0:
+        raise RuntimeError(f"papermill failed ({run.returncode}): {run.stderr[-2000:]}")
+    if "first_file_s" not in seen:
+        raise RuntimeError(f"papermill finished but {target} was never written")
+    return {"first_file_s": seen["first_file_s"], "exit_s": time.perf_counter() - started}
+
+
+def _cell_durations(notebook: Path) -> list[dict[str, Any]]:
+    """Per-cell durations papermill recorded in the executed notebook (first source line as the name)."""
+    cells = json.loads(notebook.read_text())["cells"]
+    out = []
+    for cell in cells:
+        duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if cell.get("cell_type") == "code" and duration is not None:
+            source = "".join(cell.get("source", "")).strip().splitlines()
+            out.append({"cell": (source[0] if source else "")[:60], "s": round(float(duration), 2)})
+    return out
+
+
+def _python_import_seconds() -> float:
+    """A fresh interpreter importing what infer.ipynb imports (torch, speechbrain, the pipeline)."""
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import pipeline.submission"], check=True, cwd=ROOT, timeout=300)
+    return time.perf_counter() - started
+
+
+def _fsdd_source() -> Path:
+    source = Path(os.environ.get("FSDD_RECORDINGS", DEFAULT_SOURCE))
+    if not source.is_dir():
+        raise NotAvailable(f"FSDD recordings not found at {source} (set FSDD_RECORDINGS)")
+    return source
+
+
+class NotAvailable(RuntimeError):
+    """A section cannot run in this checkout or on this machine (recorded, not an error)."""
+
+
+# ------------------------------------------------------------------------------------------ runner
+
+RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
+    "inference": section_inference,
+    "training": section_training,
+    "loader_wait": section_loader_wait,
+    "fsdd": section_fsdd,
+    "cold_start": section_cold_start,
+}
+
+
+def run_all(quick: bool = False, only: list[str] | None = None) -> dict[str, Any]:
+    """Run the sections in order; each records status, seconds, CPU contention and its result."""
+    results: dict[str, Any] = {"machine": _machine(), "quick": quick, "sections": {}}
+    for name in only or SECTIONS:
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        entry: dict[str, Any] = {}
+        with CpuMeter() as meter:
+            try:
+                entry["result"] = RUNNERS[name](quick)
+                entry["status"] = "ok"
+            except NotAvailable as why:
+                entry.update(status="not available", error=str(why))
+            except Exception as error:  # noqa: BLE001 - record it, keep going
+                entry.update(status="error", error=f"{type(error).__name__}: {error}",
+                             traceback=traceback.format_exc(limit=6))  # fmt: skip
+        entry["seconds"] = round(meter.wall, 1)
+        entry["contention"] = meter.result
+        results["sections"][name] = entry
+        print(f"[bench] {name}: {entry['status']} in {entry['seconds']}s "
+              f"(others used {meter.result['others_cpu_share']} of the CPU)", file=sys.stderr, flush=True)  # fmt: skip
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    return results
+
+
+def _machine() -> dict[str, Any]:
+    import torch
+
+    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ markdown
+
+
+def headline(name: str, result: dict[str, Any]) -> str:
+    """One line per section, ratios first."""
+    if "headline" in result:
+        return str(result["headline"])
+    if name == "training":
+        parts = []
+        for strategy, r in result.items():
+            if isinstance(r, dict) and "samples_per_s" in r:
+                text = f"{strategy} {r['samples_per_s']:.1f} samples/s"
+                if "vs_eager" in r:
+                    text += f" ({r['vs_eager']:.2f}x eager)"
+                if r.get("compile_count") is not None:
+                    text += f", {r['compile_count']} compiles"
+                parts.append(text)
+            elif isinstance(r, dict) and "error" in r:
+                parts.append(f"{strategy}: error")
+        return "; ".join(parts)
+    ratios = {k: v for k, v in _flatten(result).items() if any(w in k for w in ("speedup", "ratio", "vs_"))}
+    if ratios:
+        return "; ".join(f"{k} {_fmt(v)}" for k, v in list(ratios.items())[:4])
+    return "see details"
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    machine = results["machine"]
+    lines = [
+        "# Benchmark results" + (" (quick smoke run)" if results["quick"] else ""),
+        "",
+        f"{machine['cpu_count']} CPUs, Python {machine['python']}, torch {machine['torch']}; started "
+        f"{machine['started']}, finished {results.get('finished', '?')}. `others CPU` is the share of the "
+        "machine's CPU that other processes used during the section (0 = quiet machine): times taken at high "
+        "contention are not comparable; ratios within a section are more robust.",
+        "",
+        "| section | status | headline | others CPU | seconds |",
+        "|---|---|---|---|---|",
+    ]
+    for name, entry in results["sections"].items():
+        text = headline(name, entry["result"]) if entry["status"] == "ok" else entry.get("error", "")
+        share = entry["contention"].get("others_cpu_share")
+        lines.append(f"| {name} | {entry['status']} | {_cell(text)} | {_fmt(share)} | {entry['seconds']} |")
+    for name, entry in results["sections"].items():
+        if entry["status"] != "ok":
+            continue
+        lines += ["", f"## {name}", "", "| measurement | value |", "|---|---|"]
+        lines += [
+            f"| {_cell(k)} | {_cell(_fmt(v))} |"
+            for k, v in _flatten(entry["result"]).items()
+            if k != "headline"
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): value}
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list):
+        return json.dumps(value)[:300]
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small smoke run (written to benchmarks/out/)")
+    parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
+    parser.add_argument("--out", help="output folder (default: benchmarks/, or benchmarks/out/ with --quick)")
+    args = parser.parse_args(argv)
+    out = Path(args.out) if args.out else ROOT / "benchmarks" / ("out" if args.quick else "")
+    results = run_all(quick=args.quick, only=args.only)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    (out / "results.md").write_text(to_markdown(results))
+    print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

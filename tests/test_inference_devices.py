@@ -1,0 +1,132 @@
+"""Inference on several devices: one spawned process per device over a disjoint shard, merged in file order.
+
+`device="cpu", devices=2` runs exactly the multi-GPU code path (spawned workers, shards, merge) with two CPU
+processes standing in for the two T4s of a Kaggle "GPU T4 x2" session.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from pipeline.config import InferConfig
+from pipeline.data import read_test_table
+from pipeline.devices.inference_devices import choose_devices, shard_indices
+from pipeline.devices.probe import cuda_device_count
+from pipeline.inference import file_order
+from pipeline.submission import run_inference
+
+
+@pytest.mark.parametrize(("n_files", "n_shards"), [(10, 2), (7, 3), (2, 2), (1, 2), (0, 2), (5, 1)])
+def test_shards_are_disjoint_cover_every_file_and_keep_the_order(n_files, n_shards):
+    order = list(np.random.default_rng(n_files).permutation(n_files))
+    shards = shard_indices(order, n_shards)
+    assert len(shards) == n_shards
+    flat = [i for shard in shards for i in shard]
+    assert sorted(flat) == list(range(n_files))  # covering, and no file twice
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1  # balanced counts
+    for shard in shards:  # each shard keeps the global (longest-first) order
+        assert shard == sorted(shard, key=order.index)
+
+
+def test_round_robin_balances_audio_between_devices():
+    """Longest first, dealt round-robin: no device gets all the long files."""
+    lengths = [100, 90, 80, 70, 10, 9, 8, 7]
+    shards = shard_indices(list(range(8)), 2)
+    totals = [sum(lengths[i] for i in shard) for shard in shards]
+    assert shards == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    assert abs(totals[0] - totals[1]) <= max(lengths) - min(lengths)
+    assert abs(totals[0] - totals[1]) < 0.1 * sum(lengths)
+
+
+def test_choose_devices():
+    assert choose_devices(InferConfig(device="cpu", devices=2)) == [torch.device("cpu")] * 2
+    assert choose_devices(InferConfig(device="cpu")) == [torch.device("cpu")]
+    if cuda_device_count() == 0:
+        assert choose_devices(InferConfig(device="auto", devices=2)) == [torch.device("cpu")]
+        with pytest.raises(RuntimeError, match="no GPU"):
+            choose_devices(InferConfig(device="cuda"))
+
+
+def read_rows(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.fixture
+def salted_data(synthetic_data, tmp_path):
+    """The synthetic test set plus files that need repair (stereo, 8 kHz) or a fallback (missing, empty)."""
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    clip, rate = sf.read(data / read_rows(data / "test.csv")[0]["path"], dtype="float32")
+    sf.write(data / "audio" / "x_stereo.wav", np.stack([clip, clip], axis=1), rate)
+    sf.write(data / "audio" / "x_8k.wav", 0.1 * np.random.default_rng(1).standard_normal(8000), 8000)
+    (data / "audio" / "x_empty.wav").write_bytes(b"")
+    extra = {"x_stereo": "audio/x_stereo.wav", "x_8k": "audio/x_8k.wav", "x_empty": "audio/x_empty.wav",
+             "x_missing": "audio/x_missing.wav"}  # fmt: skip
+    with open(data / "test.csv", "a") as handle:
+        handle.writelines(f"{i},{p}\n" for i, p in extra.items())
+    with open(data / "sample_submission.csv", "a") as handle:
+        handle.writelines(f"{i},?\n" for i in extra)
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_cpu_processes_predict_what_one_process_predicts(tiny_artifact, salted_data, tmp_path):
+    def infer(devices: int, out_dir):
+        out_dir.mkdir()
+        config = InferConfig(data_dir=str(salted_data), artifact_dir=str(tiny_artifact), device="cpu",
+                             devices=devices, submission_path=str(out_dir / "submission.csv"), progress=False,
+                             write_probabilities=True, write_embeddings=True, batch_windows=8)  # fmt: skip
+        result = run_inference(config)
+        return result, json.loads(result.report_path.read_text())
+
+    one, one_report = infer(1, tmp_path / "one")
+    two, two_report = infer(2, tmp_path / "two")
+    rows = read_test_table(salted_data)
+
+    # The multi-device path ran: two workers, each with a share of the files, together all of them.
+    assert one_report["files_per_device"] == {"cpu": len(rows)}
+    counts = two_report["files_per_device"]
+    assert sorted(counts) == ["cpu#0", "cpu#1"]
+    assert sum(counts.values()) == len(rows) and min(counts.values()) >= len(rows) // 2
+    shards = shard_indices(file_order(salted_data, rows), 2)
+    assert [len(s) for s in shards] == [counts["cpu#0"], counts["cpu#1"]]
+
+    # Same predictions, same fallbacks and repairs, rows in sample_submission order.
+    assert read_rows(one.submission_path) == read_rows(two.submission_path)
+    ids = [r["id"] for r in read_rows(salted_data / "sample_submission.csv")]
+    assert [r["id"] for r in read_rows(two.submission_path)] == ids
+    a, b = np.load(tmp_path / "one" / "embeddings.npz"), np.load(tmp_path / "two" / "embeddings.npz")
+    assert (a["ids"] == b["ids"]).all() and (a["ok"] == b["ok"]).all()
+    np.testing.assert_allclose(a["embeddings"], b["embeddings"], atol=1e-4, rtol=1e-4, equal_nan=True)
+    pa = np.array(
+        [
+            [float(v) for k, v in r.items() if k != "id"]
+            for r in read_rows(tmp_path / "one" / "probabilities.csv")
+        ]
+    )
+    pb = np.array(
+        [
+            [float(v) for k, v in r.items() if k != "id"]
+            for r in read_rows(tmp_path / "two" / "probabilities.csv")
+        ]
+    )
+    np.testing.assert_allclose(pa, pb, atol=1e-4, equal_nan=True)
+    assert one_report["fallbacks"] == two_report["fallbacks"]
+    assert {f["id"] for f in two_report["fallbacks"]} == {"x_empty", "x_missing"}
+    assert one_report["repaired"] == two_report["repaired"]
+    repaired = {r["id"]: r["repairs"] for r in two_report["repaired"]}
+    assert any("mixed down" in x for x in repaired["x_stereo"])
+    assert repaired["x_8k"] == ["resampled 8000->16000"]
+    # The stereo copy of a test file (both channels equal) is predicted exactly like the original.
+    row_ids = [row.id for row in rows]  # probabilities.csv follows test.csv
+    stereo, original = row_ids.index("x_stereo"), 0
+    np.testing.assert_allclose(pb[stereo], pb[original], atol=1e-5)

@@ -1,0 +1,54 @@
+"""A simulated Kaggle run: both notebooks through papermill in "Batch" (Save Version) mode on a fake /kaggle,
+with no path parameters -- every input is found, every output lands in /kaggle/working."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+
+import nbformat
+import pytest
+from helpers import run_papermill, venv_env
+
+from pipeline.artifact import load_artifact
+from pipeline.synthetic import make_synthetic_competition
+
+SLUG, OWNER, TRAIN_KERNEL = "speaker-id-2026", "alice", "speaker-id-2026-ecapa-train"
+TINY = {"model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,
+        "window_seconds": 0.5, "accelerator": "cpu"}  # fmt: skip
+
+
+def outputs(notebook) -> str:
+    executed = nbformat.read(notebook, as_version=4)
+    return "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
+
+
+@pytest.mark.slow
+def test_train_then_infer_as_two_kaggle_save_versions(tmp_path):
+    root = tmp_path / "kaggle"
+    competition = make_synthetic_competition(root / "input" / "competitions" / SLUG, seed=3, n_speakers=4,
+                                             train_per_speaker=12, test_per_speaker=4)  # fmt: skip
+    (root / "working").mkdir()
+    env = venv_env(KAGGLE_ROOT=str(root), KAGGLE_KERNEL_RUN_TYPE="Batch")
+
+    train = run_papermill("notebooks/train.ipynb", tmp_path / "train.out.ipynb", TINY, env=env)
+    assert train.returncode == 0, train.stderr[-3000:]
+    log = outputs(tmp_path / "train.out.ipynb")
+    assert f"data_dir: found {competition}" in log
+    assert "time_budget_minutes: " in log and "session limit" in log
+    model = root / "working" / "model"
+    assert load_artifact(model).manifest["provenance"]["epochs_run"] == 2
+    assert not (root / "working" / "checkpoints").exists()  # a finished run leaves no checkpoint behind
+
+    # Next session: the train notebook's output is attached read-only; working starts empty.
+    output = root / "input" / "notebooks" / OWNER / TRAIN_KERNEL
+    shutil.move(root / "working", output)
+    (root / "working").mkdir()
+
+    infer = run_papermill("notebooks/infer.ipynb", tmp_path / "infer.out.ipynb", {}, env=env)
+    assert infer.returncode == 0, infer.stderr[-3000:]
+    assert f"artifact_dir: found {output / 'model'}" in outputs(tmp_path / "infer.out.ipynb")
+    with open(root / "working" / "submission.csv") as handle:
+        ids = [row["id"] for row in csv.DictReader(handle)]
+    with open(competition / "sample_submission.csv") as handle:
+        assert ids == [row["id"] for row in csv.DictReader(handle)]
