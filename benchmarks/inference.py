@@ -1,7 +1,7 @@
 """Inference throughput: the seed's one-file-at-a-time SpeechBrain loop against the project's `run_inference`,
 on the same artifact and the same files.
 
-    python -m benchmarks.inference [--quick] [--files N] [--preset base] [--json out.json]
+    python -m benchmarks.inference [--quick] [--tune] [--files N] [--preset base] [--join N] [--json out.json]
 
 - naive (the seed's pattern, ../shared/seeds/000_*.txt): `EncoderClassifier.from_hparams(source=<artifact>)`
   offline, then per file: read it, `torch.from_numpy(signal).float()` resampled to 16 kHz by SpeechBrain's
@@ -43,7 +43,13 @@ FSDD = Path(__file__).resolve().parents[2] / "shared" / "fsdd" / "recordings"
 WINDOW = 16_000
 
 
-def run(quick: bool = False, files: int | None = None, preset: str | None = None, tune: bool = False) -> dict:
+def run(
+    quick: bool = False,
+    files: int | None = None,
+    preset: str | None = None,
+    tune: bool = False,
+    join: int = 1,
+) -> dict:
     """Run the benchmark and return its numbers (also printed by `main`)."""
     from pipeline.config import InferConfig
 
@@ -51,11 +57,11 @@ def run(quick: bool = False, files: int | None = None, preset: str | None = None
     preset = preset or ("small" if quick else "base")
     with tempfile.TemporaryDirectory(prefix="bench-infer-") as tmp:
         tmp = Path(tmp)
-        data, source = make_test_folder(tmp / "data", n_files)
+        data, source = make_test_folder(tmp / "data", n_files, join)
         labels = ["george", "jackson", "lucas", "nicolas", "theo", "yweweler"]
         artifact = make_artifact(tmp / "model", preset, labels)
         durations = [sf.info(str(data / row["path"])).duration for row in _rows(data / "test.csv")]
-        peak_before = matmul_peak()
+        peaks_before = gemm_peaks()
 
         warm = make_subset(data, tmp / "warm", 8)  # first calls pay one-off costs (oneDNN kernels, imports)
         naive_loop(artifact, warm, tmp / "sb-warm")
@@ -64,9 +70,11 @@ def run(quick: bool = False, files: int | None = None, preset: str | None = None
         ours_runs = {}
         for name, overrides in configurations(tune):
             ours_runs[name] = ours_timed(base, overrides, warm, tmp / name)
-        peak = max(peak_before, matmul_peak())
+        peaks = {k: max(v, peaks_before[k]) for k, v in gemm_peaks().items()}
+        peak = peaks["matmul"]
 
         per_window, per_sample = model_flops(artifact)
+        artifact_config = json.loads((artifact / "manifest.json").read_text())["model_config"]
     windows = sum(_windows(d * 16000) for d in durations)
     audio_samples = sum(d * 16000 for d in durations)
     naive_flops = per_sample * audio_samples
@@ -79,19 +87,32 @@ def run(quick: bool = False, files: int | None = None, preset: str | None = None
         "windows": windows,
         "gflop_per_window": per_window / 1e9,
         "matmul_peak_gflops": peak / 1e9,
+        "onednn_peak_gflops": peaks["onednn"] / 1e9,
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
-        "naive": _rates(naive, n_files, naive_flops, naive_flops, peak),
+        "naive": _rates(naive, n_files, naive_flops, naive_flops, peaks),
         "ours": {
-            name: _rates(r, n_files, ours_flops, naive_flops, peak) | {"settings": r["settings"]}
+            name: _rates(r, n_files, ours_flops, naive_flops, peaks) | {"settings": r["settings"]}
             for name, r in ours_runs.items()
         },
     }
     best = max(result["ours"], key=lambda k: result["ours"][k]["files_per_s"])
     result["best"] = best
+    result["default_batching"] = default_batching(artifact_config, base)
     result["speedup"] = result["ours"][best]["files_per_s"] / result["naive"]["files_per_s"]
     result["speedup_default"] = result["ours"]["default"]["files_per_s"] / result["naive"]["files_per_s"]
+    naive_rate, ours_rate = result["naive"], result["ours"]["default"]
+    result["headline"] = (
+        f"naive one-file SpeechBrain loop {naive_rate['files_per_s']:.1f} files/s "
+        f"({naive_rate['fraction_of_peak']:.0%} of the matmul peak) vs run_inference "
+        f"{ours_rate['files_per_s']:.1f} files/s ({ours_rate['fraction_of_peak']:.0%} executed, "
+        f"{ours_rate['useful_fraction_of_peak']:.0%} useful): {result['speedup_default']:.2f}x"
+    )
+    result["table"] = report(result)
     return result
+
+
+SLOW_PADDING = "slow_padding"  # a benchmark-only switch: time without pipeline.inference's padding rewrite
 
 
 def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
@@ -99,27 +120,48 @@ def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
     runs: list[tuple[str, dict[str, Any]]] = [("default", {})]
     if tune:
         runs += [
-            ("batch 16", {"batch_windows": 16}),
+            ("old: batch 64, 1 worker", {"batch_windows": 64, "num_workers": 1, SLOW_PADDING: True}),
+            ("torch reflect padding", {SLOW_PADDING: True}),
+            ("batch 8", {"batch_windows": 8}),
             ("batch 32", {"batch_windows": 32}),
-            ("batch 128", {"batch_windows": 128}),
-            ("0 workers", {"num_workers": 0}),
-            ("2 workers", {"num_workers": 2}),
+            ("batch 64", {"batch_windows": 64}),
+            ("1 worker", {"num_workers": 1}),
             ("1 thread", {"num_threads": 1}),
+            ("1 thread, 1 worker", {"num_threads": 1, "num_workers": 1}),
             ("2 CPU processes", {"device": "cpu", "devices": 2}),
         ]
     return runs
 
 
-def make_test_folder(data: Path, n_files: int) -> tuple[Path, str]:
-    """A competition folder (test.csv, sample_submission.csv, audio/) with `n_files` clips."""
+def make_test_folder(data: Path, n_files: int, join: int = 1) -> tuple[Path, str]:
+    """A competition folder (test.csv, sample_submission.csv, audio/) with `n_files` clips; with `join` > 1
+    each clip is that many FSDD recordings of one speaker back to back (longer clips, fewer padded windows)."""
     audio = data / "audio"
     audio.mkdir(parents=True)
     if FSDD.is_dir() and any(FSDD.glob("*.wav")):
         recordings = sorted(FSDD.glob("*.wav"))
-        chosen = [recordings[i] for i in np.random.default_rng(0).permutation(len(recordings))[:n_files]]
-        for path in chosen:  # copies: symlinks resolve outside DATA and are refused (pipeline.data)
-            shutil.copyfile(path, audio / path.name)
-        names, source = [p.name for p in chosen], f"FSDD ({FSDD})"
+        order = np.random.default_rng(0).permutation(len(recordings))
+        if join == 1:
+            chosen = [recordings[i] for i in order[:n_files]]
+            for path in chosen:  # copies: symlinks resolve outside DATA and are refused (pipeline.data)
+                shutil.copyfile(path, audio / path.name)
+            names, source = [p.name for p in chosen], f"FSDD ({FSDD})"
+        else:
+            by_speaker: dict[str, list[Path]] = {}
+            for i in order:
+                by_speaker.setdefault(recordings[i].stem.split("_")[1], []).append(recordings[i])
+            groups = [
+                paths[k : k + join]
+                for paths in by_speaker.values()
+                for k in range(0, len(paths) - join + 1, join)
+            ]
+            names = []
+            for index, group in enumerate(groups[:n_files]):
+                parts = [sf.read(str(path), dtype="float32") for path in group]
+                name = f"joined_{index:05d}.wav"
+                sf.write(audio / name, np.concatenate([samples for samples, _ in parts]), parts[0][1])
+                names.append(name)
+            source = f"FSDD ({FSDD}), {join} recordings of one speaker per clip"
     else:
         from pipeline.synthetic import make_synthetic_competition
 
@@ -184,10 +226,16 @@ def ours_timed(base, overrides: dict[str, Any], warm: Path, out: Path) -> dict[s
     """`run_inference` end to end, after a warm-up run on a few files with the same settings."""
     import dataclasses
 
+    import pipeline.inference
     from pipeline.submission import run_inference
 
     out.mkdir()
+    settings = dict(overrides)
     threads = torch.get_num_threads()
+    fast_padding = pipeline.inference.use_fast_reflect_padding
+    overrides = dict(overrides)
+    if overrides.pop(SLOW_PADDING, False):
+        pipeline.inference.use_fast_reflect_padding = lambda model: 0
     try:
         warm_config = dataclasses.replace(base, data_dir=str(warm), submission_path=str(out / "warm.csv"),
                                           **overrides)  # fmt: skip
@@ -198,8 +246,17 @@ def ours_timed(base, overrides: dict[str, Any], warm: Path, out: Path) -> dict[s
         seconds = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)  # num_threads overrides are process-wide
+        pipeline.inference.use_fast_reflect_padding = fast_padding
     assert result.n_fallbacks == 0, result.report["fallbacks"][:3]
-    return {"seconds": seconds, "settings": overrides, "device_counts": result.device_counts}
+    return {"seconds": seconds, "settings": settings, "device_counts": result.device_counts}
+
+
+def default_batching(model_config: dict[str, Any], base) -> tuple[int, int]:
+    """What run_inference chooses on this CPU when batch_windows / num_workers are left at None."""
+    from pipeline.devices.inference_devices import batching_for
+    from pipeline.model import ModelConfig
+
+    return batching_for(base, ModelConfig(**model_config), torch.device("cpu"))
 
 
 def model_flops(artifact: Path) -> tuple[float, float]:
@@ -219,32 +276,51 @@ def model_flops(artifact: Path) -> tuple[float, float]:
     return per_window, counter.get_total_flops() / WINDOW
 
 
-def matmul_peak(n: int = 2048, seconds: float = 3.0) -> float:
-    """Best fp32 matmul FLOP/s over a few short bursts (the machine is shared: keep the best)."""
+def gemm_peaks(n: int = 2048, seconds: float = 1.5) -> dict[str, float]:
+    """Best fp32 FLOP/s of an n x n x n product, over a few bursts with 1 thread and with all threads (the
+    machine is shared: keep the best). `matmul` is torch.matmul (MKL); `onednn` is the same product as a 1x1
+    convolution, run by oneDNN like the model's convolutions. On this AMD CPU MKL's sgemm reached ~190 GFLOP/s
+    and oneDNN ~360 on 2 cores, so both are reported."""
+    threads = torch.get_num_threads()
     a, b = torch.randn(n, n), torch.randn(n, n)
-    torch.matmul(a, b)
-    best = 0.0
-    for _ in range(5):
-        started, count = time.perf_counter(), 0
-        while time.perf_counter() - started < seconds / 5:
-            torch.matmul(a, b)
-            count += 1
-        best = max(best, 2 * n**3 * count / (time.perf_counter() - started))
-    return best
+    conv = torch.nn.Conv1d(n, n, 1, bias=False).eval()
+    x = torch.randn(1, n, n)
+    kernels = {"matmul": lambda: torch.matmul(a, b), "onednn": lambda: conv(x)}
+    peaks = {}
+    try:
+        with torch.inference_mode():
+            for name, kernel in kernels.items():
+                best = 0.0
+                for count_threads in sorted({1, threads}):
+                    torch.set_num_threads(count_threads)
+                    kernel()
+                    for _ in range(3):
+                        started, count = time.perf_counter(), 0
+                        while time.perf_counter() - started < seconds / 3:
+                            kernel()
+                            count += 1
+                        best = max(best, 2 * n**3 * count / (time.perf_counter() - started))
+                peaks[name] = best
+    finally:
+        torch.set_num_threads(threads)
+    return peaks
 
 
 def _windows(samples: float) -> int:
     return 1 if samples <= WINDOW else min(math.ceil(samples / WINDOW), 64)
 
 
-def _rates(run: dict[str, Any], n_files: int, flops: float, useful: float, peak: float) -> dict[str, Any]:
-    seconds = run["seconds"]
+def _rates(
+    run: dict[str, Any], n_files: int, flops: float, useful: float, peaks: dict[str, float]
+) -> dict[str, Any]:
+    seconds, peak = run["seconds"], peaks["matmul"]
     out = {
         "seconds": round(seconds, 2),
         "files_per_s": n_files / seconds,
         "gflops": flops / seconds / 1e9,
         "fraction_of_peak": flops / seconds / peak,
         "useful_fraction_of_peak": useful / seconds / peak,
+        "fraction_of_onednn_peak": flops / seconds / peaks["onednn"],
     }
     if "loop_seconds" in run:
         out["loop_seconds"] = round(run["loop_seconds"], 2)
@@ -260,27 +336,34 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 
 def report(result: dict[str, Any]) -> str:
+    """The printed table: throughput and FLOP rates of the naive loop and of each run_inference setting."""
     lines = [
         f"{result['files']} files from {result['source']}, {result['audio_seconds']} s of audio -> "
-        f"{result['windows']} windows of 1 s; ECAPA-TDNN '{result['preset']}', "
+        f"{result['windows']} windows of 1 s; ECAPA-TDNN '{result['preset']}' (untrained weights), "
         f"{result['gflop_per_window']:.2f} GFLOP per window",
-        f"fp32 matmul peak {result['matmul_peak_gflops']:.0f} GFLOP/s ({result['torch_threads']} torch threads, "
-        f"{result['cpus']} CPUs)",
+        f"fp32 peaks: torch.matmul {result['matmul_peak_gflops']:.0f} GFLOP/s, oneDNN 1x1 conv "
+        f"{result['onednn_peak_gflops']:.0f} GFLOP/s ({result['torch_threads']} torch threads, {result['cpus']} CPUs); "
+        f"run_inference defaults here: batch_windows={result['default_batching'][0]}, "
+        f"num_workers={result['default_batching'][1]}",
         "",
-        f"{'':28s} {'files/s':>8s} {'seconds':>8s} {'GFLOP/s':>8s} {'of peak':>8s} {'useful':>8s}",
+        f"{'':40s} {'files/s':>8s} {'seconds':>8s} {'GFLOP/s':>8s} {'of peak':>8s} {'useful':>8s} {'oneDNN':>8s}",
     ]
+
+    def row(name: str, r: dict[str, Any]) -> str:
+        return (f"{name:40s} {r['files_per_s']:8.1f} {r['seconds']:8.2f} {r['gflops']:8.1f} "
+                f"{r['fraction_of_peak']:8.0%} {r['useful_fraction_of_peak']:8.0%} {r['fraction_of_onednn_peak']:8.0%}")  # fmt: skip
+
     naive = result["naive"]
-    lines.append(f"{'naive: SpeechBrain, 1 file':28s} {naive['files_per_s']:8.1f} {naive['seconds']:8.2f} "
-                 f"{naive['gflops']:8.1f} {naive['fraction_of_peak']:8.0%} {naive['useful_fraction_of_peak']:8.0%}")  # fmt: skip
-    for name, r in result["ours"].items():
-        lines.append(f"{'ours: run_inference, ' + name:28s} {r['files_per_s']:8.1f} {r['seconds']:8.2f} "
-                     f"{r['gflops']:8.1f} {r['fraction_of_peak']:8.0%} {r['useful_fraction_of_peak']:8.0%}")  # fmt: skip
+    lines.append(row("naive: SpeechBrain, one file at a time", naive))
+    lines += [row(f"ours: run_inference, {name}", r) for name, r in result["ours"].items()]
     lines += [
         "",
-        f"naive loop alone (model loaded): {naive['loop_seconds']:.2f} s, {naive['loop_fraction_of_peak']:.0%} of peak",
+        f"naive loop alone (model already loaded): {naive['loop_seconds']:.2f} s, "
+        f"{naive['loop_fraction_of_peak']:.0%} of the matmul peak",
         f"speed-up of run_inference (defaults) over the one-file loop: {result['speedup_default']:.2f}x"
         + (f"; best setting '{result['best']}': {result['speedup']:.2f}x" if len(result["ours"]) > 1 else ""),
-        "('of peak' counts the FLOPs each side executed; 'useful' counts every clip at its own length)",
+        "'of peak': executed FLOP/s / torch.matmul peak; 'useful': every clip counted at its own length (ours",
+        "pads short clips to a 1 s window, as in training); 'oneDNN': executed FLOP/s / oneDNN GEMM peak",
     ]
     return "\n".join(lines)
 
@@ -291,9 +374,10 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=None)
     parser.add_argument("--preset", default=None, help="model size preset (default: base; quick: small)")
     parser.add_argument("--tune", action="store_true", help="also time the variants of InferConfig tried")
+    parser.add_argument("--join", type=int, default=1, help="FSDD recordings per test clip (longer clips)")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
-    result = run(quick=args.quick, files=args.files, preset=args.preset, tune=args.tune)
+    result = run(quick=args.quick, files=args.files, preset=args.preset, tune=args.tune, join=args.join)
     print(report(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

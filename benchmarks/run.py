@@ -280,6 +280,11 @@ def headline(name: str, result: dict[str, Any]) -> str:
     """One line per section, ratios first."""
     if "headline" in result:
         return str(result["headline"])
+    if name == "inference" and "speedup_default" in result:
+        text = f"project (defaults) {result['speedup_default']:.2f}x the naive one-file loop's files/s"
+        if "speedup" in result and result.get("best") not in (None, "default"):
+            text += f"; best setting '{result['best']}' {result['speedup']:.2f}x"
+        return text
     if name == "training":
         parts = []
         for strategy, r in result.items():

@@ -20,7 +20,7 @@ data_dir = None  # competition folder with test.csv and sample_submission.csv
 artifact_dir = None  # the artifact written by train.ipynb
 submission_path = None  # default: submission.csv in the working directory
 device = "auto"  # auto | cuda | cpu  (never TPU: code competitions do not accept TPU notebooks)
-batch_windows = 64
+batch_windows = None  # windows per forward pass (None: sized for the device)
 
 # %%
 # Kaggle bootstrap: install this project offline from the attached code dataset (written by

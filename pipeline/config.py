@@ -102,9 +102,9 @@ class InferConfig:
     submission_path: str | None = None
     device: str = "auto"  # auto | cuda | cpu
     devices: int | None = None  # GPUs to use (auto: all)
-    batch_windows: int = 64  # windows per forward pass; caps padded samples per batch
+    batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 64 on GPU)
     max_windows_per_file: int = 64  # longer files are covered by this many evenly spaced windows
-    num_workers: int = 1  # DataLoader workers decoding audio while the model computes
+    num_workers: int | None = None  # DataLoader decode workers (None: 0 on CPU, 1 per GPU)
     write_probabilities: bool = False
     write_embeddings: bool = False
     fallback_label: str | None = None  # default: the most frequent training label
@@ -114,10 +114,11 @@ class InferConfig:
     def __post_init__(self) -> None:
         _check_choice("device", self.device, ["auto", "cuda", "cpu"])
         for name in ("batch_windows", "max_windows_per_file"):
-            _check_positive(name, getattr(self, name))
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
         if self.devices is not None:
             _check_positive("devices", self.devices)
-        if self.num_workers < 0:
+        if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"num_workers={self.num_workers!r}: use 0 (load in the main process) or more")
 
 

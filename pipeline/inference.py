@@ -13,6 +13,7 @@ artifact itself is invalid. This module never imports torch_xla.
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,6 +217,7 @@ def predict_rows(
         pin_memory=device.type == "cuda",
     )
     model = model.to(device).eval()
+    use_fast_reflect_padding(model)
     result = run_windows(model, iter(loader), len(rows), batch_windows, device, progress)
     # Rows of other shards are neither ok nor problems here.
     outside = set(range(len(rows))) - set(indices)
@@ -223,6 +225,39 @@ def predict_rows(
     # Files this device handled, including those that fell back (as the multi-device path counts them).
     result.device_counts = {str(device): len(indices)}
     return result
+
+
+def use_fast_reflect_padding(model: torch.nn.Module) -> int:
+    """Make SpeechBrain's "same" reflect padding build the padded tensor from copies (cat of flipped edges)
+    instead of torch's reflection_pad1d, which on CPU took 13-18% of ECAPA's forward time (5x slower than
+    the copies it amounts to). Bit-identical results; returns how many convolutions were switched."""
+    from speechbrain.nnet.CNN import Conv1d
+
+    switched = 0
+    for module in model.modules():
+        if (
+            isinstance(module, Conv1d) and hasattr(module, "_manage_padding") and module.padding == "same"
+            and module.padding_mode == "reflect" and module.stride == 1
+        ):  # fmt: skip
+            module._manage_padding = types.MethodType(_reflect_pad_by_copies, module)
+            switched += 1
+    return switched
+
+
+def _reflect_pad_by_copies(
+    self, x: torch.Tensor, kernel_size: int, dilation: int, stride: int
+) -> torch.Tensor:
+    from speechbrain.nnet.CNN import get_padding_elem
+
+    left, right = get_padding_elem(self.in_channels, stride, kernel_size, dilation)
+    if x.shape[-1] <= max(left, right):  # too short to reflect: let torch raise its own error
+        return torch.nn.functional.pad(x, (left, right), mode="reflect")
+    parts = [x]
+    if left:
+        parts.insert(0, x[..., 1 : left + 1].flip(-1))
+    if right:
+        parts.append(x[..., -right - 1 : -1].flip(-1))
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else x
 
 
 def _progress_bar(total: int, desc: str, enabled: bool):

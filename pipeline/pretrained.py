@@ -84,7 +84,7 @@ def initial_model(
     log(f"init_from {pretrained.root}: ECAPA-TDNN channels {model_config.channels}, "
         f"{model_config.lin_neurons}-d embeddings, {model_config.n_mels} mels (model_size={model_size!r} is "
         f"not used); encoder weights from {pretrained.weights.name}, new classifier for {len(labels)} classes; "
-        f"{'encoder frozen, ' if config.freeze_encoder else ''}{trainable / 1e6:.3f}M trainable parameters")  # fmt: skip
+        f"{'encoder frozen, ' if config.freeze_encoder else ''}{trainable:,} trainable parameters")  # fmt: skip
     return model
 
 
@@ -304,6 +304,11 @@ def load_encoder_weights(model: SpeakerClassifier, weights: Path) -> None:
     """Copy the pretrained encoder into `model.embedding_model`; every key and shape must match."""
     state = read_encoder_state(weights)
     expected = model.embedding_model.state_dict()
+    # BatchNorm's step counter is not a weight: checkpoints saved before torch 0.4.1 lack it and SpeechBrain
+    # loads them anyway (strict=False), so a missing one keeps its initial value. Every other key must match.
+    for key, value in expected.items():
+        if key.endswith("num_batches_tracked") and key not in state:
+            state[key] = value
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()

@@ -66,3 +66,19 @@ def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage)
     result = predict_rows(artifact.model, tmp_path, rows, [0, 1], torch.device("cpu"), 8, 8, num_workers=0)
     assert result.ok.tolist() == [True, False]
     assert 1 in result.problems and "bad.wav" in result.problems[1]
+
+
+def test_fast_reflect_padding_is_bit_identical(tiny_artifact):
+    import copy
+
+    from pipeline.inference import use_fast_reflect_padding
+
+    reference = load_artifact(tiny_artifact).model
+    fast = copy.deepcopy(reference)
+    assert use_fast_reflect_padding(fast) > 0
+    wavs = 0.1 * torch.randn(3, reference.config.window_samples, generator=torch.Generator().manual_seed(0))
+    lens = torch.tensor([1.0, 0.7, 0.3])
+    with torch.inference_mode():
+        expected = reference.scores(reference.embed(reference.features(wavs, lens), lens))
+        actual = fast.scores(fast.embed(fast.features(wavs, lens), lens))
+    assert torch.equal(actual, expected)

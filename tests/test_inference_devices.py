@@ -54,6 +54,24 @@ def test_choose_devices():
             choose_devices(InferConfig(device="cuda"))
 
 
+def test_batching_is_sized_for_the_device_unless_set():
+    from pipeline.devices.inference_devices import batching_for
+    from pipeline.model import ModelConfig
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    base = ModelConfig.from_preset("base", n_classes=3)
+    small = ModelConfig.from_preset("small", n_classes=3)
+    assert batching_for(InferConfig(), base, cpu) == (8, 0)  # measured best on 2 cores
+    assert batching_for(InferConfig(), ModelConfig.from_preset("voxceleb", n_classes=3), cpu) == (4, 0)
+    assert batching_for(InferConfig(), small, cpu) == (32, 0)
+    assert batching_for(InferConfig(), ModelConfig.from_preset("tiny", n_classes=3), cpu) == (64, 0)  # capped
+    half_second = ModelConfig.from_preset("base", n_classes=3, window_samples=8000)
+    assert batching_for(InferConfig(), half_second, cpu)[0] == 15  # shorter windows: more of them per batch
+    assert batching_for(InferConfig(), base, gpu) == (64, 1)
+    assert batching_for(InferConfig(batch_windows=5, num_workers=3), base, cpu) == (5, 3)
+    assert batching_for(InferConfig(num_workers=0), base, gpu) == (64, 0)
+
+
 def read_rows(path):
     with open(path, newline="") as handle:
         return list(csv.DictReader(handle))
@@ -130,3 +148,24 @@ def test_two_cpu_processes_predict_what_one_process_predicts(tiny_artifact, salt
     row_ids = [row.id for row in rows]  # probabilities.csv follows test.csv
     stereo, original = row_ids.index("x_stereo"), 0
     np.testing.assert_allclose(pb[stereo], pb[original], atol=1e-5)
+
+
+def test_a_failing_device_worker_falls_back_to_one_device(
+    tiny_artifact, synthetic_data, tmp_path, monkeypatch, capsys
+):
+    import csv
+
+    from launch_fixtures.workers import broken_inference_worker
+
+    from pipeline.config import InferConfig
+    from pipeline.devices import inference_devices
+    from pipeline.submission import run_inference
+
+    monkeypatch.setattr(inference_devices, "gpu_inference_worker", broken_inference_worker)
+    out = tmp_path / "sub.csv"
+    result = run_inference(InferConfig(data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact),
+                                       submission_path=str(out), device="cpu", devices=2, progress=False))  # fmt: skip
+    assert "multi-device inference failed" in capsys.readouterr().out
+    with open(out) as handle:
+        assert len(list(csv.DictReader(handle))) == result.n_rows and result.n_fallbacks == 0
+    assert list(result.device_counts) == ["cpu"]

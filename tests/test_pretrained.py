@@ -213,6 +213,20 @@ def test_our_encoder_computes_what_speechbrain_computes_from_the_same_directory(
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
 
 
+def test_batchnorm_step_counters_may_be_missing_other_keys_may_not(pretrained_dir):
+    directory, state = pretrained_dir
+    without_counters = {k: v for k, v in state.items() if not k.endswith("num_batches_tracked")}
+    assert len(without_counters) < len(state)
+    torch.save(without_counters, directory / "embedding_model.ckpt")
+    model = initial_model(tiny_config(directory), "small", LABELS, lambda _: None)
+    for key, value in without_counters.items():
+        assert torch.equal(model.embedding_model.state_dict()[key], value), key
+    del without_counters["fc.conv.weight"]
+    torch.save(without_counters, directory / "embedding_model.ckpt")
+    with pytest.raises(PretrainedError, match=r"missing keys \['fc.conv.weight'\]"):
+        initial_model(tiny_config(directory), "small", LABELS, lambda _: None)
+
+
 def test_kaggle_style_nested_directory_is_found(pretrained_dir, tmp_path):
     directory, state = pretrained_dir
     nested = tmp_path / "input" / "spkrec-ecapa-voxceleb" / "pytorch" / "default" / "1"

@@ -162,3 +162,12 @@ def test_in_ipython_the_helpers_display_images(tmp_path, monkeypatch):
 def test_markdown_table_escapes_pipes():
     table = report.markdown_table([("a|b", "c\nd")], ("k", "v"))
     assert table.splitlines() == ["| k | v |", "|---|---|", "| a\\|b | c d |"]
+
+
+def test_training_saves_both_figures_into_the_artifact(tiny_artifact):
+    import json
+
+    manifest = json.loads((tiny_artifact / "manifest.json").read_text())
+    for name in ("training_curves.png", "confusion_matrix.png"):
+        assert name in manifest["files"], name  # checksummed with the weights, so it travels with them
+        assert_png(tiny_artifact / name, min_kb=10)

@@ -21,6 +21,7 @@ from ..artifact import Artifact, load_artifact
 from ..config import InferConfig
 from ..data import TestRow
 from ..inference import Predictions, file_order, predict_rows
+from ..model import ModelConfig
 from .probe import cuda_device_count
 
 
@@ -43,24 +44,55 @@ def shard_indices(order: Sequence[int], n_shards: int) -> list[list[int]]:
     return [list(order[k::n_shards]) for k in range(n_shards)]
 
 
+# Windows x channels x frames of ECAPA's widest activation (the multi-layer aggregation) per CPU batch: ~5 MB,
+# so the elementwise ops between convolutions work in cache. Measured on 2 cores (benchmarks/inference.py,
+# 300 FSDD files): C=512 fastest at 8-16 one-second windows, C=128 at 32; 64 windows cost 25-40%.
+CPU_BATCH_BUDGET = 8 * 1536 * 101
+
+
+def batching_for(config: InferConfig, model_config: ModelConfig, device: torch.device) -> tuple[int, int]:
+    """(windows per batch, DataLoader workers) for `device`, where the config leaves them to us (None).
+
+    CPU: batches sized to the cache (CPU_BATCH_BUDGET) and decoding in the compute process: a worker
+    process only takes cores from torch's threads (on 2 cores, 1 worker cost 10-30% of throughput on FSDD).
+    GPU: 64 windows per batch and one worker decoding while the GPU computes.
+    """
+    if device.type == "cpu":
+        frames = model_config.window_samples // 160 + 1  # Fbank: 10 ms hop
+        widest = model_config.channels[-1]  # the multi-layer feature aggregation: ECAPA's widest activation
+        auto_batch, auto_workers = max(4, min(64, CPU_BATCH_BUDGET // (widest * frames))), 0
+    else:
+        auto_batch, auto_workers = 64, 1
+    batch = config.batch_windows if config.batch_windows is not None else auto_batch
+    workers = config.num_workers if config.num_workers is not None else auto_workers
+    return batch, workers
+
+
 def predict_on_devices(
     artifact: Artifact, data_dir: Path, rows: Sequence[TestRow], config: InferConfig
 ) -> Predictions:
     devices = choose_devices(config)
     order = file_order(data_dir, rows)
-    if len(devices) == 1:
-        return predict_rows(
-            artifact.model,
-            data_dir,
-            rows,
-            order,
-            devices[0],
-            config.batch_windows,
-            config.max_windows_per_file,
-            config.num_workers,
-            config.progress,
-        )
-    return _predict_multi_gpu(artifact, data_dir, rows, config, devices, order)
+    if len(devices) > 1:
+        from .launch import LaunchError
+
+        try:
+            return _predict_multi_gpu(artifact, data_dir, rows, config, devices, order)
+        except LaunchError as error:
+            # A submission must still be written: fall back to one device in this process.
+            print(f"multi-device inference failed ({error}); predicting on {devices[0]} in this process")
+    batch_windows, num_workers = batching_for(config, artifact.model.config, devices[0])
+    return predict_rows(
+        artifact.model,
+        data_dir,
+        rows,
+        order,
+        devices[0],
+        batch_windows,
+        config.max_windows_per_file,
+        num_workers,
+        config.progress,
+    )
 
 
 def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Predictions:
@@ -108,15 +140,16 @@ def gpu_inference_worker(
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     artifact = load_artifact(artifact_dir)
+    batch_windows, num_workers = batching_for(config, artifact.model.config, device)
     result = predict_rows(
         artifact.model,
         Path(data_dir),
         rows,
         shards[rank],
         device,
-        config.batch_windows,
+        batch_windows,
         config.max_windows_per_file,
-        config.num_workers,
+        num_workers,
         progress=config.progress and rank == 0,
     )
     target = Path(out_dir) / f"rank{rank}.npz"

@@ -43,3 +43,8 @@ def hang(rank: int, world_size: int, pid_dir: str) -> None:
 
 def env_and_pid(rank: int, world_size: int) -> tuple[int, int, str | None, int]:
     return rank, world_size, os.environ.get("LAUNCH_TEST_VAR"), os.getpid()
+
+
+def broken_inference_worker(rank: int, world_size: int, *args: Any) -> None:
+    """Stands in for a GPU inference worker that dies (out of memory, driver error)."""
+    raise RuntimeError(f"simulated device failure on rank {rank}")
