@@ -63,4 +63,7 @@ config = resolve_infer_paths(from_params(InferConfig, globals()))
 result = run_inference(config)
 
 # %%
+from pipeline.report import show_inference_report
+
 print(result.summary())
+show_inference_report(result)  # predicted-label distribution, fallback report, run summary

@@ -70,4 +70,6 @@ config = resolve_train_defaults(from_params(TrainConfig, globals()))
 result = train(config)
 
 # %%
-print(result.summary())
+from pipeline.report import show_training_report
+
+show_training_report(result)  # summary table, training curves and confusion matrix (saved in the artifact)

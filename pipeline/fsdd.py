@@ -28,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 TASKS = ("speaker", "digit")
-NAME_PATTERN = re.compile(r"^(?P<digit>[0-9])_(?P<speaker>[A-Za-z][A-Za-z0-9-]*)_(?P<index>[0-9]+)\.wav$")
+NAME_PATTERN = re.compile(
+    r"^(?P<digit>[0-9])_(?P<speaker>[a-z][a-z0-9-]*)_(?P<index>[0-9]+)\.wav$", re.IGNORECASE
+)
 ATTRIBUTION = """\
 Audio: Free Spoken Digit Dataset (FSDD), Zohar Jackson et al.
 https://github.com/Jakobovski/free-spoken-digit-dataset  DOI 10.5281/zenodo.1342401

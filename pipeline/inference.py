@@ -104,7 +104,7 @@ def run_windows(
             np.add.at(weight, owner[start:end], w)
         pending_wavs, pending_lens, pending_owner = [wavs[stop:]], [lens[stop:]], [owner[stop:]]
 
-    bar = _progress_bar(n_files, "infer", progress)
+    bar = progress_bar(n_files, "infer", "file", progress)
     buffered = 0
     for item in items:
         if item.windows is None:
@@ -260,9 +260,14 @@ def _reflect_pad_by_copies(
     return torch.cat(parts, dim=-1) if len(parts) > 1 else x
 
 
-def _progress_bar(total: int, desc: str, enabled: bool):
+def progress_bar(total: int, desc: str, unit: str, enabled: bool, initial: int = 0, leave: bool = True):
+    """A notebook-friendly bar (a widget where ipywidgets exists, text otherwise), or None when disabled."""
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    import warnings
 
-    return tqdm(total=total, desc=desc, unit="file", mininterval=1.0)
+    with warnings.catch_warnings():  # without ipywidgets, tqdm.auto warns once and falls back to text: fine
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, mininterval=2.0, leave=leave)

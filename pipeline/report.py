@@ -270,8 +270,11 @@ def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def show_training_report(result: Any) -> str:
-    """Show the run summary and the artifact's figures (inline in a notebook); returns the summary table."""
+def show_training_report(result: Any) -> None:
+    """Show the run summary and the artifact's figures (inline in a notebook, as text elsewhere).
+
+    Returns None on purpose: as the last line of a cell, a returned value would be echoed again as Out[].
+    """
     table = markdown_table(training_summary(result), ("training run", ""))
     figures = [Path(result.artifact_dir) / name for name in (CURVES_FILE, CONFUSION_FILE)]
     figures = [path for path in figures if path.is_file()]
@@ -285,11 +288,11 @@ def show_training_report(result: Any) -> str:
         print(table)
         for path in figures:
             print(f"figure: {path}")
-    return table
 
 
-def show_inference_report(result: Any, max_fallback_rows: int = 20) -> str:
-    """Show the predicted-label distribution, the fallback report and a run summary; returns the text."""
+def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
+    """Show the predicted-label distribution, the fallback report and a run summary (returns None, see
+    show_training_report)."""
     report = result.report or {}
     parts = [markdown_table(inference_summary(result), ("inference run", ""))]
     fallbacks = report.get("fallbacks", [])
@@ -313,7 +316,6 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> str:
         counts = sorted(result.label_counts.items(), key=lambda item: (-item[1], item[0]))
         print("predicted labels: " + ", ".join(f"{label}: {n}" for label, n in counts[:MAX_BAR_LABELS]))
         print(text)
-    return text
 
 
 __all__ = [

@@ -35,7 +35,7 @@ from .config import MODEL_PRESETS, TrainConfig, to_dict
 from .data import load_training_set, random_crop, stratified_split
 from .devices.probe import Topology, detect_topology
 from .devices.strategy import SingleDevice
-from .inference import classify_clips
+from .inference import classify_clips, progress_bar
 from .model import aam_loss, compute_loss, count_parameters
 from .pretrained import initial_model
 from .report import save_training_figures
@@ -178,7 +178,9 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     budget_s = None if config.time_budget_minutes is None else config.time_budget_minutes * 60
     last_checkpoint = time.perf_counter()
     stopped_early = None
-    bar = _progress(total_steps, state.global_step, strategy.is_main and config.progress)
+    bar = progress_bar(
+        total_steps, "train", "step", strategy.is_main and config.progress, state.global_step, False
+    )
     rows_per_batch = plan.per_device_batch * strategy.devices_per_process  # SPMD feeds the global batch
     for epoch in range(state.epoch, config.epochs):
         model.train()
@@ -442,11 +444,3 @@ def format_epoch(record: dict[str, float], epochs: int) -> str:
         parts += [f"val_acc {record['val_accuracy']:.4f}", f"val_loss {record['val_loss']:.3f}"]
     parts += [f"lr {record['lr']:.2e}", f"{record['seconds']:.0f}s"]
     return " | ".join(parts)
-
-
-def _progress(total: int, initial: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=2.0, leave=False)

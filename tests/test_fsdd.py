@@ -59,6 +59,7 @@ def test_parse_name_reads_the_three_fields_and_names_a_bad_file():
     rec = parse_name(Path("x/3_jackson_12.wav"))
     assert (rec.digit, rec.speaker, rec.index) == ("3", "jackson", 12)
     assert rec.label("speaker") == "jackson" and rec.label("digit") == "3"
+    assert parse_name(Path("0_Theo_7.WAV")).speaker == "Theo"  # case kept for the label, extension any case
     for bad in ("jackson_3_12.wav", "3_jackson.wav", "12_jackson_1.wav", "3_jackson_1.flac"):
         with pytest.raises(FSDDError, match=bad.replace(".", r"\.")):
             parse_name(Path(bad))
