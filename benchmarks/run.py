@@ -131,8 +131,17 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
             results[task] = outcome
         except Exception as error:  # noqa: BLE001 - the other task's numbers still count
             results[task] = {"error": f"{type(error).__name__}: {error}"}
-    parts = [f"{task} acc {r['accuracy']:.4f} in {r['total_s']:.0f}s ({r['vs_time_limit']:.2f}x the 180s limit)"
-             for task, r in results.items() if "accuracy" in r]  # fmt: skip
+    parts = []
+    for task, r in results.items():
+        if "accuracy" not in r:
+            continue
+        verdict = (
+            ""
+            if r["quick"]
+            else f", target {r['target_accuracy']}: {'met' if r['meets_target'] else 'MISSED'}"
+        )
+        parts.append(f"{task} acc {r['accuracy']:.4f} in {r['total_s']:.0f}s "
+                     f"({r['vs_time_limit']:.2f}x the 180s limit{verdict})")  # fmt: skip
     results["headline"] = "; ".join(parts) or "failed"
     return results
 
@@ -324,12 +333,13 @@ def to_markdown(results: dict[str, Any]) -> str:
     for name, entry in results["sections"].items():
         if entry["status"] != "ok":
             continue
+        flat = {k: v for k, v in _flatten(entry["result"]).items() if k != "headline"}
+        # Pre-formatted multi-line text (a benchmark's own table) reads better as a block than in a cell.
+        blocks = {k: v for k, v in flat.items() if isinstance(v, str) and "\n" in v}
         lines += ["", f"## {name}", "", "| measurement | value |", "|---|---|"]
-        lines += [
-            f"| {_cell(k)} | {_cell(_fmt(v))} |"
-            for k, v in _flatten(entry["result"]).items()
-            if k != "headline"
-        ]
+        lines += [f"| {_cell(k)} | {_cell(_fmt(v))} |" for k, v in flat.items() if k not in blocks]
+        for key, text in blocks.items():
+            lines += ["", f"`{key}`:", "", "```", text.rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -345,8 +355,14 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, dict) and set(v) == {"cell", "s"} for v in value)
+    ):
+        return "; ".join(f"{v['cell'][:40]}: {v['s']}s" for v in value)  # papermill cell durations
     if isinstance(value, list):
-        return json.dumps(value)[:300]
+        return json.dumps(value)[:400]
     return str(value)
 
 

@@ -20,12 +20,13 @@ data_dir = None  # competition folder: train.csv, test.csv, sample_submission.cs
 artifact_dir = None  # where the model artifact is written
 accelerator = "auto"  # auto | tpu | cuda | cpu
 devices = None  # data-parallel devices/processes (auto: all)
-model_size = "auto"  # auto | tiny | small | base | voxceleb
+model_size = "auto"  # auto | tiny | small | base | voxceleb (auto: by hardware)
 epochs = 12
 per_device_batch_size = 32
 base_batch_size = 32  # the batch size base_lr was tuned for
 base_lr = 2e-3
 lr_scaling = "sqrt"  # linear | sqrt | none
+grad_accum = 1  # micro-batches per optimizer step (global batch = per device x devices x grad_accum)
 precision = "auto"  # auto | fp32 | bf16 | fp16
 time_budget_minutes = None  # stop in time to save (auto on Kaggle)
 

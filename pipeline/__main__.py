@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--train-accelerator", choices=["tpu", "t4x2"], default="tpu")
     pack.add_argument("--train-internet", choices=["on", "off"], default="on")
     pack.add_argument("--wheels-dir", help="extra wheels to bundle (Linux x86_64, CPython 3.11/3.12)")
-    pack.add_argument("--download-wheels", action="store_true", help="pip download the extra wheels")
+    pack.add_argument("--no-download", action="store_true",
+                      help="never use the network: the extra wheels must come from --wheels-dir")  # fmt: skip
+    pack.add_argument("--allow-incomplete", action="store_true",
+                      help="write the bundle even if a wheel the offline notebooks need is missing")  # fmt: skip
 
     commands.add_parser("doctor", help="this session's hardware, the precision and batch training will use")
 
@@ -74,9 +77,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"accuracy={score_submission(args.submission, args.solution):.4f}")
     elif args.command == "kaggle" and args.action == "package":
+        from .packaging import PackagingError
         from .packaging import main as package_main
 
-        return package_main(args)
+        try:
+            return package_main(args)
+        except PackagingError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     elif args.command == "doctor":
         from .doctor import main as doctor_main
 

@@ -26,14 +26,25 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from .model import ModelConfig, SpeakerClassifier
+from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
-SPEECHBRAIN_PARTS = ("embedding_model", "classifier")
+# Files every artifact has; the manifest must list (and so hash) each of them.
+REQUIRED_FILES = (
+    WEIGHTS,
+    "hyperparams.yaml",
+    "embedding_model.ckpt",
+    "classifier.ckpt",
+    "label_encoder.ckpt",
+)
+# What the manifest says about the weights is also sealed inside model.safetensors (its header metadata),
+# which the manifest hashes: editing the labels in manifest.json cannot silently rename the classes.
+SEALED_FIELDS = ("model_config", "labels", "fallback_label")
 
 
 class ArtifactError(RuntimeError):
@@ -65,12 +76,16 @@ def save_artifact(
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
     try:
+        fallback = fallback_label if fallback_label is not None else labels[0]
+        sealed = {"model_config": model.config.to_dict(), "labels": list(labels), "fallback_label": fallback}
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(staging / WEIGHTS))
-        for part in SPEECHBRAIN_PARTS:
-            prefix = f"{part}."
-            torch.save({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)},
-                       staging / f"{part}.ckpt")  # fmt: skip
+        save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
+        # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
+        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples)
+        parts = {"embedding_model": windowed, "classifier": model.classifier}
+        for part, module in parts.items():
+            tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+            torch.save(tensors, staging / f"{part}.ckpt")
         _write_label_encoder(staging / "label_encoder.ckpt", labels)
         (staging / "hyperparams.yaml").write_text(_speechbrain_yaml(model.config))
         for name, source in (extra_files or {}).items():
@@ -78,10 +93,9 @@ def save_artifact(
         manifest = {
             "format_version": FORMAT_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "model_config": model.config.to_dict(),
-            "labels": list(labels),
-            # predicted for test files that cannot be read: the most frequent training label by default
-            "fallback_label": fallback_label if fallback_label is not None else labels[0],
+            # fallback_label: predicted for test files that cannot be read (by default the most frequent
+            # training label)
+            **sealed,
             "provenance": provenance,
             "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
         }
@@ -120,9 +134,23 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
                                 "(truncated or replaced)")  # fmt: skip
         if actual["sha256"] != expected["sha256"]:
             raise ArtifactError(f"{path}: sha256 does not match the manifest (file modified or corrupted)")
-    if WEIGHTS not in manifest.get("files", {}):
-        raise ArtifactError(f"{manifest_path}: lists no {WEIGHTS}")
+    unlisted = [name for name in REQUIRED_FILES if name not in manifest.get("files", {})]
+    if unlisted:
+        raise ArtifactError(f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
+                            "this project lists every file it holds (was the manifest edited?)")  # fmt: skip
+    _check_sealed_fields(root / WEIGHTS, manifest, manifest_path)
     return manifest
+
+
+def _check_sealed_fields(weights: Path, manifest: dict[str, Any], manifest_path: Path) -> None:
+    with safe_open(str(weights), framework="pt") as handle:
+        sealed = handle.metadata() or {}
+    for name in SEALED_FIELDS:
+        if name not in sealed:
+            raise ArtifactError(f"{weights}: carries no sealed {name!r}; re-save the artifact with this code")
+        if json.loads(sealed[name]) != manifest.get(name):
+            raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
+                                "(manifest.json was edited); restore it or retrain")  # fmt: skip
 
 
 def load_artifact(artifact_dir: str | Path) -> Artifact:
@@ -159,6 +187,8 @@ def _swap_into_place(staging: Path, target: Path) -> None:
     for child in staging.iterdir():  # data must be on disk before the rename makes it visible
         with child.open("rb") as handle:
             os.fsync(handle.fileno())
+        child.chmod(0o644)  # mkdtemp/mkstemp make private files; an artifact is meant to be shared
+    staging.chmod(0o755)
     if target.exists():
         retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
         target.rename(retired)
@@ -180,25 +210,28 @@ def _write_label_encoder(path: Path, labels: list[str]) -> None:
 
 def _speechbrain_yaml(config: ModelConfig) -> str:
     """A SpeechBrain inference recipe whose Pretrainer lists loadables but no `paths`: SpeechBrain then loads
-    `<name>.ckpt` from whatever `source` directory it is given, so the artifact is relocatable."""
-    return f"""# Written by pipeline.artifact. Load offline with
+    `<name>.ckpt` from whatever `source` directory it is given, so the artifact is relocatable.
+
+    Every learned part is SpeechBrain's own class (Fbank, ECAPA_TDNN, Classifier, CategoricalEncoder); the
+    one class of this project, `WindowedEncoder`, applies the windowing the model was trained with, so
+    `EncoderClassifier.classify_batch` on whole files gives the project's predictions (see model.py)."""
+    return f"""# Written by pipeline.artifact. Load offline (the `pipeline` package must be importable) with
 #   EncoderClassifier.from_hparams(source=<this directory>, savedir=<writable dir>)
 n_mels: {config.n_mels}
 sample_rate: {config.sample_rate}
 
-compute_features: !new:speechbrain.lobes.features.Fbank
+compute_features: !new:pipeline.model.PassThrough
+mean_var_norm: !new:pipeline.model.PassThrough
+
+embedding_model: !new:pipeline.model.WindowedEncoder
     n_mels: !ref <n_mels>
-
-mean_var_norm: !new:speechbrain.processing.features.InputNormalization
-    norm_type: sentence
-    std_norm: False
-
-embedding_model: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
-    input_size: !ref <n_mels>
-    channels: {list(config.channels)}
-    lin_neurons: {config.lin_neurons}
-    attention_channels: {config.attention_channels}
-    se_channels: {config.se_channels}
+    window_samples: {config.window_samples}
+    encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
+        input_size: !ref <n_mels>
+        channels: {list(config.channels)}
+        lin_neurons: {config.lin_neurons}
+        attention_channels: {config.attention_channels}
+        se_channels: {config.se_channels}
 
 classifier: !new:speechbrain.lobes.models.ECAPA_TDNN.Classifier
     input_size: {config.lin_neurons}

@@ -40,7 +40,9 @@ class TrainingState:
         return (record["val_accuracy"], -record["val_loss"]) > tuple(self.best_metric)
 
 
-def save(checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state) -> None:
+def save(
+    checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state, average=None
+) -> None:
     """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
     if not strategy.is_main:
         return
@@ -51,6 +53,7 @@ def save(checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, st
         "optimizer": _to_cpu(optimizer.state_dict()),
         "scheduler": scheduler.state_dict(),
         "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
+        "average": average.state_dict() if average is not None else None,
         "epoch": state.epoch,
         "step_in_epoch": state.step_in_epoch,
         "global_step": state.global_step,
@@ -70,7 +73,7 @@ def save(checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, st
 
 def try_resume(
     checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state: TrainingState,
-    log: Callable[[str], Any],
+    log: Callable[[str], Any], average=None,
 ) -> str | None:  # fmt: skip
     """Load the latest checkpoint into the live objects if it belongs to this run; say what happened."""
     path = checkpoint_dir / LATEST
@@ -90,6 +93,8 @@ def try_resume(
     scheduler.load_state_dict(payload["scheduler"])
     if strategy.scaler and payload.get("scaler"):
         strategy.scaler.load_state_dict(payload["scaler"])
+    if average is not None and payload.get("average"):
+        average.load_state_dict(payload["average"])
     state.epoch = payload["epoch"]
     state.step_in_epoch = payload["step_in_epoch"]
     state.global_step = payload["global_step"]

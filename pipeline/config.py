@@ -39,10 +39,14 @@ class TrainConfig:
     data_dir: str | None = None  # None: found by pipeline.notebook (Kaggle inputs, else artifacts/)
     artifact_dir: str | None = None
     # Model
-    model_size: str = "auto"  # auto: "small" on CPU, "voxceleb" on TPU/GPU
+    model_size: str = "auto"  # auto: "voxceleb" on TPU/GPU, "small" on CPU, "tiny" on the XLA CPU stand-in
     n_mels: int = 80
     window_seconds: float = 1.0  # training crop = inference window (see inference.py for why they must match)
     aam_margin: float = 0.2
+    # Augmentation: half the clips shorter than a window are cut to a random part of at least this fraction of
+    # their length (1.0: off). Tightly trimmed recordings cut some words short ("sev-" for seven); seeing
+    # partial words in training made FSDD digits more robust (held-out mean 0.986 -> 0.991 over 3 seeds).
+    min_short_fraction: float = 0.7
     aam_scale: float = 30.0
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
@@ -53,6 +57,9 @@ class TrainConfig:
     base_lr: float = 2e-3
     lr_scaling: str = "sqrt"  # linear | sqrt | none
     warmup_epochs: float = 1.0
+    ema_epochs: float = (
+        1.0  # validate and save an average of the weights over about this many epochs (0: off)
+    )
     weight_decay: float = 2e-5
     grad_accum: int = 1
     val_fraction: float = 0.1
@@ -63,7 +70,9 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     num_threads: int | None = None  # torch CPU threads; None = all cores
     # Robustness
-    on_bad_audio: str = "error"  # error | skip (skip writes a report)
+    on_bad_row: str = (
+        "error"  # error | skip: a train.csv row with unusable audio or no label (skip reports it)
+    )
     time_budget_minutes: float | None = None
     checkpoint_every_minutes: float = 10.0
     checkpoint_dir: str | None = None  # default: <artifact_dir>.checkpoints
@@ -74,7 +83,7 @@ class TrainConfig:
         _check_choice("lr_scaling", self.lr_scaling, ["linear", "sqrt", "none"])
         _check_choice("accelerator", self.accelerator, ["auto", "tpu", "cuda", "cpu"])
         _check_choice("precision", self.precision, ["auto", "fp32", "bf16", "fp16"])
-        _check_choice("on_bad_audio", self.on_bad_audio, ["error", "skip"])
+        _check_choice("on_bad_row", self.on_bad_row, ["error", "skip"])
         for name in ("epochs", "per_device_batch_size", "base_batch_size", "grad_accum", "n_mels"):
             _check_positive(name, getattr(self, name))
         for name in ("window_seconds", "base_lr", "aam_scale", "checkpoint_every_minutes"):
@@ -83,6 +92,13 @@ class TrainConfig:
             _check_positive("devices", self.devices)
         if self.time_budget_minutes is not None:
             _check_positive("time_budget_minutes", self.time_budget_minutes)
+        if not 0.0 < self.min_short_fraction <= 1.0:
+            raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
+                              "(1.0 turns the augmentation off)")  # fmt: skip
+        if self.ema_epochs < 0:
+            raise ConfigError(
+                f"parameter ema_epochs={self.ema_epochs!r} must be >= 0 (0 turns the average off)"
+            )
         if not 0.0 <= self.val_fraction < 0.9:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
         if self.freeze_encoder and not self.init_from:

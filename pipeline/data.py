@@ -34,11 +34,12 @@ class DataError(ValueError):
 
 
 class AudioError(ValueError):
-    """One audio file cannot be used. `reason` is a short machine-readable cause."""
+    """One audio file cannot be used. `reason` is a short machine-readable cause, `detail` says what is wrong
+    without the file's path (reports that leave the machine must not carry absolute paths)."""
 
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+    def __init__(self, reason: str, path: Path, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.reason, self.path, self.detail = reason, path, detail
 
 
 @dataclass(frozen=True)
@@ -77,37 +78,54 @@ def read_csv(csv_path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict[s
 def resolve_inside(data_dir: Path, rel_path: str) -> Path:
     """`data_dir / rel_path`, refusing paths that escape `data_dir` (absolute, `..`, symlinks out)."""
     root = data_dir.resolve()
-    candidate = (root / rel_path).resolve()
+    try:
+        candidate = (root / rel_path).resolve()
+    except (OSError, RuntimeError, ValueError) as error:  # symlink loop, name too long, NUL byte
+        raise DataError(f"path {rel_path!r} cannot be resolved ({error})") from error
     if not rel_path or not candidate.is_relative_to(root):
-        raise DataError(f"path {rel_path!r} resolves outside the data folder {root}; "
-                        "paths in the CSVs must be relative to it")  # fmt: skip
+        raise DataError(f"path {rel_path!r} resolves outside the data folder; paths in the CSVs must be "
+                        "relative to it")  # fmt: skip
     return candidate
 
 
-def read_train_table(data_dir: str | Path) -> list[TrainRow]:
+def read_train_table(data_dir: str | Path, on_bad_row: str = "error") -> tuple[list[TrainRow], list[dict]]:
+    """The rows of train.csv, and the rows left out for an empty label or path under `on_bad_row="skip"`
+    (otherwise such a row stops the run with an error naming its line)."""
     csv_path = Path(data_dir) / "train.csv"
-    rows = []
+    rows, skipped = [], []
     for line, row in read_csv(csv_path, TRAIN_COLUMNS):
-        if not row["label"]:
-            raise DataError(f"{csv_path} line {line}: empty label for {row['path']!r}. "
-                            "Give every training file a label or remove the row.")  # fmt: skip
-        if not row["path"]:
-            raise DataError(f"{csv_path} line {line}: empty path. Remove the row or fill in the file.")
-        rows.append(TrainRow(line, row["path"], row["label"]))
-    if not rows:
+        problem = "empty label" if not row["label"] else "empty path" if not row["path"] else None
+        if problem is None:
+            rows.append(TrainRow(line, row["path"], row["label"]))
+        elif on_bad_row == "skip":
+            skipped.append({"line": str(line), "path": row["path"], "reason": problem})
+        else:
+            raise DataError(f"{csv_path} line {line}: {problem} (path {row['path']!r}). Fill it in or remove "
+                            f"the row, or set on_bad_row='skip' to train without it (skipped rows are "
+                            "reported).")  # fmt: skip
+    if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
-    return rows
+    return rows, skipped
 
 
-def read_test_table(data_dir: str | Path) -> list[TestRow]:
+def read_test_table(data_dir: str | Path) -> tuple[list[TestRow], list[str]]:
+    """The rows of test.csv, one per id, and a note for every later row that repeats an id.
+
+    Inference must never lose a submission row to a flaw in test.csv, so a repeated id is not an error:
+    its first row is used and the repeats are reported.
+    """
     csv_path = Path(data_dir) / "test.csv"
-    rows = [TestRow(line, row["id"], row["path"]) for line, row in read_csv(csv_path, TEST_COLUMNS)]
-    seen: set[str] = set()
-    for row in rows:
-        if row.id in seen:
-            raise DataError(f"{csv_path} line {row.line}: duplicate id {row.id!r}")
-        seen.add(row.id)
-    return rows
+    rows: list[TestRow] = []
+    first_line: dict[str, int] = {}
+    repeats: list[str] = []
+    for line, row in read_csv(csv_path, TEST_COLUMNS):
+        if row["id"] in first_line:
+            repeats.append(f"{csv_path.name} line {line} repeats id {row['id']!r} of line "
+                           f"{first_line[row['id']]}; the first row is used")  # fmt: skip
+            continue
+        first_line[row["id"]] = line
+        rows.append(TestRow(line, row["id"], row["path"]))
+    return rows, repeats
 
 
 def read_submission_ids(data_dir: str | Path) -> list[str]:
@@ -126,16 +144,20 @@ def load_audio(path: Path, *, max_seconds: float | None = None) -> tuple[np.ndar
     Returns the samples and the list of repairs made (e.g. "stereo mixed down", "resampled 8000->16000").
     Raises AudioError when nothing usable is left. `max_seconds` bounds decoding of very long files.
     """
-    if not path.is_file():
-        raise AudioError("missing", f"{path}: file not found")
-    if path.stat().st_size == 0:
-        raise AudioError("empty", f"{path}: file is empty (0 bytes)")
     try:
+        if not path.is_file():
+            raise AudioError("missing", path, "file not found")
+        if path.stat().st_size == 0:
+            raise AudioError("empty", path, "file is empty (0 bytes)")
         info = sf.info(str(path))
         frames = -1 if max_seconds is None else int(max_seconds * info.samplerate)
         samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=frames)
-    except (sf.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise AudioError("unreadable", f"{path}: not readable as audio ({error})") from error
+    except AudioError:
+        raise
+    except (sf.LibsndfileError, OSError, RuntimeError, TypeError, ValueError) as error:
+        # The decoder's message repeats the absolute path; the AudioError already carries it.
+        message = str(error).replace(str(path), path.name)
+        raise AudioError("unreadable", path, f"not readable as audio ({message})") from error
     repairs: list[str] = []
     if samples.shape[1] > 1:
         samples = samples.mean(axis=1, keepdims=True)
@@ -144,11 +166,11 @@ def load_audio(path: Path, *, max_seconds: float | None = None) -> tuple[np.ndar
     if not np.isfinite(mono).all():
         bad = int((~np.isfinite(mono)).sum())
         if bad == mono.size:
-            raise AudioError("non-finite", f"{path}: every sample is NaN or infinite")
+            raise AudioError("non-finite", path, "every sample is NaN or infinite")
         mono = np.nan_to_num(mono, nan=0.0, posinf=0.0, neginf=0.0)
         repairs.append(f"{bad} NaN/inf samples zeroed")
     if mono.size == 0:
-        raise AudioError("empty", f"{path}: no audio samples")
+        raise AudioError("empty", path, "no audio samples")
     if rate != SAMPLE_RATE:
         mono = resample(mono, rate)
         repairs.append(f"resampled {rate}->{SAMPLE_RATE}")
@@ -163,15 +185,23 @@ def resample(samples: np.ndarray, rate: int) -> np.ndarray:
     return out.numpy()
 
 
-def random_crop(samples: np.ndarray, window: int, rng: np.random.Generator) -> tuple[np.ndarray, float]:
+def random_crop(
+    samples: np.ndarray, window: int, rng: np.random.Generator, min_short_fraction: float = 1.0
+) -> tuple[np.ndarray, float]:
     """A training example: a random `window`-sample crop, or the whole clip left-aligned and zero-padded.
 
+    With `min_short_fraction` < 1, half the clips shorter than a window are first cut to a random part of
+    at least that fraction of their length (augmentation: see TrainConfig.min_short_fraction).
     Returns the window and its relative length (valid samples / window), which the model uses to ignore
     padding exactly as at inference.
     """
     if samples.size >= window:
         start = int(rng.integers(0, samples.size - window + 1))
         return samples[start : start + window], 1.0
+    if min_short_fraction < 1.0 and rng.random() < 0.5:
+        keep = max(1, int(samples.size * rng.uniform(min_short_fraction, 1.0)))
+        start = int(rng.integers(0, samples.size - keep + 1))
+        samples = samples[start : start + keep]
     padded = np.zeros(window, dtype=np.float32)
     padded[: samples.size] = samples
     return padded, samples.size / window
@@ -203,27 +233,30 @@ def label_list(labels: Iterable[str]) -> list[str]:
 class TrainingSet:
     clips: list[np.ndarray]  # 16 kHz mono float32, one per kept row
     rows: list[TrainRow]
-    skipped: list[dict[str, str]]  # rows left out under on_bad_audio="skip", with the reason
+    skipped: list[dict[str, str]]  # rows left out under on_bad_row="skip": line, path and reason
 
 
-def load_training_set(data_dir: str | Path, on_bad_audio: str = "error") -> TrainingSet:
+def load_training_set(data_dir: str | Path, on_bad_row: str = "error") -> TrainingSet:
     """Read train.csv and decode every file into memory (training revisits each clip every epoch).
 
-    A row whose file is missing, empty, unreadable or outside the folder stops the run with an error naming
-    the CSV line and the file, unless `on_bad_audio="skip"`, which leaves it out and reports it.
+    A row with no label, or whose file is missing, empty, unreadable or outside the folder, stops the run
+    with an error naming the CSV line and the file, unless `on_bad_row="skip"`, which leaves it out and
+    reports it (the reasons name files by their path in the CSV, never by an absolute path).
     """
     data_dir = Path(data_dir)
     csv_path = data_dir / "train.csv"
-    clips, kept, skipped = [], [], []
-    for row in read_train_table(data_dir):
+    clips, kept = [], []
+    rows, skipped = read_train_table(data_dir, on_bad_row)
+    for row in rows:
         try:
             samples, _ = load_audio(resolve_inside(data_dir, row.rel_path))
         except (AudioError, DataError) as error:
             where = f"{csv_path} line {row.line} ({row.rel_path!r})"
-            if on_bad_audio != "skip":
-                raise DataError(f"{where}: {error}. Fix or remove the row, or set on_bad_audio='skip' to "
+            if on_bad_row != "skip":
+                raise DataError(f"{where}: {error}. Fix or remove the row, or set on_bad_row='skip' to "
                                 "train without it (skipped rows are reported).") from error  # fmt: skip
-            skipped.append({"line": str(row.line), "path": row.rel_path, "reason": str(error)})
+            reason = error.detail if isinstance(error, AudioError) else str(error)
+            skipped.append({"line": str(row.line), "path": row.rel_path, "reason": reason})
             continue
         clips.append(samples)
         kept.append(row)

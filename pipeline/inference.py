@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from .data import AudioError, DataError, TestRow, load_audio, resolve_inside, windows
-from .model import SpeakerClassifier
+from .model import SpeakerClassifier, add_windows
 
 # Files longer than this are only decoded up to it: max_windows_per_file windows cover it anyway.
 MAX_DECODE_SECONDS = 600.0
@@ -50,17 +50,21 @@ class Predictions:
 
 
 @torch.inference_mode()
-def score_windows(
+def embed_windows(
     model: SpeakerClassifier, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine scores and embeddings of one batch of windows, returned on CPU."""
+) -> torch.Tensor:
+    """Embeddings [n, D] of one batch of windows, returned on CPU in fp32."""
     wavs, lens = wavs.to(device, non_blocking=True), lens.to(device, non_blocking=True)
     use_fp16 = device.type == "cuda"  # T4 tensor cores; the Fbank front end stays in fp32 (see model.py)
     with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_fp16):
-        feats = model.features(wavs, lens)
-        embeddings = model.embed(feats, lens)
-        scores = model.scores(embeddings)
-    return scores.float().cpu(), embeddings.float().cpu()
+        embeddings = model.embed(model.features(wavs, lens), lens)
+    return embeddings.float().cpu()
+
+
+@torch.inference_mode()
+def score_files(model: SpeakerClassifier, embeddings: np.ndarray, device: torch.device) -> np.ndarray:
+    """Cosine scores [n_files, n_classes] of per-file embeddings (what SpeechBrain's classify_batch returns)."""
+    return model.scores(torch.from_numpy(embeddings).to(device)).float().cpu().numpy()
 
 
 def run_windows(
@@ -71,12 +75,13 @@ def run_windows(
     device: torch.device,
     progress: bool = False,
 ) -> Predictions:
-    """Consume per-file windows, batch them densely, and reduce scores back to files."""
-    n_classes = model.config.n_classes
+    """Consume per-file windows, batch them densely, and reduce window embeddings back to files.
+
+    A file's embedding is the valid-length-weighted mean of its unit-length window embeddings (the reduction
+    model.WindowedEncoder applies for SpeechBrain); its scores are the cosine classifier on that mean."""
     emb_dim = model.config.lin_neurons
-    score_sum = np.zeros((n_files, n_classes), dtype=np.float64)
-    emb_sum = np.zeros((n_files, emb_dim), dtype=np.float64)
-    weight = np.zeros(n_files, dtype=np.float64)
+    emb_sum = torch.zeros(n_files, emb_dim)
+    weight = torch.zeros(n_files)
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
     pending_wavs: list[np.ndarray] = []
@@ -95,13 +100,9 @@ def run_windows(
         stop = len(wavs) if limit is None else (len(wavs) // limit) * limit
         for start in range(0, stop, batch_windows):
             end = min(start + batch_windows, stop)
-            scores, embeddings = score_windows(
-                model, torch.from_numpy(wavs[start:end]), torch.from_numpy(lens[start:end]), device
-            )
-            w = lens[start:end].astype(np.float64)
-            np.add.at(score_sum, owner[start:end], scores.numpy() * w[:, None])
-            np.add.at(emb_sum, owner[start:end], embeddings.numpy() * w[:, None])
-            np.add.at(weight, owner[start:end], w)
+            batch_lens = torch.from_numpy(lens[start:end])
+            embeddings = embed_windows(model, torch.from_numpy(wavs[start:end]), batch_lens, device)
+            add_windows(emb_sum, weight, embeddings, batch_lens, torch.from_numpy(owner[start:end]))
         pending_wavs, pending_lens, pending_owner = [wavs[stop:]], [lens[stop:]], [owner[stop:]]
 
     bar = progress_bar(n_files, "infer", "file", progress)
@@ -124,10 +125,12 @@ def run_windows(
     flush(None)
     if bar is not None:
         bar.close()
-    ok = weight > 0
-    with np.errstate(invalid="ignore", divide="ignore"):
-        scores = (score_sum / weight[:, None]).astype(np.float32)
-        embeddings = (emb_sum / weight[:, None]).astype(np.float32)
+    ok = (weight > 0).numpy()
+    embeddings = np.full((n_files, emb_dim), np.nan, dtype=np.float32)
+    embeddings[ok] = (emb_sum[ok] / weight[ok][:, None]).numpy()
+    scores = np.full((n_files, model.config.n_classes), np.nan, dtype=np.float32)
+    if ok.any():
+        scores[ok] = score_files(model, embeddings[ok], device)
     for index in np.flatnonzero(~ok):
         problems.setdefault(int(index), "no audio windows")
     return Predictions(
@@ -169,7 +172,9 @@ class TestFileWindows(Dataset):
         try:
             path = resolve_inside(self.data_dir, row.rel_path)
             samples, repairs = load_audio(path, max_seconds=MAX_DECODE_SECONDS)
-        except (AudioError, DataError) as error:
+        except AudioError as error:  # the report names the file as test.csv does
+            return FileWindows(index, None, None, problem=f"{row.rel_path}: {error.detail}")
+        except DataError as error:
             return FileWindows(index, None, None, problem=str(error))
         except Exception as error:  # noqa: BLE001 - a bad file must cost one row, never the run
             return FileWindows(index, None, None, problem=f"{row.rel_path}: {type(error).__name__}: {error}")
@@ -188,7 +193,7 @@ def file_order(data_dir: Path, rows: Sequence[TestRow]) -> list[int]:
     def size(row: TestRow) -> int:
         try:
             return (data_dir / row.rel_path).stat().st_size
-        except OSError:
+        except (OSError, ValueError):  # missing, or a name the OS refuses (NUL byte): it will fall back
             return -1
 
     return sorted(range(len(rows)), key=lambda i: -size(rows[i]))

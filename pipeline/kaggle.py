@@ -68,7 +68,9 @@ def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = Non
                 found.append(Path(current))
             if depth >= SEARCH_DEPTH:
                 subdirs.clear()
-            subdirs.sort()
+            # Hidden folders are never inputs: `.model.partial-*` / `.model.old-*` are an artifact save
+            # that was interrupted or the artifact it replaced (pipeline/artifact.py).
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
 
 

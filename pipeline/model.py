@@ -95,6 +95,80 @@ class Frontend(torch.nn.Module):
             return self.mean_var_norm(feats, wav_lens)
 
 
+class WindowedEncoder(torch.nn.Module):
+    """The model as SpeechBrain's `EncoderClassifier` runs it from an artifact's hyperparams.yaml: whole files
+    in, one embedding per file out, computed exactly as this project's inference computes it.
+
+    The ECAPA-TDNN was trained on fixed windows (padding included: see data.windows), so a whole short file
+    fed to it unpadded gets other, worse, scores. This wrapper cuts every file of the batch into the same
+    windows, embeds them with the same front end, and returns the length-weighted mean of the unit-length
+    window embeddings [B, 1, D]; SpeechBrain's cosine `Classifier` then scores it. In the yaml,
+    `compute_features` and `mean_var_norm` are `PassThrough`s, so this module receives the waveforms.
+    """
+
+    def __init__(self, encoder: ECAPA_TDNN, n_mels: int, window_samples: int, max_windows: int = 64) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.frontend = Frontend(n_mels)
+        self.window_samples, self.max_windows = window_samples, max_windows
+
+    def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        from .data import windows  # numpy windowing shared with the project's inference
+
+        chunks, lens, owners = [], [], []
+        for index in range(wavs.shape[0]):
+            valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))
+            cut, rel = windows(
+                wavs[index, :valid].detach().cpu().numpy(), self.window_samples, self.max_windows
+            )
+            chunks.append(torch.from_numpy(cut))
+            lens.append(torch.from_numpy(rel))
+            owners += [index] * len(cut)
+        batch, rel = torch.cat(chunks).to(wavs.device), torch.cat(lens).to(wavs.device)
+        embeddings = self.encoder(self.frontend(batch, rel), rel).squeeze(1)
+        owner = torch.tensor(owners, device=wavs.device)
+        return file_embeddings(embeddings, rel, owner, wavs.shape[0]).unsqueeze(1)
+
+
+class PassThrough(torch.nn.Module):
+    """Stands for `compute_features` and `mean_var_norm` in the artifact's yaml (WindowedEncoder does both)."""
+
+    def forward(self, x: torch.Tensor, *_: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def file_embeddings(
+    window_embeddings: torch.Tensor, weights: torch.Tensor, owner: torch.Tensor, n_files: int
+) -> torch.Tensor:
+    """Per-file embedding: the `weights`-weighted mean of the L2-normalised embeddings of the file's windows.
+
+    Scoring this mean with the cosine classifier ranks classes exactly as the weighted mean of the windows'
+    cosine scores would (the classifier's own normalisation only rescales all classes alike)."""
+    sums = torch.zeros(n_files, window_embeddings.shape[1], device=window_embeddings.device)
+    totals = torch.zeros(n_files, device=window_embeddings.device)
+    add_windows(sums, totals, window_embeddings, weights, owner)
+    return sums / totals.clamp_min(1e-12)[:, None]
+
+
+def add_windows(
+    sums: torch.Tensor, totals: torch.Tensor, window_embeddings: torch.Tensor, weights: torch.Tensor,
+    owner: torch.Tensor,
+) -> None:  # fmt: skip
+    """Add windows to running per-file sums (in place); file_embeddings is sums / totals. Inference uses
+    this directly because a file's windows may be spread over several batches."""
+    unit = torch.nn.functional.normalize(window_embeddings.float(), dim=1)
+    sums.index_add_(0, owner, unit * weights.float()[:, None])
+    totals.index_add_(0, owner, weights.float())
+
+
+def host_model(model: SpeakerClassifier, state: dict[str, torch.Tensor]) -> SpeakerClassifier:
+    """A new CPU model with `model`'s architecture and the weights `state` (CPU tensors), in eval mode.
+    Saving, digesting and validating it never touch the training device (on XLA that would compile)."""
+    copy = SpeakerClassifier(ModelConfig(**model.config.to_dict()))
+    copy.load_state_dict(state)
+    return copy.eval()
+
+
 def aam_loss(margin: float, scale: float) -> torch.nn.Module:
     """Additive angular margin softmax (ArcFace), SpeechBrain's loss for ECAPA speaker models."""
     return LogSoftmaxWrapper(AdditiveAngularMargin(margin=margin, scale=scale))

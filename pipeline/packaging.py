@@ -19,9 +19,12 @@ Choices, and why:
 * Extra wheels: Kaggle's images have torch, torchaudio, numpy, scipy, tqdm, pyyaml, safetensors,
   huggingface_hub, joblib, packaging; speechbrain and its YAML stack are in neither image's requirements
   (Kaggle/docker-python kaggle_requirements.txt, tpu/requirements.in), and the TPU image may lack soundfile
-  and sentencepiece. They are fetched only with `--download-wheels` (the one step that needs a package
-  index), for the Python versions of both images; otherwise they are copied from `--wheels-dir`, and
-  DIR/code/README.md lists what is missing.
+  and sentencepiece. `kaggle package` downloads them (`pip download`, the versions installed here, Linux
+  x86_64 wheels for both images' Pythons) unless `--wheels-dir` already holds them; this is the command's
+  one network step, and it says so. `--no-download` never touches the network: then a bundle that would
+  lack a wheel is refused (the infer notebook could not install offline) unless `--allow-incomplete`.
+* Everything is written into a hidden staging folder and moved into place at the end: a failed download
+  never leaves half a bundle that looks ready to push.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ class PackageResult:
         lines = [f"wrote {self.train_dir}, {self.infer_dir} and {self.code_dir} ({len(self.wheels)} wheels)"]
         if self.missing:
             lines.append(f"MISSING wheels (see {self.code_dir / 'README.md'}): {', '.join(self.missing)}; "
-                         "rerun with --download-wheels or --wheels-dir DIR")  # fmt: skip
+                         "rerun without --no-download, or with --wheels-dir DIR")  # fmt: skip
         lines.append(f"next: see {self.out / 'README.md'} for the push commands, in order")
         return "\n".join(lines)
 
@@ -102,19 +105,49 @@ def package(
     competition: str,
     train_accelerator: str = "tpu",
     wheels_dir: str | Path | None = None,
-    download_wheels: bool = False,
+    download: bool = True,
+    allow_incomplete: bool = False,
     train_internet: bool = True,
     python_versions: tuple[str, ...] = KAGGLE_PYTHONS,
 ) -> PackageResult:
-    """Write DIR/train, DIR/infer and DIR/code (see the module docstring). Existing folders are replaced."""
+    """Write DIR/train, DIR/infer and DIR/code (see the module docstring). Existing folders are replaced,
+    only once the new ones are complete."""
     if train_accelerator not in MACHINE_SHAPES:
         raise PackagingError(f"--train-accelerator {train_accelerator!r}: use one of {list(MACHINE_SHAPES)}")
     slugs = Slugs.default(owner, competition)
     out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".package-", dir=out))
+    try:
+        result = _write_folders(staging, slugs, train_accelerator, wheels_dir, download, train_internet,
+                                python_versions)  # fmt: skip
+        if result.missing and not allow_incomplete:
+            raise PackagingError(
+                f"the code dataset would lack wheels for {', '.join(result.missing)}, so the offline infer "
+                "notebook could not install them. Rerun without --no-download (needs a package index), or with "
+                "--wheels-dir DIR holding Linux x86_64 wheels for CPython "
+                f"{' and '.join(python_versions)}, or with --allow-incomplete to write it anyway"
+            )
+        for name in ("train", "infer", "code", "README.md"):
+            target = out / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            elif target.exists():
+                target.unlink()
+            (staging / name).rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    (out / "README.md").write_text(push_readme(out, slugs, train_accelerator))  # names the final paths
+    return PackageResult(out, out / "train", out / "infer", out / "code", result.wheels, result.missing)
+
+
+def _write_folders(
+    out: Path, slugs: Slugs, train_accelerator: str, wheels_dir: str | Path | None, download: bool,
+    train_internet: bool, python_versions: tuple[str, ...],
+) -> PackageResult:  # fmt: skip
+    owner, competition = slugs.owner, slugs.competition
     train_dir, infer_dir, code_dir = out / "train", out / "infer", out / "code"
     for folder in (train_dir, infer_dir, code_dir):
-        if folder.exists():
-            shutil.rmtree(folder)
         folder.mkdir(parents=True)
 
     code_source = f"{owner}/{slugs.code}"
@@ -133,12 +166,14 @@ def package(
     wheels = [build_project_wheel(code_dir).name]
     if wheels_dir is not None:
         wheels += copy_wheels(Path(wheels_dir), code_dir)
-    if download_wheels:
-        wheels += download_extra_wheels(code_dir, python_versions)
+    if download and missing_wheels(code_dir):
+        print(f"downloading wheels for {', '.join(missing_wheels(code_dir))} (Python {', '.join(python_versions)}, "
+              "Linux x86_64) from the package index; --no-download skips this")  # fmt: skip
+        wheels += download_extra_wheels(code_dir, python_versions, only=missing_wheels(code_dir))
     missing = missing_wheels(code_dir)
     _write_json(code_dir / "dataset-metadata.json", dataset_metadata(owner, slugs.code))
     (code_dir / "README.md").write_text(code_readme(code_dir, missing))
-    (out / "README.md").write_text(push_readme(out, slugs, train_accelerator))
+    (out / "README.md").write_text("")  # written with the final paths once the folders are in place
     return PackageResult(out, train_dir, infer_dir, code_dir, sorted(set(wheels)), missing)
 
 
@@ -164,6 +199,9 @@ def kernel_metadata(
         "enable_tpu": machine_shape.startswith("Tpu"),
         "enable_internet": enable_internet,
         "machine_shape": machine_shape,
+        # A re-push of an existing notebook would otherwise keep its environment pin ("original"): an old
+        # pin is how a TPU notebook ends up on the CPU image without torch_xla (kaggle-cli issue 1197).
+        "docker_image_pinning_type": "latest",
         "dataset_sources": dataset_sources,
         "competition_sources": competition_sources,
         "kernel_sources": kernel_sources,
@@ -228,14 +266,17 @@ def copy_wheels(wheels_dir: Path, target_dir: Path) -> list[str]:
     return copied
 
 
-def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...]) -> list[str]:
-    """`pip download --no-deps` the EXTRA_WHEELS (versions as installed here, when they are) for Kaggle's
-    Linux x86_64 images. Needs a package index: only run when the user asks (--download-wheels)."""
+def download_extra_wheels(
+    target_dir: Path, python_versions: tuple[str, ...], only: list[str] | None = None
+) -> list[str]:
+    """`pip download --no-deps` the EXTRA_WHEELS (or those named in `only`; versions as installed here) for
+    Kaggle's Linux x86_64 images. Needs a package index: `kaggle package --no-download` skips it."""
     before = {p.name for p in target_dir.glob("*.whl")}
-    pure = [_requirement(name) for name, platform_specific in EXTRA_WHEELS if not platform_specific]
-    native = [_requirement(name) for name, platform_specific in EXTRA_WHEELS if platform_specific]
-    commands = [[*_pip_download(target_dir), *pure]]
-    for version in python_versions:
+    wanted = [(n, native) for n, native in EXTRA_WHEELS if only is None or n in only]
+    pure = [_requirement(name) for name, platform_specific in wanted if not platform_specific]
+    native = [_requirement(name) for name, platform_specific in wanted if platform_specific]
+    commands = [[*_pip_download(target_dir), *pure]] if pure else []
+    for version in python_versions if native else ():
         platforms = [arg for platform in KAGGLE_PLATFORMS for arg in ("--platform", platform)]
         commands.append([*_pip_download(target_dir), "--only-binary=:all:", *platforms,
                          "--python-version", version, "--implementation", "cp", *native])  # fmt: skip
@@ -285,7 +326,7 @@ def code_readme(code_dir: Path, missing: list[str]) -> str:
             "\n## Missing\n\nNot bundled, and not in Kaggle's GPU/TPU images as far as their published "
             "requirements show:\n" + "".join(f"- {name}\n" for name in missing) + "\n"
             'Without them the bootstrap\'s offline `pip install` stops with "No matching distribution". '
-            "Rerun `python -m pipeline kaggle package` with `--download-wheels` (needs a package index), or "
+            "Rerun `python -m pipeline kaggle package` without `--no-download` (needs a package index), or "
             "with `--wheels-dir DIR` holding Linux x86_64 wheels for CPython 3.11 and 3.12 (`pip download "
             "--no-deps --only-binary=:all: --platform manylinux2014_x86_64 --python-version 3.12 NAME`).\n"
         )
@@ -331,7 +372,8 @@ def main(args: Any) -> int:
         args.competition,
         train_accelerator=args.train_accelerator,
         wheels_dir=args.wheels_dir,
-        download_wheels=args.download_wheels,
+        download=not args.no_download,
+        allow_incomplete=args.allow_incomplete,
         train_internet=args.train_internet == "on",
     )
     print(result.summary())

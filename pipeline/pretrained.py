@@ -97,9 +97,19 @@ class Pretrained:
 
 
 def read_pretrained(init_from: str | Path) -> Pretrained:
-    """Locate the directory, read the architecture from its hyperparams.yaml and find the encoder weights."""
+    """Locate the directory, read the architecture from its hyperparams.yaml and find the encoder weights.
+    One of this project's artifacts describes itself in its (verified) manifest instead."""
     hyperparams = find_hyperparams(Path(init_from))
     root = hyperparams.parent
+    from .artifact import MANIFEST, WEIGHTS, ArtifactError, verify_artifact
+
+    if (root / MANIFEST).is_file():
+        try:
+            model_config = verify_artifact(root)["model_config"]
+        except ArtifactError as error:
+            raise PretrainedError(str(error)) from error
+        fields = ("n_mels", "channels", "lin_neurons", "attention_channels", "se_channels")
+        return Pretrained(root, hyperparams, root / WEIGHTS, {k: model_config[k] for k in fields})
     tree = read_hyperparams(hyperparams)
     model_args = ecapa_args(tree, hyperparams)
     check_front_end(tree, hyperparams, model_args["n_mels"])

@@ -44,7 +44,7 @@ class BatchPlan:
     accelerator: str = "cpu"
     warmup_source: str = "given"  # "given" by the caller, or "default" (chosen by plan_batch)
 
-    def describe(self) -> str:
+    def describe(self, with_warmup: bool = True) -> str:
         """One line, e.g. "global batch 256 = 32 per device x 8 devices x 1 accum; lr 1.0e-03 -> ..."."""
         warm = (
             f"warmup {self.warmup_steps} steps ({self.warmup_source})" if self.warmup_steps else "no warmup"
@@ -52,7 +52,8 @@ class BatchPlan:
         return (
             f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.num_devices} "
             f"{'device' if self.num_devices == 1 else 'devices'} x {self.grad_accum} accum; "
-            f"lr {self.base_lr:.1e} -> {self.lr:.1e} ({self.rule} rule, base batch {self.base_batch}); {warm}"
+            f"lr {self.base_lr:.1e} -> {self.lr:.1e} ({self.rule} rule, base batch {self.base_batch})"
+            + (f"; {warm}" if with_warmup else "")
         )
 
     def to_dict(self) -> dict[str, Any]:

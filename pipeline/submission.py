@@ -51,7 +51,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
         torch.set_num_threads(config.num_threads)
     artifact = load_artifact(config.artifact_dir)  # an invalid artifact is the one thing that stops the run
     data_dir = Path(config.data_dir)
-    rows = read_test_table(data_dir)
+    rows, repeated_ids = read_test_table(data_dir)
     submission_ids = read_submission_ids(data_dir)
     predictions = predict_on_devices(artifact, data_dir, rows, config)
 
@@ -78,6 +78,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
         "rows": len(submission_ids),
         "fallback_label": fallback,
         "fallbacks": fallbacks,
+        "test_csv_warnings": repeated_ids,
         "repaired": [{"id": rows[i].id, "repairs": r} for i, r in sorted(predictions.repairs.items())],
         "files_per_device": predictions.device_counts,
         "artifact": str(artifact.path),
@@ -112,8 +113,8 @@ def write_submission(path: Path, ids: list[str], labels_by_id: dict[str, str]) -
 
 def score_submission(submission_path: str | Path, solution_path: str | Path) -> float:
     """Accuracy of a submission against a solution file (both `id,label`); ids must match exactly."""
-    submission = {row["id"]: row["label"] for _, row in read_csv(Path(submission_path), ("id", "label"))}
-    solution = {row["id"]: row["label"] for _, row in read_csv(Path(solution_path), ("id", "label"))}
+    submission = _labels_by_id(Path(submission_path))
+    solution = _labels_by_id(Path(solution_path))
     missing = solution.keys() - submission.keys()
     extra = submission.keys() - solution.keys()
     if missing or extra:
@@ -124,6 +125,15 @@ def score_submission(submission_path: str | Path, solution_path: str | Path) -> 
     return sum(submission[i] == label for i, label in solution.items()) / len(solution)
 
 
+def _labels_by_id(path: Path) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for line, row in read_csv(path, ("id", "label")):
+        if row["id"] in labels:
+            raise DataError(f"{path} line {line}: duplicate id {row['id']!r}; every id must appear once")
+        labels[row["id"]] = row["label"]
+    return labels
+
+
 def _write_extras(submission_path, config, artifact, rows, predictions) -> None:
     ids = np.array([row.id for row in rows])
     if config.write_probabilities:
@@ -131,16 +141,17 @@ def _write_extras(submission_path, config, artifact, rows, predictions) -> None:
         logits = torch.from_numpy(np.nan_to_num(predictions.scores, nan=0.0)) * scale
         probs = torch.softmax(logits, dim=1).numpy()
         probs[~predictions.ok] = np.nan
-        header = "id," + ",".join(artifact.labels)
-        body = "\n".join(
-            f"{sid}," + ",".join(f"{p:.6f}" for p in row) for sid, row in zip(ids, probs, strict=True)
-        )
-        _atomic_write_text(submission_path.with_name("probabilities.csv"), header + "\n" + body + "\n")
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")  # ids and labels may hold commas or quotes
+        writer.writerow(["id", *artifact.labels])
+        writer.writerows([sid, *(f"{p:.6f}" for p in row)] for sid, row in zip(ids, probs, strict=True))
+        _atomic_write_text(submission_path.with_name("probabilities.csv"), buffer.getvalue())
     if config.write_embeddings:
         target = submission_path.with_name("embeddings.npz")
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".npz")
         os.close(fd)
         np.savez(tmp, ids=ids, embeddings=predictions.embeddings, ok=predictions.ok)
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
 
 
@@ -152,6 +163,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a submission is meant to be read
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

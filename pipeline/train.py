@@ -12,14 +12,9 @@ to save the best model.
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
-import hashlib
-import json
 import math
 import os
-import platform
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -31,18 +26,20 @@ import torch
 
 from . import checkpoint as ckpt
 from .artifact import save_artifact
-from .config import MODEL_PRESETS, TrainConfig, to_dict
+from .config import ConfigError, TrainConfig
 from .data import load_training_set, random_crop, stratified_split
+from .devices.launch import running_under_torchrun
 from .devices.probe import Topology, detect_topology
 from .devices.strategy import SingleDevice
+from .ema import WeightAverage
 from .inference import classify_clips, progress_bar
-from .model import aam_loss, compute_loss, count_parameters
+from .model import aam_loss, compute_loss, count_parameters, host_model
 from .pretrained import initial_model
+from .provenance import build_provenance, run_fingerprint, weights_digest
 from .report import save_training_figures
-from .scaling import BatchPlan, plan_batch
+from .scaling import BatchPlan, plan_batch, warmup_lr_factor
 
 GRAD_CLIP = 5.0
-PATH_FIELDS = {"data_dir", "artifact_dir", "checkpoint_dir", "init_from"}
 
 
 @dataclass
@@ -71,9 +68,12 @@ class TrainResult:
 
 def train(config: TrainConfig) -> TrainResult:
     """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
-    topology = detect_topology(config.accelerator, config.devices)
+    topology = session_topology(config)
     plan = plan_for(config, topology)
     precision = resolve_precision(config.precision, topology)
+    # What was found and what will be done, before anything slow happens (data loading, compiling).
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun every rank runs this
+        print(f"{describe_topology(topology)}. {plan.describe(with_warmup=False)}; {precision}")
     if topology.num_devices > 1 and topology.accelerator in ("cuda", "cpu"):
         from .devices.ddp import train_ddp  # DDP: one spawned process per device, rank 0's result returned
 
@@ -86,6 +86,18 @@ def train(config: TrainConfig) -> TrainResult:
         device = torch.device("cuda" if topology.accelerator == "cuda" else "cpu")
         strategy = SingleDevice(device, precision)
     return fit(config, strategy, plan, topology)
+
+
+def session_topology(config: TrainConfig) -> Topology:
+    """The topology to train on. Under torchrun the processes already exist: their number is the device
+    count (WORLD_SIZE), whatever the probe would find, and `devices` must agree with it."""
+    if running_under_torchrun():
+        world_size = int(os.environ["WORLD_SIZE"])
+        if config.devices not in (None, world_size):
+            raise ConfigError(f"parameter devices={config.devices} but torchrun started WORLD_SIZE={world_size} "
+                              "processes; leave devices unset under torchrun")  # fmt: skip
+        return detect_topology(config.accelerator, world_size)
+    return detect_topology(config.accelerator, config.devices)
 
 
 def describe_topology(topology: Topology) -> str:
@@ -110,6 +122,9 @@ def plan_for(config: TrainConfig, topology: Topology, total_steps: int | None = 
 
 def resolve_precision(requested: str, topology: Topology) -> str:
     """bf16 on TPU and on GPUs with native bf16; fp16 + loss scaling on T4 (no native bf16); fp32 on CPU."""
+    if requested == "fp16" and topology.accelerator == "tpu":
+        raise ConfigError("parameter precision='fp16' is not available on TPU (its matrix units take bf16); "
+                          "use 'bf16' (the default there) or 'fp32'")  # fmt: skip
     if requested != "auto":
         return requested
     if topology.accelerator == "tpu":
@@ -120,13 +135,16 @@ def resolve_precision(requested: str, topology: Topology) -> str:
 
 
 def resolve_model_size(config: TrainConfig, topology: Topology) -> str:
-    """`auto`: the VoxCeleb-size model on real accelerators, the small one on CPUs (and CPU stand-ins)."""
+    """`auto`: the VoxCeleb-size model on real accelerators, the small one on CPUs, and the tiny one on
+    torch_xla's CPU stand-in for a TPU, which exists to exercise the TPU code path (it runs ~50x slower
+    than eager CPU, ../shared/NOTES.md)."""
     if config.model_size != "auto":
         return config.model_size
-    real_accelerator = topology.accelerator == "cuda" or (
-        topology.accelerator == "tpu" and os.environ.get("PJRT_DEVICE", "TPU") != "CPU"
-    )
-    return "voxceleb" if real_accelerator else "small"
+    if topology.accelerator == "cuda":
+        return "voxceleb"
+    if topology.accelerator == "tpu":
+        return "tiny" if os.environ.get("PJRT_DEVICE", "TPU").upper() == "CPU" else "voxceleb"
+    return "small"
 
 
 def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: Topology) -> TrainResult:
@@ -137,9 +155,9 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         torch.set_num_threads(config.num_threads)
     log = print if strategy.is_main else (lambda *_: None)
 
-    dataset = load_training_set(config.data_dir, config.on_bad_audio)
+    dataset = load_training_set(config.data_dir, config.on_bad_row)
     if dataset.skipped:
-        log(f"skipped {len(dataset.skipped)} bad training rows (on_bad_audio='skip'): "
+        log(f"skipped {len(dataset.skipped)} bad training rows (on_bad_row='skip'): "
             + "; ".join(f"line {s['line']} {s['path']}: {s['reason']}" for s in dataset.skipped[:5]))  # fmt: skip
     labels = sorted({row.label for row in dataset.rows})
     targets = np.array([labels.index(row.label) for row in dataset.rows])
@@ -152,28 +170,34 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     model = initial_model(config, model_size, labels, log)  # fresh, or fine-tuned from config.init_from
     log(f"data: {len(dataset.rows)} files, {len(labels)} classes, {len(train_idx)} train / {len(val_idx)} "
         f"validation; model: ECAPA-TDNN '{model_size}', {count_parameters(model) / 1e6:.2f}M parameters")  # fmt: skip
+    steps_per_epoch = max(1, len(train_idx) // plan.global_batch)
+    total_steps = steps_per_epoch * config.epochs
+    # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
+    average = WeightAverage(model, config.ema_epochs * steps_per_epoch) if config.ema_epochs else None
     model = strategy.setup_model(model)
+    if average is not None:
+        average.module.to(strategy.device)
     loss_fn = aam_loss(config.aam_margin, config.aam_scale)
     trainable = [p for p in model.parameters() if p.requires_grad]  # freeze_encoder: the classifier only
     optimizer = torch.optim.Adam(trainable, lr=plan.lr, weight_decay=config.weight_decay)
-    steps_per_epoch = max(1, len(train_idx) // plan.global_batch)
-    total_steps = steps_per_epoch * config.epochs
     if config.warmup_epochs > 0:  # warmup in epochs, the user's choice; else the scaling rule's default
         plan = dataclasses.replace(plan, warmup_steps=max(1, round(config.warmup_epochs * steps_per_epoch)),
                                    warmup_source=f"{config.warmup_epochs:g} epochs")  # fmt: skip
     else:
         plan = plan_for(config, topology, total_steps)
     warmup_steps = plan.warmup_steps
-    log(f"{describe_topology(topology)}. {plan.describe()}; {strategy.precision}")
-    log(f"{steps_per_epoch} steps per epoch x {config.epochs} epochs = {total_steps} steps")
+    log(f"{steps_per_epoch} steps per epoch x {config.epochs} epochs = {total_steps} steps; "
+        f"warmup {warmup_steps} steps ({plan.warmup_source}); {strategy.describe()}")  # fmt: skip
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup_steps, total_steps)
     )
 
     state = ckpt.TrainingState()
     checkpoint_dir = Path(config.checkpoint_dir or f"{config.artifact_dir}.checkpoints")
-    fingerprint = run_fingerprint(config, labels, topology)
-    resumed = ckpt.try_resume(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state, log)
+    fingerprint = run_fingerprint(config, dataset, topology)
+    resumed = ckpt.try_resume(
+        checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state, log, average
+    )
 
     budget_s = None if config.time_budget_minutes is None else config.time_budget_minutes * 60
     last_checkpoint = time.perf_counter()
@@ -182,6 +206,10 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         total_steps, "train", "step", strategy.is_main and config.progress, state.global_step, False
     )
     rows_per_batch = plan.per_device_batch * strategy.devices_per_process  # SPMD feeds the global batch
+
+    def save_checkpoint() -> None:
+        ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state, average)
+
     for epoch in range(state.epoch, config.epochs):
         model.train()
         order = epoch_order(my_rows, steps_per_epoch * plan.grad_accum * rows_per_batch, config.seed, epoch)
@@ -192,7 +220,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         losses = []
         for step in range(state.step_in_epoch, steps_per_epoch):
             micro_batches = [next(batches) for _ in range(plan.grad_accum)]
-            loss = train_step(model, strategy, loss_fn, optimizer, micro_batches)
+            loss = train_step(model, strategy, loss_fn, optimizer, micro_batches, average)
             scheduler.step()
             losses.append(loss)  # stays on the device: reading it every step would stall XLA
             state.global_step += 1
@@ -204,7 +232,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
             now = time.perf_counter()
             if strategy.broadcast_flag(now - last_checkpoint > config.checkpoint_every_minutes * 60):
                 state.epoch = epoch
-                ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state)
+                save_checkpoint()
                 last_checkpoint = now
             out_of_time = budget_s is not None and (now - started) > budget_s - reserve_seconds(state)
             if strategy.broadcast_flag(out_of_time):
@@ -213,20 +241,21 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
                 )
                 # Keep the exact position: a rerun (next Save Version, same command) continues from here.
                 state.epoch = epoch
-                ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state)
+                save_checkpoint()
                 break
         state.step_in_epoch = 0
         strategy.sync_buffers(model)  # every rank validates (and may keep) the same weights
-        record = evaluate(model, strategy, dataset.clips, targets, val_idx, config)
+        if average is not None:
+            strategy.sync_buffers(average.module)  # its BatchNorm statistics averaged each rank's own
+        kept = average.module if average is not None else strategy.unwrap(model)
+        record = evaluate(kept, strategy, dataset.clips, targets, val_idx, config)
         # Read each loss back on its own: stacking them would be one more XLA graph to compile.
         train_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
         record.update(epoch=epoch + 1, train_loss=train_loss,
                       lr=scheduler.get_last_lr()[0], seconds=round(time.perf_counter() - started, 1))  # fmt: skip
         state.history.append(record)
         if state.is_better(record):
-            state.best_state = {
-                k: v.detach().to("cpu").clone() for k, v in strategy.unwrap(model).state_dict().items()
-            }
+            state.best_state = {k: v.detach().to("cpu").clone() for k, v in kept.state_dict().items()}
             state.best_epoch = epoch + 1
             state.best_metric = (record.get("val_accuracy", 0.0), -record.get("val_loss", 0.0))
         log(format_epoch(record, config.epochs))
@@ -236,17 +265,20 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         if epoch + 1 < config.epochs and strategy.broadcast_flag(
             time.perf_counter() - last_checkpoint > config.checkpoint_every_minutes * 60
         ):
-            ckpt.save(checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state)
+            save_checkpoint()
             last_checkpoint = time.perf_counter()
     if bar is not None:
         bar.close()
     if stopped_early:
         log(f"stopping early: {stopped_early}; saving the best epoch so far")
 
-    final = strategy.unwrap(model)
-    if state.best_state is not None:
-        final.load_state_dict(state.best_state)
-    compile_count = strategy.compile_count()
+    # The final model is built on the host from CPU tensors: loading them back into the device model
+    # would compile one more XLA graph per tensor shape just to read them out again.
+    if state.best_state is None:  # no epoch finished (budget hit in epoch 1): the current weights
+        kept = average.module if average is not None else strategy.unwrap(model)
+        state.best_state = {k: v.detach().to("cpu") for k, v in kept.state_dict().items()}
+    final = host_model(strategy.unwrap(model), state.best_state)
+    compile_count = strategy.compile_count()  # every device computation of the run is behind us
     result = TrainResult(
         artifact_dir=Path(config.artifact_dir),
         history=state.history,
@@ -265,16 +297,15 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         weights_sha256=weights_digest(final),
     )
     if strategy.is_main:
-        cpu_model = copy.deepcopy(final).to("cpu").eval()
         provenance = build_provenance(config, topology, plan, strategy, result, model_size)
         with tempfile.TemporaryDirectory() as figures_dir:
-            val_pred = evaluate(cpu_model, SingleDevice(torch.device("cpu")), dataset.clips, targets, val_idx,
+            val_pred = evaluate(final, SingleDevice(torch.device("cpu")), dataset.clips, targets, val_idx,
                                 config, return_predictions=True)  # fmt: skip
             figures = save_training_figures(
                 state.history, targets[val_idx], val_pred, labels, Path(figures_dir)
             )
             result.artifact_dir = save_artifact(
-                config.artifact_dir, cpu_model, labels, provenance, extra_files=figures,
+                config.artifact_dir, final, labels, provenance, extra_files=figures,
                 fallback_label=labels[int(np.bincount(targets).argmax())],
             )  # fmt: skip
         if stopped_early:
@@ -287,7 +318,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
 
 
 def train_step(
-    model, strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]]
+    model, strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]], average=None
 ) -> torch.Tensor:
     """One optimizer step over `grad_accum` micro-batches already on the device; returns the loss (on device)."""
     total = None
@@ -300,6 +331,8 @@ def train_step(
             strategy.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
     strategy.optimizer_step(optimizer, model, GRAD_CLIP)
+    if average is not None:
+        average.update(strategy.unwrap(model))  # in the same XLA graph as the step: no extra compile
     strategy.mark_step()
     return total
 
@@ -310,20 +343,19 @@ def host_batches(clips, targets, order, batch_rows, first_batch, config, epoch, 
     for batch_index in range(first_batch, len(order) // batch_rows):
         start = batch_index * batch_rows
         rows = order[start : start + batch_rows]
-        wavs, lens, labels = make_batch(
-            clips, targets, rows, config.window_samples, config.seed, epoch, start, strategy.rank
-        )
+        wavs, lens, labels = make_batch(clips, targets, rows, config.window_samples, config.seed, epoch, start,
+                                        strategy.rank, config.min_short_fraction)  # fmt: skip
         inputs = strategy.host_features(wavs, lens) if strategy.features_on_host else wavs
         yield {"inputs": inputs, "lens": lens, "labels": labels}
 
 
 def make_batch(
-    clips, targets, rows, window, seed, epoch, offset, rank=0
+    clips, targets, rows, window, seed, epoch, offset, rank=0, min_short_fraction=1.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Random crops for `rows`; the RNG is derived from (seed, epoch, rank, position) so a resumed run sees
     the same crops as an uninterrupted one, and ranks crop independently."""
     rng = np.random.default_rng([seed, epoch, rank, offset])
-    crops, lens = zip(*(random_crop(clips[i], window, rng) for i in rows), strict=True)
+    crops, lens = zip(*(random_crop(clips[i], window, rng, min_short_fraction) for i in rows), strict=True)
     return (torch.from_numpy(np.stack(crops)), torch.tensor(lens, dtype=torch.float32),
             torch.from_numpy(targets[list(rows)]).long())  # fmt: skip
 
@@ -338,8 +370,8 @@ def epoch_order(rows: list[int], needed: int, seed: int, epoch: int) -> list[int
 
 
 def evaluate(model, strategy, clips, targets, val_idx, config, return_predictions=False):
-    """Validation exactly as at inference (windowed, length-weighted), on the held-out files.
-    Returns the metrics, or the predicted class per validation file with `return_predictions`."""
+    """Validation exactly as at inference (windowed, length-weighted), on the held-out files, of `model`
+    (the unwrapped module). Returns the metrics, or the predicted class per file with `return_predictions`."""
     if not val_idx:
         return np.zeros(0, dtype=np.int64) if return_predictions else {}
     eval_model, device = strategy.eval_model(model)
@@ -356,18 +388,10 @@ def evaluate(model, strategy, clips, targets, val_idx, config, return_prediction
     return {"val_accuracy": accuracy, "val_loss": loss}
 
 
-def weights_digest(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().to("cpu").contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
 def lr_factor(step: int, warmup_steps: int, total_steps: int) -> float:
     """Linear warmup (large scaled learning rates need it, Goyal et al. 2017), then cosine decay to 2%."""
     if step < warmup_steps:
-        return (step + 1) / warmup_steps
+        return warmup_lr_factor(step, warmup_steps)
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -377,65 +401,6 @@ def reserve_seconds(state: ckpt.TrainingState) -> float:
     epoch_times = [r["seconds"] for r in state.history]
     longest_epoch = max(np.diff([0.0, *epoch_times]), default=60.0)
     return max(30.0, 0.25 * float(longest_epoch))
-
-
-def run_fingerprint(config: TrainConfig, labels: list[str], topology: Topology) -> str:
-    """What a checkpoint must match to be resumed: the parameters that shape the run, not paths or budgets."""
-    keep = {k: v for k, v in to_dict(config).items()
-            if k not in {"artifact_dir", "checkpoint_dir", "time_budget_minutes", "progress",
-                         "checkpoint_every_minutes", "num_threads"}}  # fmt: skip
-    payload = json.dumps({"config": keep, "labels": labels, "devices": topology.num_devices}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-def build_provenance(config, topology, plan, strategy, result, model_size) -> dict[str, Any]:
-    return {
-        "accelerator": topology.accelerator,
-        "device_kind": topology.device_kind,
-        "devices": topology.num_devices,
-        "strategy": strategy.name,
-        "precision": strategy.precision,
-        "model_size": model_size,
-        "batch_plan": plan.to_dict(),
-        "epochs_run": len(result.history),
-        "epochs_planned": config.epochs,
-        "best_epoch": result.best_epoch,
-        "history": result.history,
-        "validation": result.history[result.best_epoch - 1] if result.best_epoch else {},
-        "xla_compile_count": result.compile_count,
-        "xla_uncached_compile_counter": strategy.uncached_compiles(),
-        "resumed_from": result.resumed_from,
-        "stopped_early": result.stopped_early,
-        "skipped_rows": result.skipped_rows,
-        "train_seconds": round(result.seconds, 1),
-        # Paths are reduced to their last component: the artifact must not point outside itself.
-        "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in to_dict(config).items()},
-        "versions": package_versions(),
-        "git_commit": git_commit(),
-        "python": platform.python_version(),
-        "presets": {model_size: MODEL_PRESETS[model_size]},
-    }
-
-
-def package_versions() -> dict[str, str | None]:
-    from importlib import metadata
-
-    versions = {}
-    for name in ("torch", "torchaudio", "speechbrain", "torch_xla", "numpy"):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def git_commit() -> str | None:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent)  # fmt: skip
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
 
 
 def format_epoch(record: dict[str, float], epochs: int) -> str:

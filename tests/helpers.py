@@ -5,7 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+
+import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,3 +29,39 @@ def run_papermill(notebook: str, output: Path, params: dict, env: dict | None = 
     return subprocess.run(
         argv, cwd=ROOT, env=env or venv_env(), capture_output=True, text=True, timeout=timeout
     )
+
+
+def bootstrap_source(notebook: str) -> str:
+    nb = nbformat.read(ROOT / notebook, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", [])  # the bootstrap must not displace it
+    assert code[1].source.startswith("# Kaggle bootstrap")
+    return code[1].source
+
+
+def fresh_python(tmp_path: Path, hide: tuple[str, ...]) -> Path:
+    """A new venv seeing this venv's packages (pip, torch, speechbrain...) except `pipeline` itself and the
+    distributions named in `hide`: what a Kaggle image looks like before the bootstrap runs."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    python = tmp_path / "venv" / "bin" / "python"
+    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        text=True).strip())  # fmt: skip
+    mirror = tmp_path / "image-site-packages"
+    mirror.mkdir()
+    hidden = ("kaggle_ecapa_pipeline", "__editable__", "pipeline", *hide)
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.lower().startswith(tuple(h.lower() for h in hidden)):
+            (mirror / entry.name).symlink_to(entry)
+    (site / "image.pth").write_text(f"{mirror}\n")  # a plain path entry: the mirror's .pth files are inert
+    return python
+
+
+def run_bootstrap(python: Path, kaggle_root: Path, cwd: Path) -> subprocess.CompletedProcess:
+    code = (
+        bootstrap_source("notebooks/infer.ipynb")
+        + "\nimport pipeline\nprint('pipeline from', pipeline.__file__)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
+    # Only the code dataset may serve packages: no index, no find-links or config from this machine.
+    env.update(KAGGLE_KERNEL_RUN_TYPE="Batch", KAGGLE_ROOT=str(kaggle_root), PIP_CONFIG_FILE=os.devnull)
+    return subprocess.run([python, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)

@@ -1,10 +1,12 @@
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from pipeline.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
+from pipeline.inference import classify_clips
 from pipeline.model import ModelConfig, SpeakerClassifier
 
 
@@ -90,19 +92,64 @@ def test_moved_artifact_still_loads(artifact_copy, tmp_path):
 
 
 def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_copy, tmp_path, monkeypatch):
+    """SpeechBrain's own EncoderClassifier, given whole files of any length as a padded batch, returns the
+    project's scores and labels: short files (one padded window), long ones (several windows) and both."""
     from speechbrain.inference.speaker import EncoderClassifier
     from speechbrain.utils.fetching import LocalStrategy
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    ours = load_artifact(artifact_copy)
+    moved = tmp_path / "mounted" / "elsewhere"
+    shutil.move(str(artifact_copy), moved)  # Kaggle mounts the artifact wherever it likes
+    ours = load_artifact(moved)
     sb = EncoderClassifier.from_hparams(
-        source=str(artifact_copy), savedir=str(tmp_path / "sb"), local_strategy=LocalStrategy.COPY
+        source=str(moved), savedir=str(tmp_path / "sb"), local_strategy=LocalStrategy.COPY
     )
-    torch.manual_seed(1)
-    wavs = torch.randn(3, ours.window_samples) * 0.1
-    lens = torch.tensor([1.0, 0.7, 0.4])
+    window = ours.window_samples
+    rng = np.random.default_rng(1)
+    lengths = [int(0.3 * window), window, int(1.7 * window), int(3.2 * window)]
+    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
+    expected = classify_clips(ours.model, clips, window, device=torch.device("cpu"))
+    batch = torch.zeros(len(clips), max(lengths))
+    for row, clip in enumerate(clips):
+        batch[row, : clip.size] = torch.from_numpy(clip)
+    wav_lens = torch.tensor([n / max(lengths) for n in lengths])
     with torch.no_grad():
-        sb_scores, _, sb_index, sb_labels = sb.classify_batch(wavs, lens)
-        our_scores = ours.model(wavs, lens)
-    torch.testing.assert_close(sb_scores, our_scores, atol=1e-5, rtol=1e-4)
-    assert sb_labels == [ours.labels[i] for i in our_scores.argmax(1).tolist()]
+        sb_scores, _, sb_index, sb_labels = sb.classify_batch(batch, wav_lens)
+        one_by_one = [sb.classify_batch(torch.from_numpy(clip)[None])[3][0] for clip in clips]
+    np.testing.assert_allclose(sb_scores.numpy(), expected.scores, atol=2e-5)
+    our_labels = [ours.labels[i] for i in expected.scores.argmax(1)]
+    assert sb_labels == our_labels == one_by_one
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda m: m.update(labels=list(reversed(m["labels"]))),  # would silently rename every class
+        lambda m: m["model_config"].update(score_scale=1.0),
+        lambda m: m.update(fallback_label=m["labels"][-1]),
+    ],
+    ids=["labels", "model_config", "fallback_label"],
+)
+def test_an_edited_manifest_is_refused(artifact_copy, edit):
+    path = artifact_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"manifest.json: '\w+' differs from the value sealed"):
+        load_artifact(artifact_copy)
+
+
+def test_a_file_dropped_from_the_manifest_is_refused(artifact_copy):
+    path = artifact_copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["files"]["classifier.ckpt"]
+    path.write_text(json.dumps(manifest))
+    (artifact_copy / "classifier.ckpt").write_bytes(b"junk")  # no longer hashed: must still be refused
+    with pytest.raises(ArtifactError, match=r"manifest.json: does not list classifier.ckpt"):
+        load_artifact(artifact_copy)
+
+
+def test_the_artifact_is_readable_by_others(tmp_path):
+    path = save_artifact(tmp_path / "a", small_model(), ["x", "y", "z"], {})
+    assert path.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in path.iterdir()} == {0o644}

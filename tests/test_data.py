@@ -37,24 +37,40 @@ def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
 def test_missing_columns_are_named(tmp_path):
     (tmp_path / "train.csv").write_text("file,speaker\na.wav,x\n")
     with pytest.raises(DataError, match=r"train.csv: missing column\(s\) \['path', 'label'\]"):
-        read_train_table(tmp_path)
+        read_train_table(tmp_path)[0]
 
 
 def test_missing_csv_is_named(tmp_path):
     with pytest.raises(DataError, match="test.csv: file not found"):
-        read_test_table(tmp_path)
+        read_test_table(tmp_path)[0]
 
 
-def test_empty_label_names_the_line(tmp_path):
-    (tmp_path / "train.csv").write_text("path,label\na.wav,x\nb.wav,\n")
-    with pytest.raises(DataError, match="line 3: empty label"):
+def test_empty_label_or_path_names_the_line_or_is_skipped(tmp_path):
+    (tmp_path / "train.csv").write_text("path,label\na.wav,x\nb.wav,\n,y\n")
+    with pytest.raises(DataError, match=r"line 3: empty label \(path 'b.wav'\).*on_bad_row='skip'"):
         read_train_table(tmp_path)
+    rows, skipped = read_train_table(tmp_path, on_bad_row="skip")
+    assert [r.rel_path for r in rows] == ["a.wav"]
+    assert [(s["line"], s["reason"]) for s in skipped] == [("3", "empty label"), ("4", "empty path")]
 
 
-def test_duplicate_test_ids_are_refused(tmp_path):
-    (tmp_path / "test.csv").write_text("id,path\n1,a.wav\n1,b.wav\n")
-    with pytest.raises(DataError, match="line 3: duplicate id '1'"):
-        read_test_table(tmp_path)
+def test_a_repeated_test_id_uses_its_first_row_and_is_reported(tmp_path):
+    (tmp_path / "test.csv").write_text("id,path\n1,a.wav\n2,c.wav\n1,b.wav\n")
+    rows, notes = read_test_table(tmp_path)
+    assert [(r.id, r.rel_path) for r in rows] == [("1", "a.wav"), ("2", "c.wav")]
+    assert notes == ["test.csv line 4 repeats id '1' of line 2; the first row is used"]
+
+
+def test_csv_dialects_users_produce_are_read(tmp_path):
+    """Excel and pandas write a BOM, CRLF, quoted fields and extra columns in any order."""
+    (tmp_path / "train.csv").write_bytes(
+        b'\xef\xbb\xbf"speaker_id","label","path"\r\n"7","a, b","dir with space/x.wav"\r\n"8"," c ","y.wav"\r\n'
+    )
+    rows, _ = read_train_table(tmp_path)
+    assert [(r.line, r.rel_path, r.label) for r in rows] == [
+        (2, "dir with space/x.wav", "a, b"),
+        (3, "y.wav", "c"),
+    ]
 
 
 @pytest.mark.parametrize("rel", ["../outside.wav", "/etc/passwd", "a/../../x.wav"])
@@ -74,7 +90,7 @@ def test_symlink_out_of_the_folder_is_refused(tmp_path):
 def test_bad_training_audio_names_line_and_file(tmp_path):
     root = write_folder(tmp_path / "d", [("a.wav", "x"), ("missing.wav", "y")], {"a.wav": tone()})
     with pytest.raises(
-        DataError, match=r"train.csv line 3 \('missing.wav'\).*file not found.*on_bad_audio='skip'"
+        DataError, match=r"train.csv line 3 \('missing.wav'\).*file not found.*on_bad_row='skip'"
     ):
         load_training_set(root)
 
@@ -92,15 +108,42 @@ def test_each_kind_of_bad_row_is_an_error_or_a_reported_skip(tmp_path, kind):
         sf.write(tmp_path / "bad.wav", tone(), SAMPLE_RATE)
     with pytest.raises(DataError, match="line 3"):
         load_training_set(root)
-    result = load_training_set(root, on_bad_audio="skip")
+    result = load_training_set(root, on_bad_row="skip")
     assert [r.rel_path for r in result.rows] == ["good.wav"]
     assert len(result.skipped) == 1 and result.skipped[0]["line"] == "3"
+    assert str(tmp_path) not in result.skipped[0]["reason"]  # reports carry CSV paths, not absolute ones
+
+
+@pytest.mark.parametrize("make_path", [
+    lambda root: "bad\x00name.wav",  # a NUL byte: the OS refuses the name
+    lambda root: "x" * 300 + ".wav",  # longer than a file name may be
+    lambda root: (root / "loop.wav").symlink_to(root / "loop.wav") or "loop.wav",  # symlink loop
+])  # fmt: skip
+def test_paths_the_os_refuses_are_row_errors_not_crashes(tmp_path, make_path):
+    root = write_folder(tmp_path / "d", [("good.wav", "x")], {"good.wav": tone()})
+    with open(root / "train.csv", "a") as handle:
+        handle.write(f"{make_path(root)},y\n")
+    with pytest.raises(DataError, match=r"train.csv line 3 .*on_bad_row='skip'"):
+        load_training_set(root)
+    result = load_training_set(root, on_bad_row="skip")
+    assert [r.rel_path for r in result.rows] == ["good.wav"] and result.skipped[0]["line"] == "3"
+
+
+@pytest.mark.parametrize("fmt,subtype", [("FLAC", "PCM_16"), ("OGG", "VORBIS"), ("MP3", "MPEG_LAYER_III"),
+                                         ("WAV", "PCM_24"), ("WAV", "FLOAT"), ("AIFF", "PCM_16")])  # fmt: skip
+def test_common_audio_formats_decode_to_16k_mono(tmp_path, fmt, subtype):
+    path = tmp_path / f"clip.{fmt.lower()}"
+    stereo = np.stack([tone(1.0, rate=44100), tone(1.0, freq=330, rate=44100)], axis=1)
+    sf.write(path, stereo, 44100, format=fmt, subtype=subtype)
+    samples, repairs = load_audio(path)
+    assert samples.ndim == 1 and abs(samples.size - SAMPLE_RATE) < 0.06 * SAMPLE_RATE  # codecs pad a little
+    assert np.abs(samples).max() > 0.1 and any("mixed down" in r for r in repairs)
 
 
 def test_all_rows_bad_is_an_error_even_when_skipping(tmp_path):
     root = write_folder(tmp_path / "d", [("nope.wav", "x")], {})
     with pytest.raises(DataError, match="no usable training audio"):
-        load_training_set(root, on_bad_audio="skip")
+        load_training_set(root, on_bad_row="skip")
 
 
 def test_load_audio_repairs_stereo_rate_and_nan(tmp_path):
@@ -144,6 +187,20 @@ def test_random_crop_pads_short_and_crops_long():
     assert rel == 1.0 and np.all(np.diff(crop) == 1)
 
 
+def test_short_clip_augmentation_keeps_a_contiguous_part_half_the_time():
+    rng = np.random.default_rng(0)
+    clip = np.arange(1, 61, dtype=np.float32)  # 60 samples, all non-zero
+    kept = []
+    for _ in range(400):
+        crop, rel = random_crop(clip, 100, rng, min_short_fraction=0.7)
+        valid = crop[: int(round(rel * 100))]
+        assert np.all(crop[valid.size :] == 0) and np.all(np.diff(valid) == 1)  # one contiguous piece
+        kept.append(valid.size)
+    assert min(kept) >= 42 and 0.4 < np.mean(np.array(kept) == 60) < 0.6  # >= 70 %, whole about half the time
+    longer = np.arange(1000, dtype=np.float32)
+    assert random_crop(longer, 100, rng, min_short_fraction=0.7)[1] == 1.0  # only short clips are cut
+
+
 def test_windows_cover_long_clips_and_cap_very_long_ones():
     clip = np.arange(250, dtype=np.float32)
     w, lens = windows(clip, 100, max_windows=10)
@@ -165,7 +222,7 @@ def test_stratified_split_holds_out_each_label_and_keeps_one_for_training():
 
 
 def test_synthetic_folder_satisfies_the_contract(synthetic_data, tmp_path):
-    rows = read_train_table(synthetic_data)
+    rows = read_train_table(synthetic_data)[0]
     assert len({r.label for r in rows}) == 4
     copy = tmp_path / "copy"
     shutil.copytree(synthetic_data, copy)

@@ -32,7 +32,7 @@ def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(synthetic_
     plan = plan_for(config, topology)
     results = launch(ddp_worker, nprocs=2, args=(config, topology, plan, "fp32"), timeout=240)
     assert results[0].weights_sha256 == results[1].weights_sha256
-    labels = [r.label for r in read_train_table(synthetic_data)]
+    labels = [r.label for r in read_train_table(synthetic_data)[0]]
     train_idx, _ = stratified_split(labels, config.val_fraction, config.seed)
     assert results[0].rows_trained + results[1].rows_trained == len(train_idx)
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
@@ -52,4 +52,48 @@ def test_train_notebook_with_two_cpu_processes(synthetic_data, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     assert "CPU: 2 CPU processes (gloo DDP" in run.stderr
     assert "global batch 16 = 8 per device x 2 devices" in run.stderr
-    assert (artifact / "manifest.json").is_file()
+    assert "launching 2 training processes (spawn)" in run.stderr
+    provenance = json.loads((artifact / "manifest.json").read_text())["provenance"]
+    # What actually ran, not what the topology promised: the DDP strategy, on two ranks.
+    assert provenance["strategy"] == "ddp" and provenance["devices"] == 2
+
+
+TORCHRUN_SCRIPT = """
+import json, sys
+from pipeline.config import TrainConfig
+from pipeline.train import train
+result = train(TrainConfig(**json.loads(sys.argv[1])))
+print(json.dumps({"rows": result.rows_trained, "weights": result.weights_sha256}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, tmp_path):
+    """torchrun starts the processes: their number is the topology, only rank 0 writes the artifact."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from helpers import venv_env
+
+    script = tmp_path / "train_script.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    params = {
+        **TINY_TRAIN,
+        "epochs": 1,
+        "data_dir": str(synthetic_data),
+        "artifact_dir": str(tmp_path / "model"),
+    }
+    torchrun = Path(sys.executable).parent / "torchrun"
+    run = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), json.dumps(params)],
+                         env=venv_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"rows"')]
+    assert len(reports) == 2 and reports[0]["weights"] == reports[1]["weights"]
+    labels = [r.label for r in read_train_table(synthetic_data)[0]]
+    train_idx, _ = stratified_split(labels, 0.1, 0)
+    assert sum(r["rows"] for r in reports) == len(train_idx)  # two disjoint halves, not two full copies
+    assert run.stdout.count("CPU: 2 CPU processes (gloo DDP") == 1  # rank 0 speaks for the run
+    provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
+    assert provenance["strategy"] == "ddp" and provenance["devices"] == 2

@@ -83,8 +83,8 @@ def test_folder_follows_the_contract_and_hides_labels(tmp_path, task):
     source = fake_fsdd(tmp_path / "rec")
     out = make_fsdd_competition(source, tmp_path / "data", task=task, seed=1, test_fraction=0.2)
 
-    train = read_train_table(out)
-    test = read_test_table(out)
+    train = read_train_table(out)[0]
+    test = read_test_table(out)[0]
     assert read_submission_ids(out) == [row.id for row in test]
     solution = {row["id"]: row["label"] for row in read_rows(out / "solution.csv")}
     assert list(solution) == [row.id for row in test]
@@ -146,7 +146,7 @@ def test_refuses_a_non_empty_output_unless_overwrite(tmp_path):
 
 def test_max_per_cell_keeps_a_small_balanced_folder(tmp_path):
     out = make_fsdd_competition(fake_fsdd(tmp_path / "rec"), tmp_path / "d", task="digit", max_per_cell=2)
-    assert len(read_train_table(out)) == len(read_test_table(out)) == len(SPEAKERS) * len(DIGITS)
+    assert len(read_train_table(out)[0]) == len(read_test_table(out)[0]) == len(SPEAKERS) * len(DIGITS)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -159,7 +159,7 @@ def test_cli_writes_the_folder_and_reports_bad_sources(tmp_path):
                    "--seed", "2", "--test-fraction", "0.4")  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert "wrote FSDD digit competition folder" in made.stdout
-    assert len(read_test_table(tmp_path / "d")) == 2 * len(SPEAKERS) * len(DIGITS)
+    assert len(read_test_table(tmp_path / "d")[0]) == 2 * len(SPEAKERS) * len(DIGITS)
     (source / "bad_name.wav").write_bytes(b"RIFF")
     failed = run_cli(
         "data", "fsdd", "--source", str(source), "--out", str(tmp_path / "e"), "--task", "speaker"
@@ -170,7 +170,7 @@ def test_cli_writes_the_folder_and_reports_bad_sources(tmp_path):
 
 def test_real_fsdd_split(fsdd_recordings, tmp_path):
     out = make_fsdd_competition(fsdd_recordings, tmp_path / "speaker", task="speaker", seed=0)
-    train, test = read_train_table(out), read_test_table(out)
+    train, test = read_train_table(out)[0], read_test_table(out)[0]
     n_files = len(list(fsdd_recordings.glob("*.wav")))
     assert len(train) + len(test) == n_files
     solution = read_rows(out / "solution.csv")

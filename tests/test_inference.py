@@ -11,7 +11,7 @@ from pipeline.inference import classify_clips, file_order, predict_rows
 def test_batched_windows_equal_one_file_at_a_time(tiny_artifact, synthetic_data):
     """Dense batching must not change any file's scores (the naive loop is the reference)."""
     artifact = load_artifact(tiny_artifact)
-    rows = read_test_table(synthetic_data)[:9]
+    rows = read_test_table(synthetic_data)[0][:9]
     clips = [load_audio(synthetic_data / r.rel_path)[0] for r in rows]
     window = artifact.window_samples
     batched = classify_clips(artifact.model, clips, window, batch_windows=5, device=torch.device("cpu"))
@@ -31,12 +31,18 @@ def test_long_file_score_is_the_length_weighted_mean_of_its_windows(tiny_artifac
     step = (clip.size - window) // 2
     parts = [clip[:window], clip[step : step + window], clip[-window:]]
     each = classify_clips(artifact.model, parts, window, device=torch.device("cpu"))
-    np.testing.assert_allclose(whole.scores[0], each.scores.mean(0), atol=2e-5)
+    # The file's embedding is the mean of its windows' unit embeddings; the classifier ranks classes on it
+    # exactly as the mean of the windows' cosine scores does.
+    np.testing.assert_allclose(whole.embeddings[0], each.embeddings.mean(0), atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(each.embeddings, axis=1), 1.0, atol=1e-5)
+    assert whole.scores[0].argmax() == each.scores.mean(0).argmax()
+    np.testing.assert_allclose(whole.scores[0] * np.linalg.norm(each.embeddings.mean(0)), each.scores.mean(0),
+                               atol=2e-5)  # fmt: skip
 
 
 def test_predict_rows_with_workers_matches_in_process(tiny_artifact, synthetic_data):
     artifact = load_artifact(tiny_artifact)
-    rows = read_test_table(synthetic_data)
+    rows = read_test_table(synthetic_data)[0]
     order = file_order(synthetic_data, rows)
     cpu = torch.device("cpu")
     a = predict_rows(artifact.model, synthetic_data, rows, order, cpu, 16, 64, num_workers=0)
@@ -46,7 +52,7 @@ def test_predict_rows_with_workers_matches_in_process(tiny_artifact, synthetic_d
 
 
 def test_file_order_is_longest_first(synthetic_data):
-    rows = read_test_table(synthetic_data)
+    rows = read_test_table(synthetic_data)[0]
     sizes = [(synthetic_data / rows[i].rel_path).stat().st_size for i in file_order(synthetic_data, rows)]
     assert sizes == sorted(sizes, reverse=True)
 
@@ -62,7 +68,7 @@ def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage)
         (tmp_path / "bad.wav").write_bytes(b"\x00\x01" * 500)
     elif damage == "all_nan":
         sf.write(tmp_path / "bad.wav", np.full(800, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
-    rows = read_test_table(tmp_path)
+    rows = read_test_table(tmp_path)[0]
     result = predict_rows(artifact.model, tmp_path, rows, [0, 1], torch.device("cpu"), 8, 8, num_workers=0)
     assert result.ok.tolist() == [True, False]
     assert 1 in result.problems and "bad.wav" in result.problems[1]

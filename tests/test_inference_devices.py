@@ -108,7 +108,7 @@ def test_two_cpu_processes_predict_what_one_process_predicts(tiny_artifact, salt
 
     one, one_report = infer(1, tmp_path / "one")
     two, two_report = infer(2, tmp_path / "two")
-    rows = read_test_table(salted_data)
+    rows = read_test_table(salted_data)[0]
 
     # The multi-device path ran: two workers, each with a share of the files, together all of them.
     assert one_report["files_per_device"] == {"cpu": len(rows)}

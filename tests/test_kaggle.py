@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import nbformat
 import pytest
-from helpers import ROOT
+from helpers import ROOT, bootstrap_source, fresh_python, run_bootstrap
 
 from pipeline import kaggle
 from pipeline.config import ConfigError, InferConfig, TrainConfig
@@ -91,6 +88,17 @@ def test_artifact_in_working_is_found_when_no_input_has_one(fake_kaggle):
     assert kaggle.find_artifact_dir() == working
     attached = touch(fake_kaggle / "input" / "notebooks" / "a" / "b" / "model", *ARTIFACT_FILES)
     assert kaggle.find_artifact_dir() == attached  # an attached input beats a leftover in working
+
+
+def test_interrupted_or_replaced_artifacts_in_hidden_folders_are_never_picked(fake_kaggle):
+    # An artifact save killed mid-swap leaves `.model.partial-*` (complete but unpublished) and
+    # `.model.old-*` (the replaced one); "." sorts before letters, so a plain search would pick them.
+    output = fake_kaggle / "input" / "notebooks" / "alice" / "speaker-id-ecapa-train"
+    touch(output / ".model.old-1-2", *ARTIFACT_FILES)
+    touch(output / ".model.partial-x", *ARTIFACT_FILES)
+    assert kaggle.find_artifact_dir() is None
+    model = touch(output / "model", *ARTIFACT_FILES)
+    assert kaggle.find_artifact_dir() == model
 
 
 def test_nothing_found_says_where_it_looked(fake_kaggle):
@@ -180,14 +188,6 @@ def test_infer_defaults_on_kaggle(fake_kaggle):
 # ------------------------------------------------------------------------------------ bootstrap cell
 
 
-def bootstrap_source(notebook: str) -> str:
-    nb = nbformat.read(ROOT / notebook, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert "parameters" in code[0].metadata.get("tags", [])  # the bootstrap must not displace it
-    assert code[1].source.startswith("# Kaggle bootstrap")
-    return code[1].source
-
-
 def test_both_notebooks_carry_the_same_bootstrap():
     assert bootstrap_source("notebooks/train.ipynb") == bootstrap_source("notebooks/infer.ipynb")
     assert "kaggle_ecapa_pipeline-*.whl" in bootstrap_source(
@@ -203,34 +203,6 @@ def test_the_checker_reads_the_bootstrap_and_would_catch_an_online_install(tmp_p
     nbformat.write(nb, tmp_path / "infer.ipynb")
     findings = analyse(tmp_path / "infer.ipynb", root=ROOT).findings
     assert [f.rule for f in findings] == ["pip-online"]
-
-
-def fresh_python(tmp_path: Path, hide: tuple[str, ...]) -> Path:
-    """A new venv seeing this venv's packages (pip, torch, speechbrain...) except `pipeline` itself and the
-    distributions named in `hide`: what a Kaggle image looks like before the bootstrap runs."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
-    python = tmp_path / "venv" / "bin" / "python"
-    site = Path(subprocess.check_output([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())  # fmt: skip
-    mirror = tmp_path / "image-site-packages"
-    mirror.mkdir()
-    hidden = ("kaggle_ecapa_pipeline", "__editable__", "pipeline", *hide)
-    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if not entry.name.lower().startswith(tuple(h.lower() for h in hidden)):
-            (mirror / entry.name).symlink_to(entry)
-    (site / "image.pth").write_text(f"{mirror}\n")  # a plain path entry: the mirror's .pth files are inert
-    return python
-
-
-def run_bootstrap(python: Path, kaggle_root: Path, cwd: Path) -> subprocess.CompletedProcess:
-    code = (
-        bootstrap_source("notebooks/infer.ipynb")
-        + "\nimport pipeline\nprint('pipeline from', pipeline.__file__)\n"
-    )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON"))}
-    # Only the code dataset may serve packages: no index, no find-links or config from this machine.
-    env.update(KAGGLE_KERNEL_RUN_TYPE="Batch", KAGGLE_ROOT=str(kaggle_root), PIP_CONFIG_FILE=os.devnull)
-    return subprocess.run([python, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow

@@ -52,3 +52,31 @@ def test_train_then_infer_as_two_kaggle_save_versions(tmp_path):
         ids = [row["id"] for row in csv.DictReader(handle)]
     with open(competition / "sample_submission.csv") as handle:
         assert ids == [row["id"] for row in csv.DictReader(handle)]
+
+
+@pytest.mark.slow
+def test_a_save_version_that_ran_out_of_time_is_continued_by_the_next_one(tmp_path):
+    """Version 1 stops on its time budget and keeps its checkpoint in /kaggle/working; version 2 starts with an
+    empty working directory and version 1's output attached as an input, and continues instead of restarting."""
+    root = tmp_path / "kaggle"
+    make_synthetic_competition(root / "input" / SLUG, seed=3, n_speakers=4, train_per_speaker=12,
+                               test_per_speaker=4)  # the old flat layout this time  # fmt: skip
+    (root / "working").mkdir()
+    env = venv_env(KAGGLE_ROOT=str(root), KAGGLE_KERNEL_RUN_TYPE="Batch")
+    params = {**TINY, "epochs": 3}
+
+    first = run_papermill("notebooks/train.ipynb", tmp_path / "v1.ipynb", {**params, "time_budget_minutes": 0.01},
+                          env=env)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "stopping early: time budget" in outputs(tmp_path / "v1.ipynb")
+    assert (root / "working" / "checkpoints" / "latest.pt").is_file()
+
+    shutil.move(root / "working", root / "input" / "notebooks" / OWNER / TRAIN_KERNEL)
+    (root / "working").mkdir()
+    second = run_papermill("notebooks/train.ipynb", tmp_path / "v2.ipynb", params, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    log = outputs(tmp_path / "v2.ipynb")
+    assert "checkpoint: copied" in log and "resuming from checkpoint" in log and "epoch 1, step 1" in log
+    provenance = load_artifact(root / "working" / "model").manifest["provenance"]
+    assert provenance["resumed_from"] and provenance["stopped_early"] is None
+    assert [int(r["epoch"]) for r in provenance["history"]] == [1, 2, 3]

@@ -17,18 +17,26 @@ from types import SimpleNamespace
 
 import nbformat
 import pytest
-from helpers import ROOT
+from helpers import ROOT, fresh_python, run_bootstrap
 
-from pipeline.packaging import MACHINE_SHAPES, WHEEL_PREFIX, PackagingError, Slugs, package, write_notebook
+from pipeline.packaging import (
+    MACHINE_SHAPES,
+    WHEEL_PREFIX,
+    PackagingError,
+    Slugs,
+    package,
+    write_notebook,
+)
 
 OWNER, COMPETITION = "alice", "speaker-id-2026"
 
 
 @pytest.fixture(scope="module")
 def packaged(tmp_path_factory) -> dict[str, Path]:
-    """Both train accelerators, packaged once (building the project wheel takes seconds)."""
+    """Both train accelerators, packaged once without the network (the metadata is what these tests read)."""
     base = tmp_path_factory.mktemp("package")
-    return {acc: package(base / acc, OWNER, COMPETITION, train_accelerator=acc).out for acc in MACHINE_SHAPES}
+    return {acc: package(base / acc, OWNER, COMPETITION, train_accelerator=acc, download=False,
+                         allow_incomplete=True).out for acc in MACHINE_SHAPES}  # fmt: skip
 
 
 def metadata(folder: Path, name: str = "kernel-metadata.json") -> dict:
@@ -79,12 +87,19 @@ def test_pinned_image_metadata_is_stripped(tmp_path):
     assert not clean.cells[-1].outputs
 
 
-def test_code_folder_holds_the_wheel_and_says_what_is_missing(packaged):
+def test_an_incomplete_bundle_is_written_only_on_request_and_says_what_is_missing(packaged):
     code = packaged["tpu"] / "code"
     wheels = [p.name for p in code.glob("*.whl")]
     assert len(wheels) == 1 and wheels[0].startswith(WHEEL_PREFIX)
     readme = (code / "README.md").read_text()
-    assert "## Missing" in readme and "- speechbrain\n" in readme and "--download-wheels" in readme
+    assert "## Missing" in readme and "- speechbrain\n" in readme and "--no-download" in readme
+
+
+def test_an_incomplete_bundle_is_refused_and_nothing_is_left_behind(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(PackagingError, match=r"would lack wheels for speechbrain, .*--allow-incomplete"):
+        package(out, OWNER, COMPETITION, download=False)
+    assert list(out.iterdir()) == []  # no half bundle that looks ready to push
 
 
 def test_wheels_dir_fills_the_gaps(tmp_path):
@@ -92,7 +107,9 @@ def test_wheels_dir_fills_the_gaps(tmp_path):
     extra.mkdir()
     for name in ("speechbrain-1.1.2-py3-none-any.whl", "HyperPyYAML-1.2.3-py3-none-any.whl"):
         (extra / name).write_bytes(b"")  # only the names matter to the bookkeeping
-    result = package(tmp_path / "out", OWNER, COMPETITION, wheels_dir=extra)
+    result = package(
+        tmp_path / "out", OWNER, COMPETITION, wheels_dir=extra, download=False, allow_incomplete=True
+    )
     assert "speechbrain" not in result.missing and "hyperpyyaml" not in result.missing
     assert "ruamel.yaml.clib" in result.missing
 
@@ -105,9 +122,11 @@ def test_slugs_fit_kaggle_limits_and_reject_bad_names():
 
 
 def test_cli(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "pipeline", "kaggle", "package", "--out", str(tmp_path),
-                          "--owner", OWNER, "--competition", COMPETITION, "--train-accelerator", "t4x2",
-                          "--train-internet", "off"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    argv = [sys.executable, "-m", "pipeline", "kaggle", "package", "--out", str(tmp_path), "--owner", OWNER,
+            "--competition", COMPETITION, "--train-accelerator", "t4x2", "--train-internet", "off", "--no-download"]  # fmt: skip
+    refused = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode == 2 and "error: the code dataset would lack wheels" in refused.stderr
+    run = subprocess.run([*argv, "--allow-incomplete"], cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "MISSING wheels" in run.stdout and (tmp_path / "README.md").is_file()
     train = metadata(tmp_path / "train")
@@ -181,6 +200,7 @@ def test_kaggle_client_pushes_the_train_notebook(packaged, kaggle_api, accelerat
     assert request.competition_data_sources == [COMPETITION]
     assert request.dataset_data_sources == [f"{OWNER}/{COMPETITION}-ecapa-code"]
     assert request.kernel_data_sources == [] and not request.docker_image
+    assert request.docker_image_pinning_type == "latest"  # a re-push does not keep an old image pin
     sent = json.loads(request.text)
     assert "dockerImageVersionId" not in sent["metadata"].get("kaggle", {})
     assert sent["cells"][1]["source"].startswith("# Kaggle bootstrap")
@@ -206,3 +226,35 @@ def test_kaggle_client_creates_the_code_dataset(packaged, kaggle_api):
     assert (request.owner_slug, request.slug) == (OWNER, f"{COMPETITION}-ecapa-code")
     assert request.license_name == "other" and request.is_private
     assert sorted(f.token for f in request.files) == sorted(f"token-{name}" for name in uploads)
+
+
+def _registry_reachable() -> bool:
+    run = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tempfile.mkdtemp(),
+                          "six==1.17.0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    return run.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_default_bundle_installs_offline_on_an_image_without_speechbrain(tmp_path):
+    """The real thing: `kaggle package` downloads what Kaggle's images lack, and the notebooks' bootstrap
+    installs the project from that folder alone into an interpreter that has torch but none of them."""
+    if not _registry_reachable():
+        pytest.skip("no package index reachable: the default bundle downloads its wheels")
+    result = package(tmp_path / "push", OWNER, COMPETITION)
+    assert result.missing == []
+    names = [p.name for p in result.code_dir.glob("*.whl")]
+    for python in ("cp311", "cp312"):  # Kaggle's GPU and TPU images
+        assert any(python in n and n.startswith("sentencepiece") for n in names), names
+    code = tmp_path / "kaggle" / "input" / "datasets" / OWNER / f"{COMPETITION}-ecapa-code"
+    code.parent.mkdir(parents=True)
+    result.code_dir.rename(code)
+    hidden = ("speechbrain", "hyperpyyaml", "ruamel", "_ruamel", "sentencepiece", "soundfile")
+    python = fresh_python(tmp_path, hide=hidden)
+    assert subprocess.run([python, "-c", "import speechbrain"], capture_output=True).returncode != 0
+    run = run_bootstrap(python, tmp_path / "kaggle", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    check = subprocess.run([python, "-c", "import speechbrain, soundfile, pipeline.model; print(speechbrain.__file__)"],
+                           cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert check.returncode == 0, check.stderr[-2000:]
+    assert str(tmp_path / "venv") in check.stdout  # installed from the bundle, not borrowed

@@ -149,14 +149,6 @@ def test_tpu_requested_but_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         detect(tmp_path, {"ISTPUVM": "1"}, "tpu")
 
 
-@pytest.mark.timeout(30)
-def test_pop_tpu_launch_env() -> None:
-    env = {"TPU_PROCESS_ADDRESSES": "local", "ISTPUVM": "1", "PJRT_DEVICE": "TPU"}
-    assert probe.pop_tpu_launch_env(env) == {"TPU_PROCESS_ADDRESSES": "local"}
-    assert env == {"ISTPUVM": "1", "PJRT_DEVICE": "TPU"}
-    assert probe.pop_tpu_launch_env(env) == {}
-
-
 # ----------------------------------------------------------------------------------------------- CUDA
 
 
@@ -260,10 +252,11 @@ def test_devices_override(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"devices=3 but only 2 Tesla T4"):
         detect(tmp_path, {}, devices=3, runner=t4)
     tpu = {"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8"}
-    assert detect(tmp_path, tpu, devices=4).num_devices == 4
-    with pytest.raises(ValueError, match="devices=16"):
-        detect(tmp_path, tpu, devices=16)
-    with pytest.raises(ValueError, match="CPU_NUM_DEVICES"):
+    assert detect(tmp_path, tpu, devices=8).num_devices == 8
+    for fewer_or_more in (4, 16):  # SPMD uses every device: refused here, not later inside torch_xla
+        with pytest.raises(ValueError, match=f"devices={fewer_or_more} but TPU training uses all 8"):
+            detect(tmp_path, tpu, devices=fewer_or_more)
+    with pytest.raises(ValueError, match="set CPU_NUM_DEVICES instead"):
         detect(tmp_path, {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "2"}, "tpu", devices=8)
     assert detect(tmp_path, {}, "cpu", devices=4).num_devices == 4  # 4 gloo processes
     limit = 4 * (os.cpu_count() or 1)

@@ -51,9 +51,12 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
                              start_new_session=True)  # fmt: skip
     deadline = time.monotonic() + 300
     checkpoint = None
+    positions_seen = set()  # (epoch, step in epoch) of every checkpoint observed while polling
     try:
         while time.monotonic() < deadline and first.poll() is None:
             checkpoint = read_checkpoint(latest)
+            if checkpoint:
+                positions_seen.add((checkpoint["epoch"], checkpoint["step_in_epoch"]))
             if checkpoint and checkpoint["global_step"] >= KILL_AFTER_STEP:
                 break
             time.sleep(0.05)
@@ -75,8 +78,10 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
     lost_seconds = killed_at - on_disk["saved_at"]
     print(f"killed at global step >= {on_disk['global_step']} (epoch {on_disk['epoch'] + 1}, step "
           f"{on_disk['step_in_epoch']}); checkpoint {lost_seconds:.2f} s old at the kill")  # fmt: skip
-    # Lost at most one checkpoint interval, plus the step (or the epoch-end validation) in flight.
-    assert lost_seconds < INTERVAL_MINUTES * 60 + 10
+    # Checkpoints are written inside epochs, on the clock, not only at epoch ends...
+    assert any(step > 0 for _, step in positions_seen), positions_seen
+    # ...so at most one checkpoint interval was lost, plus the step (or epoch-end validation) in flight.
+    assert lost_seconds < INTERVAL_MINUTES * 60 + 3
 
     started = time.monotonic()
     second = subprocess.run(command, cwd=ROOT, env=venv_env(), capture_output=True, text=True, timeout=600)
@@ -102,8 +107,12 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
     straight = train(
         TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "straight"), **params)
     )
-    weights = load_artifact(tmp_path / "straight").manifest["files"]["model.safetensors"]["sha256"]
-    assert loaded.manifest["files"]["model.safetensors"]["sha256"] == weights
+    # Tensors, not file bytes: safetensors writes its header metadata in a per-process hash order.
+    resumed_weights, straight_weights = (
+        loaded.model.state_dict(),
+        load_artifact(tmp_path / "straight").model.state_dict(),
+    )
+    assert all(torch.equal(resumed_weights[k], straight_weights[k]) for k in straight_weights)
     assert [r["val_loss"] for r in provenance["history"]] == [r["val_loss"] for r in straight.history]
 
 
@@ -126,3 +135,28 @@ def test_tiny_time_budget_stops_early_with_a_valid_artifact_and_a_rerun_continue
     assert again.resumed_from == "checkpoint at epoch 1, step 1 (global step 1)"
     assert read_checkpoint(latest)["global_step"] == 2  # progress accumulates across budget-limited runs
     assert load_artifact(artifact).manifest["provenance"]["resumed_from"] == again.resumed_from
+
+
+def test_a_checkpoint_follows_the_data_not_its_mount_point(synthetic_data, tmp_path):
+    """Kaggle mounts the same competition under /kaggle/input/<slug> or /kaggle/input/competitions/<slug>:
+    the next version must still resume. Other rows or other parameters must not."""
+    import shutil
+
+    from pipeline.data import load_training_set
+    from pipeline.devices.probe import detect_topology
+    from pipeline.provenance import run_fingerprint
+
+    moved = tmp_path / "competitions" / "speaker-id"
+    shutil.copytree(synthetic_data, moved)
+    topology = detect_topology("cpu")
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir="a", **TINY_TRAIN)
+    here = run_fingerprint(config, load_training_set(synthetic_data), topology)
+    there = run_fingerprint(TrainConfig(data_dir=str(moved), artifact_dir="b", **TINY_TRAIN),
+                            load_training_set(moved), topology)  # fmt: skip
+    assert here == there
+    assert run_fingerprint(TrainConfig(data_dir=str(moved), artifact_dir="b", **{**TINY_TRAIN, "epochs": 9}),
+                           load_training_set(moved), topology) != here  # fmt: skip
+    with open(moved / "train.csv") as handle:
+        lines = handle.readlines()
+    (moved / "train.csv").write_text("".join(lines[:-1]))  # one row fewer: another run
+    assert run_fingerprint(config, load_training_set(moved), topology) != here

@@ -85,3 +85,32 @@ def test_invalid_artifact_fails_the_run(artifact_copy, synthetic_data, tmp_path)
     with pytest.raises(ArtifactError, match="classifier.ckpt"):
         run_inference(config)
     assert not (tmp_path / "s.csv").exists()
+
+
+def test_score_refuses_duplicate_ids(tmp_path):
+    (tmp_path / "sol.csv").write_text("id,label\n1,a\n2,b\n")
+    (tmp_path / "sub.csv").write_text("id,label\n1,a\n2,b\n1,b\n")
+    with pytest.raises(DataError, match=r"sub.csv line 4: duplicate id '1'"):
+        score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv")
+
+
+def test_awkward_ids_and_repeated_test_rows_cost_no_row(tiny_artifact, synthetic_data, tmp_path):
+    """Ids with commas and quotes survive in every output; a test.csv id given twice uses its first row."""
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    first = read_rows(data / "test.csv")[0]
+    awkward = ['a,"1"', "b'q"]
+    with open(data / "test.csv", "a", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerows([[i, first["path"]] for i in awkward])
+        writer.writerow([first["id"], "audio/does-not-exist.wav"])  # repeats an id: ignored, reported
+    ids = [r["id"] for r in read_rows(data / "sample_submission.csv")] + awkward
+    with open(data / "sample_submission.csv", "w", newline="") as handle:
+        csv.writer(handle, lineterminator="\n").writerows([["id", "label"], *[[i, "?"] for i in ids]])
+    out = tmp_path / "sub.csv"
+    result = run_inference(InferConfig(data_dir=str(data), artifact_dir=str(tiny_artifact),
+                                       submission_path=str(out), progress=False, write_probabilities=True))  # fmt: skip
+    assert [r["id"] for r in read_rows(out)] == ids and result.n_fallbacks == 0
+    assert [r["id"] for r in read_rows(tmp_path / "probabilities.csv")][-2:] == awkward
+    assert any(f"repeats id {first['id']!r}" in w for w in result.report["test_csv_warnings"])
+    assert out.stat().st_mode & 0o777 == 0o644

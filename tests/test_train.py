@@ -43,7 +43,7 @@ def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_pat
     with pytest.raises(ValueError, match=r"train.csv line \d+ \('audio/gone.wav'\)"):
         train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "a"), **TINY_TRAIN))
     assert not (tmp_path / "a").exists()
-    result = train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "a"), on_bad_audio="skip",
+    result = train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "a"), on_bad_row="skip",
                                **{**TINY_TRAIN, "epochs": 1}))  # fmt: skip
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert [s["path"] for s in manifest["provenance"]["skipped_rows"]] == ["audio/gone.wav"]
@@ -82,6 +82,8 @@ def test_precision_follows_the_hardware():
     cpu = Topology("cpu", 1, "cpu", False, "")
     assert [resolve_precision("auto", t) for t in (t4, a100, tpu, cpu)] == ["fp16", "bf16", "bf16", "fp32"]
     assert resolve_precision("fp32", tpu) == "fp32"
+    with pytest.raises(ValueError, match="precision='fp16' is not available on TPU"):
+        resolve_precision("fp16", tpu)  # would silently run fp32 on XLA otherwise
 
 
 def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):

@@ -8,6 +8,8 @@ import csv
 import json
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 from helpers import run_papermill, venv_env
@@ -70,3 +72,48 @@ def test_the_blocker_really_blocks(tmp_path):
     run = subprocess.run([sys.executable, "-c", "import torch_xla"], capture_output=True, text=True,
                          env=venv_env(PYTHONPATH=str(tmp_path)))  # fmt: skip
     assert run.returncode != 0 and "blocked" in run.stderr
+
+
+# Runs in a fresh interpreter with 8 XLA CPU devices: the production fit() on the SPMD strategy, then looks
+# inside. The compile count is compared with torch_xla's own process-wide metric taken after fit() returned,
+# so a compilation anywhere in the run (validation, saving, reading weights back) cannot go unreported.
+XLA_INSIDE = """
+import json, sys, torch
+import torch_xla, torch_xla.debug.metrics as met
+from pipeline.config import TrainConfig
+from pipeline.devices.probe import detect_topology
+from pipeline.devices.xla import XLASpmdStrategy
+from pipeline.train import fit, plan_for
+
+config = TrainConfig(**json.loads(sys.argv[1]))
+topology = detect_topology("tpu")
+strategy = XLASpmdStrategy(topology, "bf16")
+result = fit(config, strategy, plan_for(config, topology), topology)
+process_compiles = met.metric_data("CompileTime")[0]
+
+host = {"inputs": torch.randn(16, 51, config.n_mels), "lens": torch.ones(16), "labels": torch.zeros(16).long()}
+sent = next(strategy.device_batches(iter([host])))
+specs = {k: torch_xla._XLAC._get_xla_sharding_spec(v) for k, v in sent.items()}
+with strategy.autocast():
+    product = sent["inputs"] @ torch.randn(config.n_mels, 4, device=strategy.device)
+print(json.dumps({"reported": result.compile_count, "process": process_compiles, "specs": specs,
+                  "autocast_dtype": str(product.dtype), "history": len(result.history)}))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic_data, tmp_path):
+    params = {"data_dir": str(synthetic_data), "artifact_dir": str(tmp_path / "model"), "accelerator": "tpu",
+              "model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,
+              "window_seconds": 0.5, "progress": False}  # fmt: skip
+    env = venv_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="2")
+    run = subprocess.run([sys.executable, "-c", XLA_INSIDE, json.dumps(params)], env=env, capture_output=True,
+                         text=True, timeout=540)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found["history"] == 2
+    # Every compilation of the run is the one the artifact reports, and one input shape compiled at most twice.
+    assert found["reported"] == found["process"] and 1 <= found["reported"] <= 2
+    # The batch is split along its first dimension over the 8 devices of a 1-D mesh, not replicated.
+    assert all(spec.startswith("{devices=[8") for spec in found["specs"].values()), found["specs"]
+    assert found["autocast_dtype"] == "torch.bfloat16"

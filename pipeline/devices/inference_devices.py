@@ -2,8 +2,9 @@
 
 Kaggle's submission sessions are CPU or "GPU T4 x2". With several GPUs each gets a disjoint, length-balanced
 shard of the files in its own spawned process (DataParallel would leave the second T4 idle with
-`encode_batch`, see ../shared/NOTES.md) and the scores are merged back in file order. Weights are read from the
-artifact on the CPU once per process and moved to that process's device.
+`encode_batch`, see ../shared/NOTES.md) and the scores are merged back in file order. The artifact is read and
+verified once, on the CPU, in this process; the workers receive its weights (CPU tensors) with their task
+and move them to their device.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..artifact import Artifact, load_artifact
+from ..artifact import Artifact
 from ..config import InferConfig
 from ..data import TestRow
 from ..inference import Predictions, file_order, predict_rows
-from ..model import ModelConfig
+from ..model import ModelConfig, SpeakerClassifier
 from .probe import cuda_device_count
 
 
@@ -104,7 +105,8 @@ def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Pred
             gpu_inference_worker,
             nprocs=len(devices),
             args=(
-                str(artifact.path),
+                artifact.model.config.to_dict(),
+                {k: v.detach().cpu() for k, v in artifact.model.state_dict().items()},
                 str(data_dir),
                 list(rows),
                 shards,
@@ -133,16 +135,18 @@ def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Pred
 
 
 def gpu_inference_worker(
-    rank: int, world_size: int, artifact_dir, data_dir, rows, shards, devices, config, out_dir
+    rank: int, world_size: int, model_config, weights, data_dir, rows, shards, devices, config, out_dir
 ) -> int:
-    """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard."""
+    """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard with
+    the weights the parent read from the artifact."""
     device = torch.device(devices[rank])
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    artifact = load_artifact(artifact_dir)
-    batch_windows, num_workers = batching_for(config, artifact.model.config, device)
+    model = SpeakerClassifier(ModelConfig(**model_config))
+    model.load_state_dict(weights)
+    batch_windows, num_workers = batching_for(config, model.config, device)
     result = predict_rows(
-        artifact.model,
+        model.eval(),
         Path(data_dir),
         rows,
         shards[rank],

@@ -24,7 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,17 +200,6 @@ def _tpu_topology(e: Mapping[str, str], root: str) -> Topology:
         True,
         f"{', '.join(f'{k}={e[k]}' for k in signals)}; no type or device files, assuming 8 devices",
     )
-
-
-def pop_tpu_launch_env(env: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Remove env vars that break multi-process TPU launches; return what was removed.
-
-    Kaggle's TPU image sets ``TPU_PROCESS_ADDRESSES=local``. torch_xla's ``configure_topology`` only
-    ``setdefault``s TPU_PROCESS_ADDRESSES and CLOUD_TPU_TASK_ID per process (torch_xla/_internal/tpu.py),
-    so a preset value makes every spawned process claim the same address/task. Call before launching.
-    """
-    e = os.environ if env is None else env
-    return {k: e.pop(k) for k in ("TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID") if k in e}
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
@@ -483,8 +472,8 @@ def detect_topology(
 
     ``auto``: TPU if available, else CUDA if any GPU is visible, else CPU with one device.
     ``tpu`` with ``PJRT_DEVICE=CPU`` is torch_xla's CPU backend with CPU_NUM_DEVICES devices.
-    ``devices`` caps the count (must not exceed what exists on tpu/cuda); on cpu it is the number of gloo
-    processes (up to 4 x os.cpu_count()). ``env``/``runner``/``root`` are for tests.
+    ``devices`` caps the GPU count (at most what exists); on TPU it must equal the device count (SPMD uses
+    them all); on cpu it is the number of gloo processes (up to 4 x os.cpu_count()). ``env``/``runner``/``root`` are for tests.
     """
     acc = _normalise_accelerator(accelerator)
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
@@ -513,11 +502,19 @@ def detect_topology(
         if devices > limit:
             raise ValueError(f"devices={devices} CPU processes is more than 4 x os.cpu_count() = {limit}")
         return dataclasses.replace(topo, num_devices=devices, detail=f"{devices} gloo processes on CPU")
+    if acc == "tpu":
+        # SPMD shards every batch over all devices the runtime sees; it cannot leave some of them out.
+        hint = (
+            "set CPU_NUM_DEVICES instead" if topo.device_kind.startswith("XLA CPU") else "leave devices unset"
+        )
+        raise ValueError(
+            f"devices={devices} but TPU training uses all {topo.num_devices} {topo.device_kind} device(s) "
+            f"({topo.detail}) through SPMD; {hint}"
+        )
     if devices > topo.num_devices:
-        hint = " (or raise CPU_NUM_DEVICES)" if topo.device_kind.startswith("XLA CPU") else ""
         raise ValueError(
             f"devices={devices} but only {topo.num_devices} {topo.device_kind} device(s) are available "
-            f"({topo.detail}); use devices <= {topo.num_devices}{hint}, or devices=None for all"
+            f"({topo.detail}); use devices <= {topo.num_devices}, or devices=None for all"
         )
     return dataclasses.replace(
         topo, num_devices=devices, detail=f"{topo.detail}; using devices={devices} of {topo.num_devices}"

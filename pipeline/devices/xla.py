@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from ..model import Frontend, ModelConfig, SpeakerClassifier
+from ..model import Frontend, SpeakerClassifier, host_model
 from .probe import Topology
 from .strategy import SingleDevice
 
@@ -91,9 +91,8 @@ class XLASpmdStrategy(SingleDevice):
     def eval_model(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.device]:
         """Validate on a CPU copy: a validation pass on XLA would compile one more graph per batch shape."""
         source = self.unwrap(model)
-        copy = SpeakerClassifier(ModelConfig(**source.config.to_dict()))
-        copy.load_state_dict({k: v.detach().to("cpu") for k, v in source.state_dict().items()})
-        return copy, torch.device("cpu")
+        weights = {k: v.detach().to("cpu") for k, v in source.state_dict().items()}
+        return host_model(source, weights), torch.device("cpu")
 
     def compile_count(self) -> int:
         """XLA graph compilations since this strategy started (the whole run's, for provenance)."""

@@ -1,0 +1,56 @@
+"""An exponential moving average (EMA) of the weights: what training validates, keeps and saves.
+
+With the learning rates the batch scaling produces, validation accuracy swings by several points from one epoch
+to the next (FSDD digits: 0.98 -> 0.84 -> 0.90 at epochs 3-5). Averaging the weights over the last epoch or so
+removes most of that noise for the price of one parameter copy, so the epoch picked as "best" is a good model
+and not a lucky one. BatchNorm running statistics are averaged the same way; integer buffers are copied.
+
+The decay follows the run's length (`horizon_steps`, about one epoch) and ramps up over the first steps
+(`(1 + n) / (10 + n)`, as in TensorFlow's ExponentialMovingAverage), so a short run is not dominated by its
+random initialisation. On XLA the per-step weight is sent as a tensor, not baked into the graph as a constant,
+so the changing value never triggers a recompilation.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+class WeightAverage:
+    """`module` is a copy of the model, on the model's device, holding the averaged weights."""
+
+    def __init__(self, model: torch.nn.Module, horizon_steps: float) -> None:
+        self.module = copy.deepcopy(model).eval()
+        for parameter in self.module.parameters():
+            parameter.requires_grad_(False)
+        self.decay = 1.0 - 1.0 / max(1.0, float(horizon_steps))
+        self.updates = 0
+
+    def current_decay(self) -> float:
+        return min(self.decay, (1 + self.updates) / (10 + self.updates))
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        """Move the average towards `model`'s current weights (call after every optimizer step)."""
+        self.updates += 1
+        averaged = self.module.state_dict()
+        current = model.state_dict()
+        device = next(iter(averaged.values())).device
+        weight = torch.tensor(1.0 - self.current_decay(), device=device)
+        for name, target in averaged.items():
+            source = current[name].detach()
+            if target.is_floating_point():
+                target.lerp_(source.to(target.dtype), weight)
+            else:
+                target.copy_(source)
+
+    def state_dict(self) -> dict[str, object]:
+        """For checkpoints: the averaged weights (on CPU) and the update count."""
+        weights = {k: v.detach().to("cpu") for k, v in self.module.state_dict().items()}
+        return {"weights": weights, "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.module.load_state_dict(state["weights"])  # type: ignore[arg-type]
+        self.updates = int(state["updates"])  # type: ignore[arg-type]
