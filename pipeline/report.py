@@ -66,6 +66,7 @@ def save_training_figures(
     val_pred: np.ndarray,
     labels: list[str],
     out_dir: Path,
+    best_epoch: int | None = None,
 ) -> dict[str, Path]:
     """Write figures into `out_dir`; returns {artifact file name: path} for save_artifact's extra_files.
 
@@ -81,7 +82,7 @@ def save_training_figures(
         print("figures skipped: matplotlib is not installed (pip install matplotlib)")
         return figures
     jobs = [
-        (CURVES_FILE, lambda path: plot_training_curves(history, path)),
+        (CURVES_FILE, lambda path: plot_training_curves(history, path, best_epoch)),
         (
             CONFUSION_FILE,
             lambda path: plot_confusion(confusion_counts(val_truth, val_pred, len(labels)), labels, path),
@@ -107,8 +108,9 @@ def _new_figure(width: float, height: float):
     return figure
 
 
-def plot_training_curves(history: list[dict[str, float]], path: Path) -> Path:
-    """Loss (train and validation), validation accuracy and learning rate against epoch, side by side."""
+def plot_training_curves(history: list[dict[str, float]], path: Path, best_epoch: int | None = None) -> Path:
+    """Loss (train and validation), validation accuracy and learning rate against epoch, side by side; the
+    epoch whose weights were kept (`best_epoch`, else the first best accuracy) is marked."""
     figure = _new_figure(12, 3.4)
     ax_loss, ax_acc, ax_lr = figure.subplots(1, 3)
     epochs = [int(r["epoch"]) for r in history]
@@ -124,9 +126,9 @@ def plot_training_curves(history: list[dict[str, float]], path: Path) -> Path:
     if any("val_accuracy" in r for r in history):
         accuracy = series("val_accuracy")
         ax_acc.plot(epochs, accuracy, marker="o", color="tab:green")
-        best = int(np.nanargmax(accuracy))
-        ax_acc.annotate(f"best {accuracy[best]:.4f}", (epochs[best], accuracy[best]), textcoords="offset points",
-                        xytext=(0, -14), ha="center", fontsize=8)  # fmt: skip
+        best = epochs.index(best_epoch) if best_epoch in epochs else int(np.nanargmax(accuracy))
+        ax_acc.annotate(f"kept: epoch {epochs[best]}, {accuracy[best]:.4f}", (epochs[best], accuracy[best]),
+                        textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)  # fmt: skip
         # Zoom to the data: the interesting part of a good run is 0.98 vs 0.995, not 0 vs 1.
         low = float(np.nanmin(accuracy))
         ax_acc.set_ylim(max(0.0, low - 0.1 * (1.0 - low) - 0.005), 1.0 + 0.05 * (1.0 - low) + 0.002)

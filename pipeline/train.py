@@ -302,7 +302,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
             val_pred = evaluate(final, SingleDevice(torch.device("cpu")), dataset.clips, targets, val_idx,
                                 config, return_predictions=True)  # fmt: skip
             figures = save_training_figures(
-                state.history, targets[val_idx], val_pred, labels, Path(figures_dir)
+                state.history, targets[val_idx], val_pred, labels, Path(figures_dir), state.best_epoch
             )
             result.artifact_dir = save_artifact(
                 config.artifact_dir, final, labels, provenance, extra_files=figures,
