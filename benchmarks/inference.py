@@ -93,7 +93,9 @@ def run(
         "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(),
         "naive": _rates(naive, n_files, executed_flops, useful_flops, peaks),
-        "plain_sorted_batches": _rates(plain, n_files, per_sample * plain["padded_samples"], useful_flops, peaks),
+        "plain_sorted_batches": _rates(
+            plain, n_files, per_sample * plain["padded_samples"], useful_flops, peaks
+        ),
         "ours": {
             name: _rates(r, n_files, executed_flops, useful_flops, peaks) | {"settings": r["settings"]}
             for name, r in ours_runs.items()
@@ -237,7 +239,9 @@ def plain_sorted_batches(artifact: Path, data: Path, batch: int = 32) -> dict[st
     order = np.argsort([-clip.size for clip in clips])
     padded = 0
     with torch.inference_mode():
-        model.scores(model.embed(model.features(torch.zeros(2, WINDOW), torch.ones(2)), torch.ones(2)))  # warm
+        model.scores(
+            model.embed(model.features(torch.zeros(2, WINDOW), torch.ones(2)), torch.ones(2))
+        )  # warm
         started = time.perf_counter()
         for start in range(0, len(order), batch):
             members = [clips[i] for i in order[start : start + batch]]
