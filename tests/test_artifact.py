@@ -120,6 +120,19 @@ def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_cop
     our_labels = [ours.labels[i] for i in expected.scores.argmax(1)]
     assert sb_labels == our_labels == one_by_one
 
+    # classify_file: SpeechBrain's own decoding and resampling of an 8 kHz file, against the project's.
+    import soundfile as sf
+
+    from pipeline.data import load_audio
+
+    sf.write(tmp_path / "clip.wav", clips[2][::2], 8000)
+    from_file = classify_clips(
+        ours.model, [load_audio(tmp_path / "clip.wav")[0]], window, device=torch.device("cpu")
+    )
+    sb_file_scores, _, _, sb_file_label = sb.classify_file(str(tmp_path / "clip.wav"))
+    np.testing.assert_allclose(sb_file_scores.numpy()[0], from_file.scores[0], atol=1e-4)
+    assert sb_file_label == [ours.labels[int(from_file.scores[0].argmax())]]
+
 
 @pytest.mark.parametrize(
     "edit",
