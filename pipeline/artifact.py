@@ -31,7 +31,8 @@ from safetensors.torch import load_file, save_file
 
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 
-FORMAT_VERSION = 1
+# 2: labels/config sealed in model.safetensors; hyperparams.yaml runs the windowed encoder (1: neither).
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
 # Files every artifact has; the manifest must list (and so hash) each of them.

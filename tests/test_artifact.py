@@ -62,6 +62,10 @@ def test_unknown_format_version_and_missing_manifest(artifact_copy):
     (artifact_copy / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ArtifactError, match="format_version 99 is not supported"):
         load_artifact(artifact_copy)
+    manifest["format_version"] = 1  # an artifact of an older version of this project
+    (artifact_copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="format_version 1 is not supported .*retrain"):
+        load_artifact(artifact_copy)
     (artifact_copy / "manifest.json").unlink()
     with pytest.raises(ArtifactError, match=r"manifest.json: not found"):
         load_artifact(artifact_copy)
