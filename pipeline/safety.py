@@ -6,10 +6,10 @@ looks (without importing or executing anything) for:
 * ``xla-import``: any import of ``torch_xla``, in the notebook or in any module of the
   project's own package(s) that the notebook imports, followed transitively;
 * ``pip-online``: package installs that need an index (``pip install`` without ``--no-index``,
-  ``conda``/``apt-get install``);
-* ``download``: network downloads (urllib, requests, httpx, torch.hub, huggingface_hub,
-  ``from_pretrained``/``from_hparams`` with a hub id, ``datasets.load_dataset``, wget/curl,
-  ``git clone``, ``kaggle ... download``);
+  also through ``pip.main``/``pip._internal``; ``conda``/``apt-get install``);
+* ``download``: network access (urllib, requests, httpx, torch.hub, huggingface_hub,
+  ``from_pretrained``/``from_hparams``/SpeechBrain ``fetch`` with a hub id, ``datasets.load_dataset``,
+  raw sockets that connect, wget/curl, ``git clone``, ``kaggle ... download``);
 * ``syntax-error`` / ``unresolved``: a file that cannot be parsed, or a project module that is
   imported but cannot be found -- in both cases safety cannot be established.
 
@@ -479,6 +479,8 @@ _DOWNLOAD_NAMES = {
     "cached_download",
     "load_state_dict_from_url",
     "download_url_to_file",
+    "download_file",  # speechbrain.utils.data_utils
+    "download_asset",  # torchaudio.utils
 }
 _DOWNLOAD_QUALNAMES = {
     "torch.hub.load",
@@ -494,7 +496,14 @@ _DOWNLOAD_QUALNAMES = {
     "aiohttp.ClientSession",
     "urllib3.PoolManager",
     "urllib3.request",
+    "socket.create_connection",
+    "socket.socket().connect",
+    "socket.socket().connect_ex",
+    "ftplib.FTP",
+    "ftplib.FTP_TLS",
 }
+# pip's Python entry points: `pip.main(["install", ...])` is a pip install like any other.
+_PIP_API = {"pip.main", "pip._internal.main", "pip._internal.main.main", "pip._internal.cli.main.main"}
 _REQUESTS_FUNCS = set("get post put patch delete head options request Session session".split())
 _KAGGLE_API = re.compile(
     r"^((dataset|competition|competitions_data|model|model_instance|model_instance_version)s?_download\w*"
@@ -510,10 +519,14 @@ _DATASETS_LOCAL_BUILDERS = {"csv", "json", "parquet", "text", "arrow", "audiofol
 class _Scanner:
     """Collects imports and rule violations from one parsed target or module."""
 
-    def __init__(self, aliases: dict[str, str], local_dirs: Sequence[Path]) -> None:
+    def __init__(
+        self, aliases: dict[str, str], local_dirs: Sequence[Path], sockets: frozenset[str] = frozenset()
+    ) -> None:
         self.aliases = aliases
         self.local_dirs = local_dirs
         self.scan = _Scan()
+        # Names bound to socket.socket(...) anywhere in the target (cells share names), for `s.connect`.
+        self.sockets: set[str] = set(sockets)
 
     def dotted(self, node: ast.AST) -> str | None:
         if isinstance(node, ast.Name):
@@ -527,6 +540,7 @@ class _Scanner:
         return None
 
     def run(self, tree: ast.AST, shells: Sequence[_Shell] = ()) -> _Scan:
+        self.sockets |= _socket_names(tree, self)
         for shell in shells:
             self.shell(shell.line, shell.command)
         for node in _walk(tree):
@@ -582,6 +596,10 @@ class _Scanner:
             tokens = _command_tokens(command, self) if command is not None else None
             if tokens is not None:
                 self.shell(line, tokens)
+        elif qual in _PIP_API and args:
+            tokens = _command_tokens(args[0], self)
+            if isinstance(tokens, list):
+                self.shell(line, ["pip", *tokens])
         elif last in ("run_line_magic", "run_cell_magic") and len(args) >= 2:
             name, rest = _const_str(args[0]), _const_str(args[-1])
             if name is not None and rest is not None:
@@ -609,6 +627,18 @@ class _Scanner:
                 self.download(line, what)
         elif (qual.startswith("requests.") and last in _REQUESTS_FUNCS) or qual.startswith("httpx."):
             self.download(line, what)
+        elif (
+            last in ("connect", "connect_ex")
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in self.sockets
+        ):
+            self.download(line, what)
+        elif qual.startswith("speechbrain.") and last == "fetch":
+            # speechbrain.utils.fetching.fetch(filename, source, ...): a hub id or URL downloads.
+            value = _const_str(_keyword(node, "source") or (args[1] if len(args) > 1 else None))
+            if value is not None and self.looks_remote(value, bare=False):
+                self.download(line, f"{what} with source {value!r}")
         elif qual.startswith("datasets.") and last == "load_dataset":
             value = _const_str(args[0]) if args else None
             if value is None or (
@@ -661,6 +691,25 @@ def _const_str(node: ast.AST | None) -> str | None:
 
 def _const_true(node: ast.AST | None) -> bool:
     return isinstance(node, ast.Constant) and node.value is True
+
+
+def _socket_names(tree: ast.AST, scanner: _Scanner) -> set[str]:
+    """Names bound to a new socket (``s = socket.socket(...)``, ``with socket.socket() as s``)."""
+    names = set()
+    for node in _walk(tree):
+        pairs: list[tuple[ast.expr, ast.expr | None]] = []
+        if isinstance(node, ast.Assign):
+            pairs = [(node.value, target) for target in node.targets]
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            pairs = [(item.context_expr, item.optional_vars) for item in node.items]
+        for value, target in pairs:
+            if (
+                isinstance(target, ast.Name)
+                and isinstance(value, ast.Call)
+                and scanner.dotted(value.func) in ("socket.socket", "socket.create_connection")
+            ):
+                names.add(target.id)
+    return names
 
 
 def _command_tokens(node: ast.AST, scanner: _Scanner) -> str | list[str] | None:
@@ -865,6 +914,7 @@ def analyse(
             continue
         parsed.append((unit, tree, shells))
     aliases = _aliases([tree for _, tree, _ in parsed])
+    sockets = frozenset().union(*(_socket_names(tree, _Scanner(aliases, ())) for _, tree, _ in parsed))
 
     # Breadth-first over the import graph, so each module's recorded chain is a shortest one.
     # A chain lists import sites: ("nb:cell 2 line 1", "pipeline.infer line 3", ...).
@@ -902,7 +952,7 @@ def analyse(
                 # else: a namespace package directory, nothing to read
 
     for unit, tree, shells in parsed:
-        scan = _Scanner(aliases, local_dirs).run(tree, shells)
+        scan = _Scanner(aliases, local_dirs, sockets).run(tree, shells)
 
         def locate(line: int, unit: _Unit = unit) -> tuple[str, int, int | None]:
             return shown, line + unit.line_offset, unit.cell

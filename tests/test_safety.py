@@ -272,6 +272,9 @@ def test_missing_project_module_is_reported(project: Path) -> None:
         "from subprocess import run\nrun('bash -c \"pip install x\"', shell=True)",
         "get_ipython().run_line_magic('pip', 'install speechbrain')",
         "!conda install -y ffmpeg",
+        "import pip\npip.main(['install', 'speechbrain'])",
+        "from pip._internal import main\nmain(['install', '-q', 'speechbrain'])",
+        "from pip._internal.cli.main import main as pip_main\npip_main(['install', 'x'])",
     ],
 )
 def test_pip_online(project: Path, source: str) -> None:
@@ -290,6 +293,8 @@ def test_pip_online(project: Path, source: str) -> None:
         "import subprocess\nsubprocess.run(['pip', 'install', '--no-index', '--find-links', '/w', 'x'])",
         "!pip list",
         "!pip uninstall -y torch_xla",
+        "import pip\npip.main(['install', '--no-index', '--find-links', '/kaggle/input/w', 'x'])",
+        "from pip._internal import main\nmain(['list'])",
         "print('pip install speechbrain')",
         "x = 10\ny = (x\n  % 3)",
     ],
@@ -329,6 +334,14 @@ def test_pip_line_number_inside_cell(project: Path) -> None:
         "!kaggle datasets download -d owner/data",
         "!kaggle competitions download -c some-comp",
         "import subprocess\nsubprocess.run('wget -q https://x', shell=True)",
+        "import socket\nsocket.create_connection(('example.com', 443))",
+        "import socket\ns = socket.socket()\ns.connect(('example.com', 80))",
+        "import socket\nwith socket.socket(socket.AF_INET) as conn:\n    conn.connect_ex(('1.2.3.4', 80))",
+        "from speechbrain.utils.fetching import fetch\nfetch('hyperparams.yaml', 'speechbrain/spkrec-ecapa-voxceleb')",
+        "import speechbrain.utils.fetching as f\nf.fetch('x.ckpt', source='https://example.com/m', savedir='m')",
+        "from speechbrain.utils.data_utils import download_file\ndownload_file('https://x/y.zip', 'y.zip')",
+        "import torchaudio\ntorchaudio.utils.download_asset('tutorial-assets/x.wav')",
+        "import ftplib\nftplib.FTP('ftp.example.com')",
     ],
 )
 def test_download(project: Path, source: str) -> None:
@@ -351,11 +364,25 @@ def test_download(project: Path, source: str) -> None:
         "import requests",
         "!ls /kaggle/input/wget-models",
         "from pipeline.infer import predict\npredict(download=False)",
+        "from speechbrain.utils.fetching import fetch\nfetch('hyperparams.yaml', '/kaggle/input/ecapa')",
+        "import socket\nsocket.gethostname()",
+        "import socket\nserver = socket.socket()\nserver.bind(('', 0))",
+        "conn = make()\nconn.connect('db.sqlite')",  # not a socket
     ],
 )
 def test_not_a_download(project: Path, source: str) -> None:
     (project / "models" / "ecapa").mkdir(parents=True)
     assert check_cell(project, source) == []
+
+
+def test_socket_made_in_one_cell_connected_in_another(project: Path) -> None:
+    nb = write_nb(
+        project / "notebooks" / "infer.ipynb",
+        "import socket\nsock = socket.socket()",
+        "sock.connect(('h', 1))",
+    )
+    findings = check_notebook(nb)
+    assert [(f.rule, f.cell, f.line) for f in findings] == [("download", 2, 1)]
 
 
 def test_download_in_followed_module(tmp_path: Path) -> None:
