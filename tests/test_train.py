@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -88,8 +89,12 @@ def test_precision_follows_the_hardware():
 
 def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):
     """The T4 recipe (fp16 autocast + GradScaler), exercised on the CPU."""
-    result = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "a"), precision="fp16",
-                               **{**TINY_TRAIN, "epochs": 4}))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "a"), precision="fp16",
+                                   **{**TINY_TRAIN, "epochs": 4}))  # fmt: skip
+    # Skipped optimizer steps must not put torch's call-order warning into every T4 log.
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
     assert all(np.isfinite(r["train_loss"]) for r in result.history)
     # The scaler skips the first steps while it finds its scale (65536 overflows), then learning proceeds.
     assert min(r["val_loss"] for r in result.history[1:]) < result.history[0]["val_loss"]
