@@ -215,7 +215,8 @@ def _speechbrain_yaml(config: ModelConfig) -> str:
 
     Every learned part is SpeechBrain's own class (Fbank, ECAPA_TDNN, Classifier, CategoricalEncoder); the
     one class of this project, `WindowedEncoder`, applies the windowing the model was trained with, so
-    `EncoderClassifier.classify_batch` on whole files gives the project's predictions (see model.py)."""
+    `EncoderClassifier.classify_batch` on whole files gives the project's predictions (see model.py);
+    `label_encoder` makes SpeechBrain check the label count against the classifier's."""
     return f"""# Written by pipeline.artifact. Load offline (the `pipeline` package must be importable) with
 #   EncoderClassifier.from_hparams(source=<this directory>, savedir=<writable dir>)
 n_mels: {config.n_mels}
@@ -244,7 +245,7 @@ modules:
     embedding_model: !ref <embedding_model>
     classifier: !ref <classifier>
 
-label_encoder: !new:speechbrain.dataio.encoder.CategoricalEncoder
+label_encoder: !apply:pipeline.model.label_encoder [{config.n_classes}]
 
 pretrainer: !new:speechbrain.utils.parameter_transfer.Pretrainer
     loadables:

@@ -137,6 +137,18 @@ class PassThrough(torch.nn.Module):
         return x
 
 
+def label_encoder(n_classes: int) -> Any:
+    """SpeechBrain's CategoricalEncoder for an artifact's yaml, told how many classes the classifier has.
+
+    SpeechBrain then checks the loaded label_encoder.ckpt against that count (a mismatch raises when
+    decoding) instead of warning "expect_len was never called" on every load."""
+    from speechbrain.dataio.encoder import CategoricalEncoder
+
+    encoder = CategoricalEncoder()
+    encoder.expect_len(n_classes)
+    return encoder
+
+
 def file_embeddings(
     window_embeddings: torch.Tensor, weights: torch.Tensor, owner: torch.Tensor, n_files: int
 ) -> torch.Tensor:

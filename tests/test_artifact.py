@@ -138,6 +138,33 @@ def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_cop
     assert sb_file_label == [ours.labels[int(from_file.scores[0].argmax())]]
 
 
+def test_speechbrain_checks_the_label_count_against_the_classifier(artifact_copy, tmp_path, monkeypatch):
+    """The yaml tells SpeechBrain's label encoder the classifier's class count: no "expect_len was never
+    called" warning on load, and a label_encoder.ckpt that disagrees fails when SpeechBrain decodes (SpeechBrain
+    does not read manifest.json, so this is its only guard)."""
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import LocalStrategy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    n_classes = len(load_artifact(artifact_copy).labels)
+
+    def load(name: str) -> EncoderClassifier:
+        return EncoderClassifier.from_hparams(
+            source=str(artifact_copy), savedir=str(tmp_path / name), local_strategy=LocalStrategy.COPY
+        )
+
+    assert load("ok").hparams.label_encoder.expected_len == n_classes
+    encoder_file = artifact_copy / "label_encoder.ckpt"
+    encoder_file.write_text(
+        encoder_file.read_text().replace("================", f"'extra' => {n_classes}\n" + "=" * 16, 1)
+    )
+    wavs = torch.zeros(1, 16000)
+    with pytest.raises(
+        RuntimeError, match=rf"expect_len\({n_classes}\) was called, but {n_classes + 1} categories"
+    ):
+        load("edited").classify_batch(wavs)
+
+
 @pytest.mark.parametrize(
     "edit",
     [
