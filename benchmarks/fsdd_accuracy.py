@@ -1,7 +1,7 @@
 """Time-to-accuracy on real speech: FSDD speaker and digit tasks through the real pipeline, default settings.
 
     python -m benchmarks.fsdd_accuracy [--task speaker|digit|both] [--quick] [--source DIR] [--seed S]
-                                       [--holdout-index N]
+                                       [--holdout-index N] [--set NAME=VALUE ...]
 
 Builds a competition folder with the FSDD adapter, trains with `TrainConfig(data_dir, artifact_dir)` and
 predicts with `InferConfig(data_dir, artifact_dir, submission_path)` (no tuning parameters: what a user who
@@ -9,7 +9,8 @@ changes nothing gets), then scores the submission against solution.csv.
 
 `--holdout-index N` imitates a check on recordings the development copy does not contain: the competition
 folder is built from the recordings with index < N only, and the model is also scored on every recording with
-index >= N (whole takes it never saw, `heldout_accuracy`). The machine is usually shared, so
+index >= N (whole takes it never saw, `heldout_accuracy`). `--set base_lr=1e-3` (repeatable) trains with a
+train-notebook parameter changed, for experiments against the defaults; the result records it. The machine is usually shared, so
 the result also records how much CPU other processes took during the run (`others_cpu_share`: 0 = the
 machine was ours, 0.5 = half the cores went elsewhere); times are only comparable at similar contention.
 """
@@ -17,6 +18,7 @@ machine was ours, 0.5 = half the cores went elsewhere); times are only comparabl
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import resource
@@ -83,12 +85,13 @@ def run(
     seed: int = 0,
     work_dir: str | os.PathLike | None = None,
     holdout_index: int | None = None,
+    train_overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train + infer with default configs on an FSDD `task` folder; returns accuracy and times.
 
     `quick` is a smoke run (few files per cell, 2 epochs): it checks the path works, not the accuracy.
     """
-    from pipeline.config import InferConfig, TrainConfig
+    from pipeline.config import InferConfig, TrainConfig, from_params
     from pipeline.fsdd import make_fsdd_competition
     from pipeline.submission import run_inference, score_submission
     from pipeline.train import train
@@ -104,9 +107,12 @@ def run(
         submission = Path(tmp) / "submission.csv"
         # Defaults only: the point is what a user who sets nothing gets. Quick mode is the one exception.
         overrides: dict[str, Any] = {"epochs": 2} if quick else {}
+        overrides.update(train_overrides or {})
+        # Validated as notebook parameters are: a mistyped name fails with a suggestion.
+        config = from_params(TrainConfig, {"data_dir": str(data), "artifact_dir": str(artifact), **overrides})
         with CpuMeter() as meter:
             t0 = time.perf_counter()
-            trained = train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), **overrides))
+            trained = train(config)
             t1 = time.perf_counter()
             inferred = run_inference(
                 InferConfig(data_dir=str(data), artifact_dir=str(artifact), submission_path=str(submission))
@@ -132,6 +138,7 @@ def run(
         "task": task,
         "quick": quick,
         "seed": seed,
+        "train_overrides": train_overrides or {},
         "train_files": n_train,
         "test_files": n_test,
         "accuracy": round(accuracy, 4),
@@ -188,11 +195,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--holdout-index", type=int, default=None,
                         help="train on recordings with a lower index only; also score the others")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="overrides",
+                        help="change a train parameter (Python literal, else a string), e.g. base_lr=1e-3")  # fmt: skip
     args = parser.parse_args(argv)
+    overrides = {}
+    for item in args.overrides:
+        name, sep, text = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: expected NAME=VALUE, e.g. --set base_lr=1e-3")
+        try:
+            overrides[name.strip()] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            overrides[name.strip()] = text
     tasks = ["speaker", "digit"] if args.task == "both" else [args.task]
     for task in tasks:
         outcome = run(
-            task, source=args.source, quick=args.quick, seed=args.seed, holdout_index=args.holdout_index
+            task,
+            source=args.source,
+            quick=args.quick,
+            seed=args.seed,
+            holdout_index=args.holdout_index,
+            train_overrides=overrides,
         )
         print(json.dumps(outcome), flush=True)
     return 0
