@@ -1,0 +1,105 @@
+"""Shell commands (magics, subprocess/os.system strings): online installs and downloads."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from .findings import RULE_DOWNLOAD, RULE_PIP
+
+_PIP = re.compile(r"^pip(\d+(\.\d+)*)?$")
+_PYTHON = re.compile(r"^(python(\d+(\.\d+)*)?|\{.*\})$")  # "{...}" is e.g. {sys.executable}
+_WRAPPERS = {"sudo", "env", "time", "nohup", "exec", "command", "xargs", "nice"}
+_SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", ";;"}
+_DOWNLOADERS = {"wget", "curl", "aria2c", "gdown", "axel"}
+
+
+def _split_segments(command: str) -> list[list[str]]:
+    """Tokenise a shell command and split it at ``;``, ``&&``, ``|`` ... into simple commands."""
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        tokens = list(lexer)
+    except ValueError:  # unbalanced quotes: fall back to a rough split
+        tokens = [t.strip("'\"") for t in re.split(r"\s+|(&&|\|\||;|\|)", command) if t]
+    segments: list[list[str]] = [[]]
+    for token in tokens:
+        if token in _SEPARATORS:
+            segments.append([])
+        else:
+            segments[-1].append(token)
+    return [s for s in segments if s]
+
+
+def analyse_shell(command: str | list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Return ``([(rule, message)], [("-m", module) | ("-c", code)])`` for one shell command.
+
+    The second list holds the Python that the command runs, which the caller analyses too.
+    """
+    segments = [command] if isinstance(command, list) else _split_segments(command)
+    problems: list[tuple[str, str]] = []
+    runs: list[tuple[str, str]] = []
+    for tokens in segments:
+        _analyse_segment(tokens, problems, runs)
+    return problems, runs
+
+
+def _analyse_segment(tokens: list[str], problems: list[tuple[str, str]], runs: list[tuple[str, str]]) -> None:
+    toks = list(tokens)
+    while toks and (toks[0] in _WRAPPERS or re.match(r"^\w+=", toks[0]) or toks[0].startswith("-")):
+        toks.pop(0)
+    if not toks:
+        return
+    cmd = toks[0].rsplit("/", 1)[-1]
+    text = " ".join(tokens)
+    if cmd in ("bash", "sh", "zsh") and "-c" in toks[:-1]:
+        sub_problems, sub_runs = analyse_shell(toks[toks.index("-c") + 1])
+        problems.extend(sub_problems)
+        runs.extend(sub_runs)
+        return
+
+    pip_at = next(
+        (
+            i
+            for i, t in enumerate(toks)
+            if _PIP.match(t.rsplit("/", 1)[-1]) and (i == 0 or toks[i - 1] in ("-m", "uv"))
+        ),
+        None,
+    )
+    if pip_at is not None:
+        rest = toks[pip_at + 1 :]
+        sub = next((t for t in rest if not t.startswith("-")), "")
+        if sub in ("install", "download", "wheel") and "--no-index" not in rest:
+            problems.append(
+                (
+                    RULE_PIP,
+                    f"`{text}` needs the internet (off in the submission); "
+                    "use `pip install --no-index --find-links /kaggle/input/<wheels> ...`",
+                )
+            )
+        return
+    if _PYTHON.match(cmd) and "-m" in toks[:-1]:
+        runs.append(("-m", toks[toks.index("-m") + 1]))
+        return
+    if _PYTHON.match(cmd) and "-c" in toks[:-1]:
+        runs.append(("-c", toks[toks.index("-c") + 1]))
+        return
+    sub = next((t for t in toks[1:] if not t.startswith("-")), "")
+    if cmd in ("conda", "mamba", "micromamba") and sub in ("install", "create", "update", "upgrade"):
+        if "--offline" not in toks:
+            problems.append((RULE_PIP, f"`{text}` needs the internet (off in the submission)"))
+    elif cmd in ("apt", "apt-get") and sub == "install":
+        problems.append((RULE_PIP, f"`{text}` needs the internet (off in the submission)"))
+    elif cmd in _DOWNLOADERS:
+        problems.append((RULE_DOWNLOAD, f"`{text}` downloads from the network (off in the submission)"))
+    elif cmd == "git" and (
+        sub in ("clone", "pull", "fetch")
+        or (sub in ("lfs", "submodule") and {"pull", "fetch", "update"} & set(toks))
+    ):
+        problems.append((RULE_DOWNLOAD, f"`{text}` downloads from the network (off in the submission)"))
+    elif cmd == "kaggle" and ("download" in toks or toks[1:3] == ["kernels", "output"]):
+        problems.append(
+            (RULE_DOWNLOAD, f"`{text}` downloads via the Kaggle API; attach the data as a notebook input")
+        )
+    elif cmd in ("huggingface-cli", "hf") and "download" in toks:
+        problems.append((RULE_DOWNLOAD, f"`{text}` downloads from the Hugging Face Hub"))

@@ -1,0 +1,204 @@
+"""The Python a target consists of: notebook cells, jupytext script cells, and IPython magics turned into
+plain Python plus the shell commands they run."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .findings import SafetyError
+
+
+@dataclass
+class Unit:
+    source: str
+    cell: int | None  # 1-based position among all notebook cells; None for .py files
+    line_offset: int  # added to cell-relative line numbers (percent scripts report file lines)
+    commented_magics: bool  # jupytext percent scripts write magics as "# !pip ..."
+    shell: bool = False  # a jupytext `# %% language="bash"` cell: every line is a commented command
+
+
+@dataclass
+class ShellCommand:
+    line: int  # 1-based line within the unit
+    command: str
+
+
+_PERCENT_MARKER = re.compile(r"^\s*#\s?%%(?:\s|$)")
+_PERCENT_NON_CODE = re.compile(r"\[(markdown|md|raw)\]")
+_PERCENT_LANGUAGE = re.compile(r"""language=["']?(\w+)""")
+
+
+def notebook_units(path: Path) -> list[Unit]:
+    try:
+        nb = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SafetyError(f"{path}: not a valid .ipynb (JSON) file: {exc}") from exc
+    if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
+        raise SafetyError(f"{path}: not an nbformat 4 notebook (no 'cells' list)")
+    units = []
+    for index, cell in enumerate(nb["cells"], start=1):
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        if isinstance(src, list):
+            src = "".join(src)
+        units.append(Unit(src, index, 0, False))
+    return units
+
+
+def script_units(text: str) -> list[Unit]:
+    lines = text.splitlines(keepends=True)
+    markers = [i for i, line in enumerate(lines) if _PERCENT_MARKER.match(line)]
+    if not markers:
+        # jupytext "light" scripts also comment out magics; plain modules must not get that treatment.
+        light = re.search(r"^#\s+format_name: light\s*$", text, re.MULTILINE) is not None
+        return [Unit(text, None, 0, light)]
+    units = []
+    if markers[0] > 0:  # jupytext treats text before the first marker (its header) as a cell
+        units.append(Unit("".join(lines[: markers[0]]), None, 0, True))
+    for k, start in enumerate(markers):
+        end = markers[k + 1] if k + 1 < len(markers) else len(lines)
+        if _PERCENT_NON_CODE.search(lines[start]):
+            continue
+        language = _PERCENT_LANGUAGE.search(lines[start])
+        shell = bool(language) and language.group(1) in ("bash", "sh", "shell", "zsh")
+        if language and not shell and language.group(1) != "python":
+            continue  # %%html, %%javascript ... cells: not executed as code
+        # Keep the marker line (it is a comment) so ast line numbers map back with a fixed offset.
+        units.append(Unit("".join(lines[start:end]), None, start, True, shell))
+    return units
+
+
+_SHELL_CELL_MAGICS = {"bash", "sh", "script", "system", "sx"}
+_INERT_CELL_MAGICS = {
+    "writefile", "file", "html", "HTML", "javascript", "js", "markdown", "latex", "svg", "md",
+    "sql", "perl", "ruby", "error", "warn",
+}  # fmt: skip
+_PY_LINE_MAGICS = {"time", "timeit", "prun", "debug", "memit"}
+_MAGIC_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:[A-Za-z_][\w, \t]*=[ \t]*)?(?P<bang>!!?|%)(?P<body>.*)$")
+_COMMENTED_MAGIC = re.compile(
+    r"^(?P<indent>[ \t]*)#[ \t]?(?:[A-Za-z_][\w, \t]*=[ \t]*)?(?P<bang>!!?|%)(?P<body>\S.*)$"
+)
+_TIMEIT_OPTS = re.compile(r"^(?:-\w+(?:[ \t]+\d+)?[ \t]+)*")
+
+
+def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[ShellCommand]]:
+    """Replace magic lines by ``pass`` (keeping line numbers) and collect their shell commands.
+
+    ``raw`` handles real magics (``!pip``); ``commented`` handles jupytext's ``# !pip`` form.
+    """
+    lines = source.split("\n")
+    shells: list[ShellCommand] = []
+    first = next(
+        (i for i, line in enumerate(lines) if line.strip() and not _PERCENT_MARKER.match(line)), None
+    )
+    if first is not None:
+        head = lines[first].strip()
+        if commented and head.startswith("#"):
+            head = head[1:].lstrip()
+        if head.startswith("%%"):
+            match = re.match(r"^%%(\w+)(.*)$", head)
+            if match:
+                name, args = match.group(1), match.group(2).split()
+                body = lines[first + 1 :]
+                if commented:
+                    body = [re.sub(r"^[ \t]*#[ \t]?", "", line) for line in body]
+                lines[first] = ""
+                if name in _SHELL_CELL_MAGICS and not (
+                    name == "script" and args and Path(args[0]).name.startswith("python")
+                ):
+                    shells += _shell_lines(body, first + 2)
+                    return "\n" * (len(lines) - 1), shells
+                if name in _INERT_CELL_MAGICS:
+                    return "\n" * (len(lines) - 1), shells
+                # Python-bodied (and unknown) cell magics: analyse the body as Python.
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        match = (_MAGIC_LINE.match(line) if raw else None) or (
+            _COMMENTED_MAGIC.match(line) if commented else None
+        )
+        if not match:
+            i += 1
+            continue
+        indent, bang, body = match.group("indent"), match.group("bang"), match.group("body")
+        start = i
+        # A trailing backslash continues a shell command onto the next line.
+        while body.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            nxt = lines[i]
+            if commented:
+                nxt = re.sub(r"^[ \t]*#[ \t]?", "", nxt)
+            body = body[:-1] + " " + nxt.strip()
+            lines[i] = ""
+        replacement = indent + "pass"
+        if bang.startswith("!"):
+            shells.append(ShellCommand(start + 1, body))
+        else:
+            name, _, rest = body.partition(" ")
+            if name.startswith("%"):  # a stray cell magic not on the first line
+                name = ""
+            if name in ("pip", "conda", "mamba", "micromamba", "uv"):
+                shells.append(ShellCommand(start + 1, f"{name} {rest}"))
+            elif name in ("system", "sx", "sc"):
+                shells.append(ShellCommand(start + 1, rest))
+            elif name == "run" and rest.strip().startswith("-m"):
+                shells.append(ShellCommand(start + 1, f"python {rest}"))
+            elif name in _PY_LINE_MAGICS and rest.strip():
+                # `%time import torch_xla` still executes the statement.
+                replacement = indent + _TIMEIT_OPTS.sub("", rest.strip())
+        lines[start] = replacement
+        i += 1
+    return "\n".join(lines), shells
+
+
+def _shell_lines(body: list[str], first_line: int) -> list[ShellCommand]:
+    shells = []
+    pending, start = "", first_line
+    for offset, line in enumerate(body):
+        if not pending:
+            start = first_line + offset
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        command = pending + line
+        pending = ""
+        if command.strip() and not command.strip().startswith("#"):
+            shells.append(ShellCommand(start, command))
+    if pending.strip():
+        shells.append(ShellCommand(start, pending))
+    return shells
+
+
+def parse_unit(unit: Unit, filename: str) -> tuple[ast.Module, list[ShellCommand]]:
+    """Parse a cell/script, converting magics first; raises SyntaxError if nothing works."""
+    shells: list[ShellCommand] = []
+    source = unit.source
+    if unit.shell:
+        body = [re.sub(r"^[ \t]*#[ \t]?", "", line) for line in source.split("\n")[1:]]
+        return ast.Module(body=[], type_ignores=[]), _shell_lines(body, 2)
+    if unit.commented_magics:
+        source, shells = _strip_magics(source, commented=True, raw=False)
+    try:
+        return ast.parse(source, filename), shells
+    except SyntaxError as first_error:
+        error = first_error
+    # Real magics make the cell invalid Python; convert them line by line (keeps line numbers).
+    converted, more = _strip_magics(source, commented=False, raw=True)
+    try:
+        return ast.parse(converted, filename), shells + more
+    except SyntaxError:
+        pass
+    # Last resort: IPython's own transformer (line numbers may drift for multi-line magics).
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:
+        raise error from None
+    try:
+        return ast.parse(TransformerManager().transform_cell(source), filename), shells
+    except (SyntaxError, ValueError):
+        raise error from None
