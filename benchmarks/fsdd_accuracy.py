@@ -150,6 +150,7 @@ def run(
         "best_val_accuracy": trained.best_val_accuracy,
         "val_target_reached_s": reached[0] if reached else None,
         "val_accuracy_by_epoch": [round(r.get("val_accuracy", float("nan")), 4) for r in trained.history],
+        "val_loss_by_epoch": [round(r.get("val_loss", float("nan")), 4) for r in trained.history],
         "device": trained.topology.get("device_kind"),
         "target_accuracy": TARGETS[task],
         "time_limit_s": TIME_LIMIT_S,

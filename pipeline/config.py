@@ -60,6 +60,11 @@ class TrainConfig:
     ema_epochs: float = (
         1.0  # validate and save an average of the weights over about this many epochs (0: off)
     )
+    # BatchNorm statistics of the validated/saved weights are recomputed on this many training windows (0: off).
+    # The running statistics belong to earlier weights: with them, validation fell to 0.52 at epoch 5 on FSDD
+    # speakers where the same weights with their own statistics scored 0.99. 128 windows: ~0.3 s per epoch.
+    # Not with freeze_encoder: a frozen pretrained encoder keeps its own statistics.
+    bn_calibration_windows: int = 128
     weight_decay: float = 2e-5
     grad_accum: int = 1
     val_fraction: float = 0.1
@@ -95,6 +100,10 @@ class TrainConfig:
         if not 0.0 < self.min_short_fraction <= 1.0:
             raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
                               "(1.0 turns the augmentation off)")  # fmt: skip
+        if self.bn_calibration_windows < 0:
+            raise ConfigError(
+                f"parameter bn_calibration_windows={self.bn_calibration_windows!r} must be >= 0 (0 turns it off)"
+            )
         if self.ema_epochs < 0:
             raise ConfigError(
                 f"parameter ema_epochs={self.ema_epochs!r} must be >= 0 (0 turns the average off)"

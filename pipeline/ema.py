@@ -5,6 +5,12 @@ to the next (FSDD digits: 0.98 -> 0.84 -> 0.90 at epochs 3-5). Averaging the wei
 removes most of that noise for the price of one parameter copy, so the epoch picked as "best" is a good model
 and not a lucky one. BatchNorm running statistics are averaged the same way; integer buffers are copied.
 
+Averaged statistics do not belong to the averaged weights, though, and neither do a live model's running
+statistics (a momentum average over earlier weights). `recompute_batchnorm` gives the weights that are
+validated and saved their own statistics, from a fixed set of training windows ("precise BatchNorm", as
+SWA's `update_bn` does). On FSDD speakers that turned a validation curve with dips to 0.52 into one that stays
+at 0.98-1.0 from epoch 3 on.
+
 The decay follows the run's length (`horizon_steps`, about one epoch) and ramps up over the first steps
 (`(1 + n) / (10 + n)`, as in TensorFlow's ExponentialMovingAverage), so a short run is not dominated by its
 random initialisation. On XLA the per-step weight is sent as a tensor, not baked into the graph as a constant,
@@ -54,3 +60,26 @@ class WeightAverage:
     def load_state_dict(self, state: dict[str, object]) -> None:
         self.module.load_state_dict(state["weights"])  # type: ignore[arg-type]
         self.updates = int(state["updates"])  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def recompute_batchnorm(
+    model: torch.nn.Module, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device, batch_size: int = 64
+) -> None:
+    """Replace the BatchNorm running statistics of `model` (a SpeakerClassifier) by the exact average over
+    the windows `wavs` [n, samples] with relative lengths `lens`, computed with its current weights."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms or len(wavs) == 0:
+        return
+    was_training, momenta = model.training, [m.momentum for m in norms]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a cumulative average over the batches below, not an exponential one
+    model.train()  # BatchNorm normalises with, and records, each batch's statistics
+    for start in range(0, len(wavs), batch_size):
+        batch_wavs = wavs[start : start + batch_size].to(device)
+        batch_lens = lens[start : start + batch_size].to(device)
+        model.embed(model.features(batch_wavs, batch_lens), batch_lens)
+    for norm, momentum in zip(norms, momenta, strict=True):
+        norm.momentum = momentum
+    model.train(was_training)

@@ -33,7 +33,7 @@ from .data import load_training_set, random_crop, stratified_split
 from .devices.launch import running_under_torchrun
 from .devices.probe import Topology, detect_topology
 from .devices.strategy import SingleDevice
-from .ema import WeightAverage
+from .ema import WeightAverage, recompute_batchnorm
 from .inference import classify_clips, progress_bar
 from .model import aam_loss, compute_loss, count_parameters, host_model
 from .pretrained import initial_model
@@ -167,6 +167,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         [row.label for row in dataset.rows], config.val_fraction, config.seed
     )
     my_rows = strategy.shard(train_idx)
+    calibration = calibration_windows(dataset.clips, train_idx, config)
 
     model_size = resolve_model_size(config, topology)
     model = initial_model(config, model_size, labels, log)  # fresh, or fine-tuned from config.init_from
@@ -249,8 +250,8 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         strategy.sync_buffers(model)  # every rank validates (and may keep) the same weights
         if average is not None:
             strategy.sync_buffers(average.module)  # its BatchNorm statistics averaged each rank's own
-        kept = average.module if average is not None else strategy.unwrap(model)
-        record = evaluate(kept, strategy, dataset.clips, targets, val_idx, config)
+        kept, eval_device = validation_model(model, average, strategy, calibration)
+        record = evaluate(kept, eval_device, dataset.clips, targets, val_idx, config)
         # Read each loss back on its own: stacking them would be one more XLA graph to compile.
         train_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
         record.update(epoch=epoch + 1, train_loss=train_loss,
@@ -277,7 +278,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     # The final model is built on the host from CPU tensors: loading them back into the device model
     # would compile one more XLA graph per tensor shape just to read them out again.
     if state.best_state is None:  # no epoch finished (budget hit in epoch 1): the current weights
-        kept = average.module if average is not None else strategy.unwrap(model)
+        kept, _ = validation_model(model, average, strategy, calibration)
         state.best_state = {k: v.detach().to("cpu") for k, v in kept.state_dict().items()}
     final = host_model(strategy.unwrap(model), state.best_state)
     compile_count = strategy.compile_count()  # every device computation of the run is behind us
@@ -301,7 +302,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     if strategy.is_main:
         provenance = build_provenance(config, topology, plan, strategy, result, model_size)
         with tempfile.TemporaryDirectory() as figures_dir:
-            val_pred = evaluate(final, SingleDevice(torch.device("cpu")), dataset.clips, targets, val_idx,
+            val_pred = evaluate(final, torch.device("cpu"), dataset.clips, targets, val_idx,
                                 config, return_predictions=True)  # fmt: skip
             figures = save_training_figures(
                 state.history, targets[val_idx], val_pred, labels, Path(figures_dir), state.best_epoch
@@ -385,16 +386,36 @@ def epoch_order(rows: list[int], needed: int, seed: int, epoch: int) -> list[int
     return order[:needed]
 
 
-def evaluate(model, strategy, clips, targets, val_idx, config, return_predictions=False):
-    """Validation exactly as at inference (windowed, length-weighted), on the held-out files, of `model`
-    (the unwrapped module). Returns the metrics, or the predicted class per file with `return_predictions`."""
+def calibration_windows(clips, train_idx, config) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A fixed sample of training crops for recompute_batchnorm: the same every epoch and on every rank.
+    None with freeze_encoder: the pretrained encoder's weights and statistics are kept exactly as they are."""
+    count = min(config.bn_calibration_windows, len(train_idx))
+    if count == 0 or config.freeze_encoder:
+        return None
+    rng = np.random.default_rng([config.seed, 104729])
+    rows = rng.choice(np.asarray(train_idx), size=count, replace=False)
+    crops, lens = zip(*(random_crop(clips[i], config.window_samples, rng) for i in rows), strict=True)
+    return torch.from_numpy(np.stack(crops)), torch.tensor(lens, dtype=torch.float32)
+
+
+def validation_model(model, average, strategy, calibration) -> tuple[torch.nn.Module, torch.device]:
+    """The weights an epoch validates and may keep (the average, else the model itself) as the module that
+    validation runs on (a host copy on XLA), in eval mode, with BatchNorm statistics of their own."""
+    kept = average.module if average is not None else strategy.unwrap(model)
+    module, device = strategy.eval_model(kept)
+    if calibration is not None:
+        recompute_batchnorm(module, *calibration, device)
+    return module.eval(), device
+
+
+def evaluate(model, device, clips, targets, val_idx, config, return_predictions=False):
+    """Validation exactly as at inference (windowed, length-weighted), on the held-out files, of `model` (an
+    unwrapped module on `device`). Returns the metrics, or the predicted class per file with
+    `return_predictions`."""
     if not val_idx:
         return np.zeros(0, dtype=np.int64) if return_predictions else {}
-    eval_model, device = strategy.eval_model(model)
-    eval_model.eval()
-    predictions = classify_clips(
-        eval_model, [clips[i] for i in val_idx], config.window_samples, device=device
-    )
+    model.eval()
+    predictions = classify_clips(model, [clips[i] for i in val_idx], config.window_samples, device=device)
     truth = targets[val_idx]
     scores = torch.from_numpy(predictions.scores) * config.aam_scale
     loss = torch.nn.functional.cross_entropy(scores, torch.from_numpy(truth)).item()

@@ -1,3 +1,4 @@
+import copy
 import json
 import warnings
 
@@ -7,8 +8,9 @@ import torch
 from conftest import TINY_TRAIN
 
 from pipeline.artifact import load_artifact
+from pipeline.checkpoint import TrainingState
 from pipeline.config import TrainConfig
-from pipeline.train import epoch_order, lr_factor, make_batch, resolve_precision, train
+from pipeline.train import calibration_windows, epoch_order, lr_factor, make_batch, resolve_precision, train
 
 
 def test_training_learns_and_records_provenance(tiny_artifact):
@@ -99,3 +101,45 @@ def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):
     # The scaler skips the first steps while it finds its scale (65536 overflows), then learning proceeds.
     assert min(r["val_loss"] for r in result.history[1:]) < result.history[0]["val_loss"]
     assert load_artifact(tmp_path / "a").manifest["provenance"]["precision"] == "fp16"
+
+
+def test_best_epoch_higher_accuracy_wins_and_ties_go_to_the_later_epoch():
+    state = TrainingState()
+    assert state.is_better({"val_accuracy": 0.9, "val_loss": 0.5})
+    state.best_metric = (0.9, -0.5)
+    assert not state.is_better({"val_accuracy": 0.8, "val_loss": 0.01})
+    assert state.is_better({"val_accuracy": 0.95, "val_loss": 0.9})
+    # Equal accuracy: the later epoch, even with a (noise-level) higher loss.
+    assert state.is_better({"val_accuracy": 0.9, "val_loss": 0.6})
+    assert state.is_better({"train_loss": 1.0})  # no validation split: the latest epoch
+
+
+def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data):
+    from pipeline.data import load_training_set
+
+    clips = load_training_set(str(synthetic_data), "error").clips
+    train_idx = list(range(0, len(clips), 2))
+    config = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 10})
+    wavs, lens = calibration_windows(clips, train_idx, config)
+    again, _ = calibration_windows(clips, train_idx, config)
+    assert wavs.shape == (10, config.window_samples) and lens.shape == (10,)
+    assert torch.equal(wavs, again)  # every epoch and every rank: the same windows
+    assert float(lens.min()) > 0 and float(lens.max()) <= 1
+    # Every window is a piece of a training clip (never of a validation clip), zero-padded past its length.
+    for window, rel in zip(wavs.numpy(), lens.tolist(), strict=True):
+        valid = round(rel * config.window_samples)
+        assert not window[valid:].any()
+        assert any(piece_of(window[:valid], clips[i]) for i in train_idx)
+        assert not any(piece_of(window[:valid], clips[i]) for i in range(1, len(clips), 2))
+    huge = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 10_000})
+    assert calibration_windows(clips, train_idx, huge)[0].shape[0] == len(train_idx)
+    off = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 0})
+    assert calibration_windows(clips, train_idx, off) is None
+    frozen = copy.copy(config)
+    object.__setattr__(frozen, "freeze_encoder", True)  # (a real config also needs init_from)
+    assert calibration_windows(clips, train_idx, frozen) is None  # the pretrained statistics stay
+
+
+def piece_of(piece: np.ndarray, clip: np.ndarray) -> bool:
+    starts = np.flatnonzero(clip[: clip.size - piece.size + 1] == piece[0])
+    return any(np.array_equal(clip[start : start + piece.size], piece) for start in starts)

@@ -1,0 +1,119 @@
+"""Tests for pipeline.ema: the weight average and the BatchNorm statistics of the weights that are kept."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from pipeline.ema import WeightAverage, recompute_batchnorm
+from pipeline.model import ModelConfig, SpeakerClassifier
+
+
+def tiny_classifier(seed: int = 0) -> SpeakerClassifier:
+    torch.manual_seed(seed)
+    return SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=3, n_mels=40, window_samples=8000))
+
+
+def test_the_average_follows_the_ramped_decay():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    average = WeightAverage(model, horizon_steps=4)  # decay 0.75 once the ramp (1+n)/(10+n) passes it
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    for step in range(1, 30):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter))
+        model.train()(torch.randn(5, 3))  # moves the BatchNorm running statistics and its batch counter
+        average.update(model)
+        decay = min(0.75, (1 + step) / (10 + step))  # update number `step`
+        for name, value in model.state_dict().items():
+            if value.is_floating_point():
+                expected[name] = decay * expected[name] + (1 - decay) * value
+            else:
+                expected[name] = value.clone()
+    for name, value in average.module.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    assert average.module.state_dict()["1.num_batches_tracked"] == 29  # integer buffers are copied
+
+
+def test_a_checkpointed_average_resumes_identically():
+    model = tiny_classifier()
+    average = WeightAverage(model, horizon_steps=10)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    average.update(model)
+    restored = WeightAverage(tiny_classifier(seed=1), horizon_steps=10)
+    restored.load_state_dict(average.state_dict())
+    assert restored.updates == average.updates == 1
+    for (name, a), b in zip(
+        average.module.state_dict().items(), restored.module.state_dict().values(), strict=True
+    ):
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_recompute_batchnorm_gives_the_statistics_of_these_weights_on_these_windows():
+    model = tiny_classifier()
+    wavs = 0.1 * torch.randn(12, 8000)
+    lens = torch.ones(12)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    assert norms
+    # What the first BatchNorm layer sees, recorded independently of its running statistics.
+    seen: list[torch.Tensor] = []
+    hook = norms[0].register_forward_hook(lambda module, args, out: seen.append(args[0].detach().clone()))
+    with torch.no_grad():
+        model.train()
+        model.embed(model.features(wavs, lens), lens)
+    hook.remove()
+    inputs = seen[0]  # [batch, channels, time]
+    reduce = [d for d in range(inputs.dim()) if d != 1]
+    true_mean = inputs.mean(dim=reduce)
+    true_var = inputs.var(dim=reduce, unbiased=True)
+
+    for norm in norms:  # stale statistics, as averaged or momentum-tracked ones are
+        norm.running_mean.fill_(5.0)
+        norm.running_var.fill_(9.0)
+    momenta = [norm.momentum for norm in norms]
+    model.eval()
+    recompute_batchnorm(model, wavs, lens, torch.device("cpu"), batch_size=12)
+    torch.testing.assert_close(norms[0].running_mean, true_mean, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(norms[0].running_var, true_var, rtol=1e-4, atol=1e-5)
+    assert [norm.momentum for norm in norms] == momenta  # the training-time momentum is back
+    assert not model.training  # and the mode the caller had
+
+
+def test_recomputed_statistics_are_a_cumulative_average_over_batches():
+    model = tiny_classifier()
+    wavs = 0.1 * torch.randn(8, 8000)
+    lens = torch.ones(8)
+    halves = []
+    for part in (slice(0, 4), slice(4, 8)):
+        recompute_batchnorm(model, wavs[part], lens[part], torch.device("cpu"), batch_size=4)
+        halves.append(
+            [m.running_mean.clone() for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+        )
+    recompute_batchnorm(model, wavs, lens, torch.device("cpu"), batch_size=4)
+    whole = [m.running_mean for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
+    # Equal-size batches weigh equally: not the 0.1-momentum average that would favour the last batch.
+    for first, second, both in zip(*halves, whole, strict=True):
+        torch.testing.assert_close(both, (first + second) / 2, rtol=1e-4, atol=1e-6)
+
+
+def test_recompute_batchnorm_fixes_a_mismatched_average():
+    """The failure it exists for: running statistics from other weights wreck the predictions of these weights;
+    recomputed ones give back what the weights compute with their own batch statistics."""
+    model = tiny_classifier()
+    wavs = 0.1 * torch.randn(16, 8000)
+    lens = torch.ones(16)
+    with torch.no_grad():
+        reference = copy.deepcopy(model)
+        recompute_batchnorm(reference, wavs, lens, torch.device("cpu"), batch_size=16)
+        good = reference.eval().embed(reference.features(wavs, lens), lens)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_(0, 3)
+        bad = model.eval().embed(model.features(wavs, lens), lens)
+        recompute_batchnorm(model, wavs, lens, torch.device("cpu"), batch_size=16)
+        fixed = model.eval().embed(model.features(wavs, lens), lens)
+    assert not np.allclose(bad.numpy(), good.numpy(), atol=1e-3)
+    torch.testing.assert_close(fixed, good, rtol=1e-4, atol=1e-5)
