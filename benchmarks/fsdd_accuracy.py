@@ -22,7 +22,6 @@ import ast
 import json
 import os
 import resource
-import shutil
 import sys
 import tempfile
 import time
@@ -124,11 +123,11 @@ def run(
         heldout_result = {}
         if heldout is not None:
             held_submission = Path(tmp) / "heldout_submission.csv"
-            run_inference(InferConfig(data_dir=str(heldout), artifact_dir=str(artifact),
-                                      submission_path=str(held_submission)))  # fmt: skip
+            held = run_inference(InferConfig(data_dir=str(heldout), artifact_dir=str(artifact),
+                                             submission_path=str(held_submission)))  # fmt: skip
             heldout_result = {
                 "heldout_index_from": holdout_index,
-                "heldout_files": sum(1 for _ in open(heldout / "test.csv")) - 1,
+                "heldout_files": held.n_rows,
                 "heldout_accuracy": round(score_submission(held_submission, heldout / "solution.csv"), 4),
             }
     total = t2 - t0
@@ -164,25 +163,22 @@ def run(
 def split_by_index(source: Path, tmp: Path, first_heldout: int, task: str) -> tuple[Path, Path]:
     """(recordings with index < first_heldout, a test folder of the others with its solution.csv).
     Files are hard-linked (or copied), never symlinked: the data module refuses paths leading outside."""
-    from pipeline.fsdd import scan_recordings
+    from pipeline.fsdd import link_or_copy, scan_recordings, write_csv
 
     kept, heldout = tmp / "development", tmp / "heldout"
-    (kept).mkdir()
-    (heldout / "audio").mkdir(parents=True)
+    kept.mkdir()
     rows = []
     for rec in scan_recordings(source):
-        target = kept / rec.path.name if rec.index < first_heldout else heldout / "audio" / rec.path.name
-        try:
-            os.link(rec.path, target)
-        except OSError:
-            shutil.copyfile(rec.path, target)
-        if rec.index >= first_heldout:
+        if rec.index < first_heldout:
+            link_or_copy(rec.path, kept / rec.path.name)
+        else:
+            link_or_copy(rec.path, heldout / "audio" / rec.path.name)
             rows.append((rec.path.stem, f"audio/{rec.path.name}", rec.label(task)))
     if not rows:
         raise ValueError(f"no recording in {source} has an index >= {first_heldout}")
-    (heldout / "test.csv").write_text("id,path\n" + "".join(f"{i},{p}\n" for i, p, _ in rows))
-    (heldout / "sample_submission.csv").write_text("id,label\n" + "".join(f"{i},?\n" for i, _, _ in rows))
-    (heldout / "solution.csv").write_text("id,label\n" + "".join(f"{i},{label}\n" for i, _, label in rows))
+    write_csv(heldout / "test.csv", ["id", "path"], [[i, p] for i, p, _ in rows])
+    write_csv(heldout / "sample_submission.csv", ["id", "label"], [[i, "?"] for i, _, _ in rows])
+    write_csv(heldout / "solution.csv", ["id", "label"], [[i, label] for i, _, label in rows])
     return kept, heldout
 
 

@@ -30,8 +30,7 @@ class TrainingState:
     global_step: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
     best_state: dict[str, torch.Tensor] | None = None
-    best_epoch: int = 0
-    best_metric: tuple[float, float] = (-1.0, float("-inf"))
+    best_epoch: int = 0  # 1-based epoch of best_state in history; 0: none yet
 
     def is_better(self, record: dict[str, float]) -> bool:
         """Higher validation accuracy wins; at equal accuracy the later epoch does (no validation: latest wins).
@@ -41,7 +40,8 @@ class TrainingState:
         0.983 instead of 0.990) than the later, lower-learning-rate ones."""
         if "val_accuracy" not in record:
             return True
-        return record["val_accuracy"] >= self.best_metric[0]
+        best = self.history[self.best_epoch - 1]["val_accuracy"] if self.best_epoch else -1.0
+        return record["val_accuracy"] >= best
 
 
 def save(
@@ -64,7 +64,6 @@ def save(
         "history": state.history,
         "best_state": state.best_state,
         "best_epoch": state.best_epoch,
-        "best_metric": list(state.best_metric),
     }
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     tmp = checkpoint_dir / f".{LATEST}.{os.getpid()}.tmp"
@@ -105,7 +104,6 @@ def try_resume(
     state.history = payload["history"]
     state.best_state = payload["best_state"]
     state.best_epoch = payload["best_epoch"]
-    state.best_metric = tuple(payload["best_metric"])
     age = time.time() - payload["saved_at"]
     where = f"epoch {state.epoch + 1}, step {state.step_in_epoch} (global step {state.global_step})"
     log(f"resuming from checkpoint {path}: {where}, saved {age / 60:.1f} min ago")

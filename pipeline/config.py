@@ -57,9 +57,8 @@ class TrainConfig:
     base_lr: float = 2e-3
     lr_scaling: str = "sqrt"  # linear | sqrt | none
     warmup_epochs: float = 1.0
-    ema_epochs: float = (
-        1.0  # validate and save an average of the weights over about this many epochs (0: off)
-    )
+    # Validate and save an average of the weights over about this many epochs (0: off).
+    ema_epochs: float = 1.0
     # BatchNorm statistics of the validated/saved weights are recomputed on this many training windows (0: off).
     # The running statistics belong to earlier weights: with them, validation fell to 0.52 at epoch 5 on FSDD
     # speakers where the same weights with their own statistics scored 0.99. 128 windows: ~0.3 s per epoch.
@@ -75,9 +74,8 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     num_threads: int | None = None  # torch CPU threads; None = all cores
     # Robustness
-    on_bad_row: str = (
-        "error"  # error | skip: a train.csv row with unusable audio or no label (skip reports it)
-    )
+    # error | skip: a train.csv row with unusable audio or no label (skip reports it).
+    on_bad_row: str = "error"
     time_budget_minutes: float | None = None
     checkpoint_every_minutes: float = 10.0
     checkpoint_dir: str | None = None  # default: <artifact_dir>.checkpoints
@@ -100,14 +98,8 @@ class TrainConfig:
         if not 0.0 < self.min_short_fraction <= 1.0:
             raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
                               "(1.0 turns the augmentation off)")  # fmt: skip
-        if self.bn_calibration_windows < 0:
-            raise ConfigError(
-                f"parameter bn_calibration_windows={self.bn_calibration_windows!r} must be >= 0 (0 turns it off)"
-            )
-        if self.ema_epochs < 0:
-            raise ConfigError(
-                f"parameter ema_epochs={self.ema_epochs!r} must be >= 0 (0 turns the average off)"
-            )
+        _check_non_negative("bn_calibration_windows", self.bn_calibration_windows, "0 turns it off")
+        _check_non_negative("ema_epochs", self.ema_epochs, "0 turns the average off")
         if not 0.0 <= self.val_fraction < 0.9:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
         if self.freeze_encoder and not self.init_from:
@@ -155,6 +147,11 @@ def _check_choice(name: str, value: Any, allowed: list[str]) -> None:
 def _check_positive(name: str, value: Any) -> None:
     if not value > 0:
         raise ConfigError(f"parameter {name}={value!r} must be > 0")
+
+
+def _check_non_negative(name: str, value: Any, zero_means: str) -> None:
+    if not value >= 0:
+        raise ConfigError(f"parameter {name}={value!r} must be >= 0 ({zero_means})")
 
 
 # Names IPython puts into a notebook's namespace; they are never notebook parameters.

@@ -171,7 +171,7 @@ def _build(root: Path, train: list[Recording], test: list[Recording], task: str,
     train_rows = []
     for rec in train:
         rel = f"audio/train/{rec.path.name}"
-        _place(rec.path, root / rel)
+        link_or_copy(rec.path, root / rel)
         train_rows.append([rel, rec.label(task)])
 
     # Opaque ids: seeded random tokens, not hashes of the name (a hash of "3_jackson_12.wav" can be
@@ -184,20 +184,20 @@ def _build(root: Path, train: list[Recording], test: list[Recording], task: str,
     test_rows, solution_rows = [], []
     for test_id, rec in sorted(zip(sorted(ids), shuffled, strict=True)):
         rel = f"audio/test/{test_id}.wav"
-        _place(rec.path, root / rel)
+        link_or_copy(rec.path, root / rel)
         test_rows.append([test_id, rel])
         solution_rows.append([test_id, rec.label(task)])
 
     counts = Counter(row[1] for row in train_rows)
     default_label = max(sorted(counts), key=lambda label: counts[label])
-    _write_csv(root / "train.csv", ["path", "label"], train_rows)
-    _write_csv(root / "test.csv", ["id", "path"], test_rows)
-    _write_csv(root / "sample_submission.csv", ["id", "label"], [[r[0], default_label] for r in test_rows])
-    _write_csv(root / "solution.csv", ["id", "label"], solution_rows)
+    write_csv(root / "train.csv", ["path", "label"], train_rows)
+    write_csv(root / "test.csv", ["id", "path"], test_rows)
+    write_csv(root / "sample_submission.csv", ["id", "label"], [[r[0], default_label] for r in test_rows])
+    write_csv(root / "solution.csv", ["id", "label"], solution_rows)
     (root / "ATTRIBUTION.txt").write_text(ATTRIBUTION, encoding="utf-8")
 
 
-def _place(source: Path, target: Path) -> None:
+def link_or_copy(source: Path, target: Path) -> None:
     """Hard-link (no extra disk on the same filesystem) or copy; never symlink (see the module docstring)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -206,12 +206,12 @@ def _place(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
+def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(header)
         writer.writerows(rows)
 
 
-__all__ = ["TASKS", "FSDDError", "Recording", "make_fsdd_competition", "parse_name", "scan_recordings",
-           "split_recordings"]  # fmt: skip
+__all__ = ["TASKS", "FSDDError", "Recording", "link_or_copy", "make_fsdd_competition", "parse_name",
+           "scan_recordings", "split_recordings", "write_csv"]  # fmt: skip

@@ -2,8 +2,8 @@
 
 How a file becomes a prediction: decode (DataLoader workers, overlapped with compute) -> 16 kHz mono ->
 fixed-length windows exactly like the training crops -> batches of `batch_windows` windows (every batch the
-same shape, so no padding is wasted and GPU kernels are reused) -> cosine scores -> length-weighted mean
-over the file's windows -> label. Feeding whole variable-length files instead cost a measured 40 accuracy
+same shape, so no padding is wasted and GPU kernels are reused) -> window embeddings -> their
+length-weighted mean per file -> cosine scores -> label. Feeding whole variable-length files instead cost a measured 40 accuracy
 points on FSDD digits (../shared/NOTES.md): the model only knows windows.
 
 A file that cannot be read gets the fallback label and a line in the report; the run fails only when the
@@ -40,7 +40,7 @@ class FileWindows:
 
 @dataclass
 class Predictions:
-    scores: np.ndarray  # [n_files, n_classes] mean cosine scores (NaN rows for fallbacks)
+    scores: np.ndarray  # [n_files, n_classes] cosine scores of the mean embedding (NaN rows for fallbacks)
     embeddings: np.ndarray  # [n_files, emb_dim]
     ok: np.ndarray  # [n_files] bool: a real prediction was made
     problems: dict[int, str]  # file index -> why it fell back

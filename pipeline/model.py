@@ -17,6 +17,7 @@ from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 from speechbrain.processing.features import InputNormalization
 
 from .config import MODEL_PRESETS, SAMPLE_RATE
+from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
 
 @dataclass
@@ -113,8 +114,6 @@ class WindowedEncoder(torch.nn.Module):
         self.window_samples, self.max_windows = window_samples, max_windows
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
-        from .data import windows  # numpy windowing shared with the project's inference
-
         chunks, lens, owners = [], [], []
         for index in range(wavs.shape[0]):
             valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))

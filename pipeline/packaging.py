@@ -166,10 +166,11 @@ def _write_folders(
     wheels = [build_project_wheel(code_dir).name]
     if wheels_dir is not None:
         wheels += copy_wheels(Path(wheels_dir), code_dir)
-    if download and missing_wheels(code_dir):
-        print(f"downloading wheels for {', '.join(missing_wheels(code_dir))} (Python {', '.join(python_versions)}, "
+    needed = missing_wheels(code_dir)
+    if download and needed:
+        print(f"downloading wheels for {', '.join(needed)} (Python {', '.join(python_versions)}, "
               "Linux x86_64) from the package index; --no-download skips this")  # fmt: skip
-        wheels += download_extra_wheels(code_dir, python_versions, only=missing_wheels(code_dir))
+        wheels += download_extra_wheels(code_dir, python_versions, needed)
     missing = missing_wheels(code_dir)
     _write_json(code_dir / "dataset-metadata.json", dataset_metadata(owner, slugs.code))
     (code_dir / "README.md").write_text(code_readme(code_dir, missing))
@@ -266,13 +267,11 @@ def copy_wheels(wheels_dir: Path, target_dir: Path) -> list[str]:
     return copied
 
 
-def download_extra_wheels(
-    target_dir: Path, python_versions: tuple[str, ...], only: list[str] | None = None
-) -> list[str]:
-    """`pip download --no-deps` the EXTRA_WHEELS (or those named in `only`; versions as installed here) for
-    Kaggle's Linux x86_64 images. Needs a package index: `kaggle package --no-download` skips it."""
+def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], names: list[str]) -> list[str]:
+    """`pip download --no-deps` the EXTRA_WHEELS named in `names` (versions as installed here) for Kaggle's
+    Linux x86_64 images. Needs a package index: `kaggle package --no-download` skips it."""
     before = {p.name for p in target_dir.glob("*.whl")}
-    wanted = [(n, native) for n, native in EXTRA_WHEELS if only is None or n in only]
+    wanted = [(n, native) for n, native in EXTRA_WHEELS if n in names]
     pure = [_requirement(name) for name, platform_specific in wanted if not platform_specific]
     native = [_requirement(name) for name, platform_specific in wanted if platform_specific]
     commands = [[*_pip_download(target_dir), *pure]] if pure else []

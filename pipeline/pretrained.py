@@ -108,8 +108,7 @@ def read_pretrained(init_from: str | Path) -> Pretrained:
             model_config = verify_artifact(root)["model_config"]
         except ArtifactError as error:
             raise PretrainedError(str(error)) from error
-        fields = ("n_mels", "channels", "lin_neurons", "attention_channels", "se_channels")
-        return Pretrained(root, hyperparams, root / WEIGHTS, {k: model_config[k] for k in fields})
+        return Pretrained(root, hyperparams, root / WEIGHTS, {k: model_config[k] for k in _MAPPED.values()})
     tree = read_hyperparams(hyperparams)
     model_args = ecapa_args(tree, hyperparams)
     check_front_end(tree, hyperparams, model_args["n_mels"])
@@ -254,16 +253,11 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
 
 
 def encoder_weights_file(root: Path, tree: dict[str, Any]) -> Path:
-    """Where the encoder weights are: model.safetensors of one of our artifacts, embedding_model.safetensors,
-    or SpeechBrain's embedding_model.ckpt. The Pretrainer's `paths` are never followed (they name the hub)."""
-    from .artifact import MANIFEST, WEIGHTS
-
-    for name in (
-        WEIGHTS if (root / MANIFEST).is_file() else None,
-        f"{ENCODER}.safetensors",
-        f"{ENCODER}.ckpt",
-    ):
-        if name and (root / name).is_file():
+    """Where a SpeechBrain directory's encoder weights are: embedding_model.safetensors or embedding_model.ckpt
+    (this project's artifacts are found by read_pretrained). The Pretrainer's `paths` are never followed (they
+    name the hub)."""
+    for name in (f"{ENCODER}.safetensors", f"{ENCODER}.ckpt"):
+        if (root / name).is_file():
             return root / name
     hint = ""
     paths = (
@@ -282,14 +276,7 @@ def read_encoder_state(weights: Path) -> dict[str, torch.Tensor]:
     """The encoder's state dict from `weights`, without unpickling anything but tensors."""
     from safetensors.torch import load_file
 
-    if weights.suffix == ".safetensors":
-        if (weights.parent / "manifest.json").is_file():
-            from .artifact import ArtifactError, verify_artifact
-
-            try:
-                verify_artifact(weights.parent)
-            except ArtifactError as error:
-                raise PretrainedError(str(error)) from error
+    if weights.suffix == ".safetensors":  # an artifact's weights: already verified by read_pretrained
         try:
             state = load_file(str(weights), device="cpu")
         except Exception as error:  # noqa: BLE001 - report any decoding failure against the file

@@ -55,7 +55,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
     submission_ids = read_submission_ids(data_dir)
     predictions = predict_on_devices(artifact, data_dir, rows, config)
 
-    fallback = config.fallback_label or artifact.manifest.get("fallback_label") or artifact.labels[0]
+    fallback = config.fallback_label or artifact.manifest["fallback_label"]  # sealed in every artifact
     if fallback not in artifact.labels:
         raise DataError(f"fallback_label={fallback!r} is not one of the model's labels {artifact.labels}")
     row_of_id = {row.id: i for i, row in enumerate(rows)}

@@ -9,7 +9,6 @@ speaker, so a model can only win by listening to the voice.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import secrets
@@ -20,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 from scipy import signal
+
+from .fsdd import write_csv
 
 SAMPLE_RATES = (8000, 16000, 22050, 44100)
 
@@ -325,13 +326,6 @@ def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
     sf.write(str(path), pcm, sr, subtype="PCM_16", format="WAV")
 
 
-def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
 def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int) -> None:
     speakers = _draw_speakers(np.random.default_rng([seed, 0]), n_speakers)
     width = max(2, len(str(n_speakers - 1)))
@@ -365,10 +359,10 @@ def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_
         solution_rows.append([test_id, labels[s]])
 
     default_label = sorted(labels)[0]
-    _write_csv(root / "train.csv", ["path", "label"], train_rows)
-    _write_csv(root / "test.csv", ["id", "path"], test_rows)
-    _write_csv(root / "sample_submission.csv", ["id", "label"], [[r[0], default_label] for r in test_rows])
-    _write_csv(root / "solution.csv", ["id", "label"], solution_rows)
+    write_csv(root / "train.csv", ["path", "label"], train_rows)
+    write_csv(root / "test.csv", ["id", "path"], test_rows)
+    write_csv(root / "sample_submission.csv", ["id", "label"], [[r[0], default_label] for r in test_rows])
+    write_csv(root / "solution.csv", ["id", "label"], solution_rows)
 
 
 def make_synthetic_competition(

@@ -247,9 +247,6 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
                 save_checkpoint()
                 break
         state.step_in_epoch = 0
-        strategy.sync_buffers(model)  # every rank validates (and may keep) the same weights
-        if average is not None:
-            strategy.sync_buffers(average.module)  # its BatchNorm statistics averaged each rank's own
         kept, eval_device = validation_model(model, average, strategy, calibration)
         record = evaluate(kept, eval_device, dataset.clips, targets, val_idx, config)
         # Read each loss back on its own: stacking them would be one more XLA graph to compile.
@@ -260,7 +257,6 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         if state.is_better(record):
             state.best_state = {k: v.detach().to("cpu").clone() for k, v in kept.state_dict().items()}
             state.best_epoch = epoch + 1
-            state.best_metric = (record.get("val_accuracy", 0.0), -record.get("val_loss", 0.0))
         log(format_epoch(record, config.epochs))
         state.epoch = epoch + 1
         if stopped_early:
@@ -405,6 +401,7 @@ def validation_model(model, average, strategy, calibration) -> tuple[torch.nn.Mo
     module, device = strategy.eval_model(kept)
     if calibration is not None:
         recompute_batchnorm(module, *calibration, device)
+    strategy.sync_buffers(module)  # DDP: every rank validates (and may keep) exactly rank 0's statistics
     return module.eval(), device
 
 

@@ -106,7 +106,7 @@ def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):
 def test_best_epoch_higher_accuracy_wins_and_ties_go_to_the_later_epoch():
     state = TrainingState()
     assert state.is_better({"val_accuracy": 0.9, "val_loss": 0.5})
-    state.best_metric = (0.9, -0.5)
+    state.history, state.best_epoch = [{"val_accuracy": 0.9, "val_loss": 0.5}], 1
     assert not state.is_better({"val_accuracy": 0.8, "val_loss": 0.01})
     assert state.is_better({"val_accuracy": 0.95, "val_loss": 0.9})
     # Equal accuracy: the later epoch, even with a (noise-level) higher loss.

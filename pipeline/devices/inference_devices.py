@@ -22,7 +22,7 @@ from ..artifact import Artifact
 from ..config import InferConfig
 from ..data import TestRow
 from ..inference import Predictions, file_order, predict_rows
-from ..model import ModelConfig, SpeakerClassifier
+from ..model import ModelConfig
 from .probe import cuda_device_count
 
 
@@ -105,8 +105,7 @@ def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Pred
             gpu_inference_worker,
             nprocs=len(devices),
             args=(
-                artifact.model.config.to_dict(),
-                {k: v.detach().cpu() for k, v in artifact.model.state_dict().items()},
+                artifact.model,  # verified CPU weights, read once here: workers never re-read the artifact
                 str(data_dir),
                 list(rows),
                 shards,
@@ -135,15 +134,13 @@ def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Pred
 
 
 def gpu_inference_worker(
-    rank: int, world_size: int, model_config, weights, data_dir, rows, shards, devices, config, out_dir
+    rank: int, world_size: int, model, data_dir, rows, shards, devices, config, out_dir
 ) -> int:
     """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard with
     the weights the parent read from the artifact."""
     device = torch.device(devices[rank])
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    model = SpeakerClassifier(ModelConfig(**model_config))
-    model.load_state_dict(weights)
     batch_windows, num_workers = batching_for(config, model.config, device)
     result = predict_rows(
         model.eval(),

@@ -40,7 +40,7 @@ class XLASpmdStrategy(SingleDevice):
         self.num_devices = xr.global_runtime_device_count()
         if self.num_devices != topology.num_devices:
             raise RuntimeError(f"torch_xla sees {self.num_devices} devices but the topology says "
-                               f"{topology.num_devices}; pass devices={self.num_devices} or fix the environment")  # fmt: skip
+                               f"{topology.num_devices}; check PJRT_DEVICE / TPU_* (or CPU_NUM_DEVICES for the CPU stand-in)")  # fmt: skip
         super().__init__(torch_xla.device(), precision)
         self.scaler = None  # bf16 needs no loss scaling
         self.devices_per_process = self.num_devices

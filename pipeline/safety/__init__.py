@@ -17,29 +17,6 @@ Usage: ``python -m pipeline check-safety notebooks/infer.ipynb [--root DIR] [--p
 """
 
 from .check import analyse, check_notebook, main
-from .findings import (
-    DEFAULT_PACKAGES,
-    RULE_DOWNLOAD,
-    RULE_PIP,
-    RULE_SYNTAX,
-    RULE_UNRESOLVED,
-    RULE_XLA,
-    Finding,
-    SafetyError,
-    SafetyReport,
-)
+from .findings import Finding, SafetyError, SafetyReport
 
-__all__ = [
-    "DEFAULT_PACKAGES",
-    "RULE_DOWNLOAD",
-    "RULE_PIP",
-    "RULE_SYNTAX",
-    "RULE_UNRESOLVED",
-    "RULE_XLA",
-    "Finding",
-    "SafetyError",
-    "SafetyReport",
-    "analyse",
-    "check_notebook",
-    "main",
-]
+__all__ = ["Finding", "SafetyError", "SafetyReport", "analyse", "check_notebook", "main"]
