@@ -14,6 +14,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -104,10 +105,15 @@ def write_submission(path: Path, ids: list[str], labels_by_id: dict[str, str]) -
     missing = [i for i in ids if i not in labels_by_id]
     if missing:  # a bug upstream, never a user error: refuse to write a submission Kaggle would reject
         raise RuntimeError(f"no label for {len(missing)} ids, e.g. {missing[:3]}")
+    _atomic_write_csv(path, ["id", "label"], ([sid, labels_by_id[sid]] for sid in ids))
+
+
+def _atomic_write_csv(path: Path, header: list[str], rows: Iterable[Iterable[str]]) -> None:
+    """csv.writer quoting (ids and labels may hold commas or quotes), written atomically."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["id", "label"])
-    writer.writerows([sid, labels_by_id[sid]] for sid in ids)
+    writer.writerow(header)
+    writer.writerows(rows)
     _atomic_write_text(path, buffer.getvalue())
 
 
@@ -141,11 +147,8 @@ def _write_extras(submission_path, config, artifact, rows, predictions) -> None:
         logits = torch.from_numpy(np.nan_to_num(predictions.scores, nan=0.0)) * scale
         probs = torch.softmax(logits, dim=1).numpy()
         probs[~predictions.ok] = np.nan
-        buffer = io.StringIO()
-        writer = csv.writer(buffer, lineterminator="\n")  # ids and labels may hold commas or quotes
-        writer.writerow(["id", *artifact.labels])
-        writer.writerows([sid, *(f"{p:.6f}" for p in row)] for sid, row in zip(ids, probs, strict=True))
-        _atomic_write_text(submission_path.with_name("probabilities.csv"), buffer.getvalue())
+        _atomic_write_csv(submission_path.with_name("probabilities.csv"), ["id", *artifact.labels],
+                          ([sid, *(f"{p:.6f}" for p in row)] for sid, row in zip(ids, probs, strict=True)))  # fmt: skip
     if config.write_embeddings:
         target = submission_path.with_name("embeddings.npz")
         fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".npz")
