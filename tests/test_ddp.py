@@ -58,12 +58,15 @@ def test_train_notebook_with_two_cpu_processes(synthetic_data, tmp_path):
     assert provenance["strategy"] == "ddp" and provenance["devices"] == 2
 
 
+# Each rank reports into its own file: two ranks printing to one shared stdout can interleave their lines.
 TORCHRUN_SCRIPT = """
-import json, sys
+import json, os, sys
+from pathlib import Path
 from pipeline.config import TrainConfig
 from pipeline.train import train
 result = train(TrainConfig(**json.loads(sys.argv[1])))
-print(json.dumps({"rows": result.rows_trained, "weights": result.weights_sha256}))
+report = {"rows": result.rows_trained, "weights": result.weights_sha256}
+Path(sys.argv[2], "rank" + os.environ["RANK"] + ".json").write_text(json.dumps(report))
 """
 
 
@@ -85,11 +88,13 @@ def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, t
         "data_dir": str(synthetic_data),
         "artifact_dir": str(tmp_path / "model"),
     }
+    reports_dir = tmp_path / "reports"
+    reports_dir.mkdir()
     torchrun = Path(sys.executable).parent / "torchrun"
-    run = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), json.dumps(params)],
-                         env=venv_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
+    run = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), json.dumps(params),
+                          str(reports_dir)], env=venv_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith('{"rows"')]
+    reports = [json.loads(path.read_text()) for path in sorted(reports_dir.glob("rank*.json"))]
     assert len(reports) == 2 and reports[0]["weights"] == reports[1]["weights"]
     labels = [r.label for r in read_train_table(synthetic_data)[0]]
     train_idx, _ = stratified_split(labels, 0.1, 0)
