@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
+from .staging import staged_directory
 
 # 2: labels/config sealed in model.safetensors; hyperparams.yaml runs the windowed encoder (1: neither).
 FORMAT_VERSION = 2
@@ -74,9 +74,7 @@ def save_artifact(
 ) -> Path:
     """Write the artifact atomically to `artifact_dir` (replacing an existing one) and return its path."""
     target = Path(artifact_dir).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
+    with staged_directory(target) as staging:
         fallback = fallback_label if fallback_label is not None else labels[0]
         sealed = {"model_config": model.config.to_dict(), "labels": list(labels), "fallback_label": fallback}
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -101,10 +99,7 @@ def save_artifact(
             "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
         }
         _write_json_durably(staging / MANIFEST, manifest)
-        _swap_into_place(staging, target)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        _sync_and_share(staging)
     return target
 
 
@@ -183,20 +178,12 @@ def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
 
 
-def _swap_into_place(staging: Path, target: Path) -> None:
-    """Rename the finished staging dir onto `target`; the old artifact is removed only after the swap."""
-    for child in staging.iterdir():  # data must be on disk before the rename makes it visible
+def _sync_and_share(staging: Path) -> None:
+    """Put every file on disk before the rename makes the artifact visible, readable by anyone."""
+    for child in staging.iterdir():
         with child.open("rb") as handle:
             os.fsync(handle.fileno())
-        child.chmod(0o644)  # mkdtemp/mkstemp make private files; an artifact is meant to be shared
-    staging.chmod(0o755)
-    if target.exists():
-        retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
-        target.rename(retired)
-        staging.rename(target)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        staging.rename(target)
+        child.chmod(0o644)  # an artifact is meant to be shared, whatever modes its writers chose
 
 
 def _write_label_encoder(path: Path, labels: list[str]) -> None:

@@ -19,13 +19,14 @@ import csv
 import hashlib
 import os
 import re
-import secrets
 import shutil
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .staging import refuse_to_replace, staged_directory
 
 TASKS = ("speaker", "digit")
 NAME_PATTERN = re.compile(
@@ -144,26 +145,9 @@ def make_fsdd_competition(
                         f"of {test_fraction:g}; {len(recordings)} files in total")  # fmt: skip
 
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output path exists and is not a directory: {out}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"output directory is not empty: {out} (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a hidden sibling and rename, so an interrupted run never leaves a half-written folder.
-    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
-        _build(tmp, train, test, task, seed)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    refuse_to_replace(out, overwrite, "pass --overwrite")
+    with staged_directory(out) as staging:
+        _build(staging, train, test, task, seed)
     return out
 
 

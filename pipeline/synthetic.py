@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +19,7 @@ import soundfile as sf
 from scipy import signal
 
 from .fsdd import write_csv
+from .staging import refuse_to_replace, staged_directory
 
 SAMPLE_RATES = (8000, 16000, 22050, 44100)
 
@@ -383,25 +382,7 @@ def make_synthetic_competition(
             f"{seed}, {n_speakers}, {train_per_speaker}, {test_per_speaker}"
         )
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"output path exists and is not a directory: {out}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(f"output directory is not empty: {out} (pass overwrite=True to replace it)")
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Build in a hidden sibling (same filesystem) and rename, so a crash never leaves a half-written folder.
-    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
-        _build(tmp, seed, n_speakers, train_per_speaker, test_per_speaker)
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{secrets.token_hex(4)}"
-            out.rename(old)
-            tmp.rename(out)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    refuse_to_replace(out, overwrite, "pass overwrite=True")
+    with staged_directory(out) as staging:
+        _build(staging, seed, n_speakers, train_per_speaker, test_per_speaker)
     return out
