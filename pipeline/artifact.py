@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from .config import MAX_WINDOWS_PER_FILE
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 from .staging import staged_directory
 
@@ -215,6 +216,7 @@ mean_var_norm: !new:pipeline.model.PassThrough
 embedding_model: !new:pipeline.model.WindowedEncoder
     n_mels: !ref <n_mels>
     window_samples: {config.window_samples}
+    max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
     encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
         input_size: !ref <n_mels>
         channels: {list(config.channels)}

@@ -26,6 +26,9 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
                  "se_channels": 128},
 }  # fmt: skip
 SAMPLE_RATE = 16_000
+# Inference covers a longer file with this many evenly spaced windows; the artifact's SpeechBrain yaml
+# repeats the value, so EncoderClassifier and the project agree on long files.
+MAX_WINDOWS_PER_FILE = 64
 
 
 class ConfigError(ValueError):
@@ -120,7 +123,9 @@ class InferConfig:
     device: str = "auto"  # auto | cuda | cpu
     devices: int | None = None  # GPUs to use (auto: all)
     batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 64 on GPU)
-    max_windows_per_file: int = 64  # longer files are covered by this many evenly spaced windows
+    max_windows_per_file: int = (
+        MAX_WINDOWS_PER_FILE  # longer files are covered by this many evenly spaced windows
+    )
     num_workers: int | None = None  # DataLoader decode workers (None: 0 on CPU, 1 per GPU)
     write_probabilities: bool = False
     write_embeddings: bool = False

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .config import MAX_WINDOWS_PER_FILE
 from .data import AudioError, DataError, TestRow, load_audio, resolve_inside, windows
 from .model import SpeakerClassifier, add_windows
 
@@ -149,7 +150,7 @@ def classify_clips(
     clips: Sequence[np.ndarray],
     window: int,
     batch_windows: int = 64,
-    max_windows: int = 64,
+    max_windows: int = MAX_WINDOWS_PER_FILE,
     device: torch.device | None = None,
 ) -> Predictions:
     """Predictions for clips already in memory (validation during training uses this)."""

@@ -16,7 +16,7 @@ from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
 from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 from speechbrain.processing.features import InputNormalization
 
-from .config import MODEL_PRESETS, SAMPLE_RATE
+from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, SAMPLE_RATE
 from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
 
@@ -107,7 +107,9 @@ class WindowedEncoder(torch.nn.Module):
     `compute_features` and `mean_var_norm` are `PassThrough`s, so this module receives the waveforms.
     """
 
-    def __init__(self, encoder: ECAPA_TDNN, n_mels: int, window_samples: int, max_windows: int = 64) -> None:
+    def __init__(
+        self, encoder: ECAPA_TDNN, n_mels: int, window_samples: int, max_windows: int = MAX_WINDOWS_PER_FILE
+    ) -> None:
         super().__init__()
         self.encoder = encoder
         self.frontend = Frontend(n_mels)

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from pipeline.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
+from pipeline.config import InferConfig
 from pipeline.inference import classify_clips
 from pipeline.model import ModelConfig, SpeakerClassifier
 
@@ -123,6 +124,9 @@ def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_cop
     np.testing.assert_allclose(sb_scores.numpy(), expected.scores, atol=2e-5)
     our_labels = [ours.labels[i] for i in expected.scores.argmax(1)]
     assert sb_labels == our_labels == one_by_one
+    # Past max_windows a file is covered by evenly spaced windows: the yaml states the count it was built for.
+    assert sb.mods.embedding_model.max_windows == InferConfig().max_windows_per_file
+    assert f"max_windows: {InferConfig().max_windows_per_file}" in (moved / "hyperparams.yaml").read_text()
 
     # classify_file: SpeechBrain's own decoding and resampling of an 8 kHz file, against the project's.
     import soundfile as sf
