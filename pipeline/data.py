@@ -97,15 +97,28 @@ def read_train_table(data_dir: str | Path, on_bad_row: str = "error") -> tuple[l
         problem = "empty label" if not row["label"] else "empty path" if not row["path"] else None
         if problem is None:
             rows.append(TrainRow(line, row["path"], row["label"]))
-        elif on_bad_row == "skip":
-            skipped.append({"line": str(line), "path": row["path"], "reason": problem})
         else:
-            raise DataError(f"{csv_path} line {line}: {problem} (path {row['path']!r}). Fill it in or remove "
-                            f"the row, or set on_bad_row='skip' to train without it (skipped rows are "
-                            "reported).")  # fmt: skip
+            _skip_or_stop(on_bad_row, skipped, csv_path, line, row["path"], problem)
     if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
     return rows, skipped
+
+
+def _skip_or_stop(
+    on_bad_row: str,
+    skipped: list[dict],
+    csv_path: Path,
+    line: int,
+    path: str,
+    reason: str,
+    cause: Exception | None = None,
+) -> None:
+    """The one rule for a bad training row: under on_bad_row="skip" it is recorded (by its path as written in
+    the CSV, never an absolute one) and left out; otherwise the run stops with an error naming it."""
+    if on_bad_row != "skip":
+        raise DataError(f"{csv_path} line {line} ({path!r}): {reason}. Fix or remove the row, or set "
+                        "on_bad_row='skip' to train without it (skipped rows are reported).") from cause  # fmt: skip
+    skipped.append({"line": str(line), "path": path, "reason": reason})
 
 
 def read_test_table(data_dir: str | Path) -> tuple[list[TestRow], list[str]]:
@@ -251,12 +264,8 @@ def load_training_set(data_dir: str | Path, on_bad_row: str = "error") -> Traini
         try:
             samples, _ = load_audio(resolve_inside(data_dir, row.rel_path))
         except (AudioError, DataError) as error:
-            where = f"{csv_path} line {row.line} ({row.rel_path!r})"
-            if on_bad_row != "skip":
-                raise DataError(f"{where}: {error}. Fix or remove the row, or set on_bad_row='skip' to "
-                                "train without it (skipped rows are reported).") from error  # fmt: skip
             reason = error.detail if isinstance(error, AudioError) else str(error)
-            skipped.append({"line": str(row.line), "path": row.rel_path, "reason": reason})
+            _skip_or_stop(on_bad_row, skipped, csv_path, row.line, row.rel_path, reason, cause=error)
             continue
         clips.append(samples)
         kept.append(row)

@@ -47,7 +47,7 @@ def test_missing_csv_is_named(tmp_path):
 
 def test_empty_label_or_path_names_the_line_or_is_skipped(tmp_path):
     (tmp_path / "train.csv").write_text("path,label\na.wav,x\nb.wav,\n,y\n")
-    with pytest.raises(DataError, match=r"line 3: empty label \(path 'b.wav'\).*on_bad_row='skip'"):
+    with pytest.raises(DataError, match=r"train.csv line 3 \('b.wav'\): empty label.*on_bad_row='skip'"):
         read_train_table(tmp_path)
     rows, skipped = read_train_table(tmp_path, on_bad_row="skip")
     assert [r.rel_path for r in rows] == ["a.wav"]
