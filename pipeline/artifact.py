@@ -99,7 +99,7 @@ def save_artifact(
             "provenance": provenance,
             "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
         }
-        _write_json_durably(staging / MANIFEST, manifest)
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
         _sync_and_share(staging)
     return target
 
@@ -170,13 +170,6 @@ def _file_record(path: Path) -> dict[str, Any]:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
-
-
-def _write_json_durably(path: Path, payload: dict[str, Any]) -> None:
-    with path.open("w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=False)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def _sync_and_share(staging: Path) -> None:

@@ -10,7 +10,6 @@ previous checkpoint intact. Checkpoints hold only tensors and plain Python value
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .staging import staged_file
 
 LATEST = "latest.pt"
 
@@ -65,13 +66,8 @@ def save(
         "best_state": state.best_state,
         "best_epoch": state.best_epoch,
     }
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    tmp = checkpoint_dir / f".{LATEST}.{os.getpid()}.tmp"
-    with tmp.open("wb") as handle:
-        torch.save(payload, handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, checkpoint_dir / LATEST)
+    with staged_file(checkpoint_dir / LATEST) as staging:
+        torch.save(payload, staging)
 
 
 def try_resume(

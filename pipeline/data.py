@@ -12,6 +12,7 @@ statistics of a window (sentence mean normalisation over it), not of a whole fil
 from __future__ import annotations
 
 import csv
+import io
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ import torch
 import torchaudio.functional as AF
 
 from .config import SAMPLE_RATE
+from .staging import write_text_atomically
 
 TRAIN_COLUMNS = ("path", "label")
 TEST_COLUMNS = ("id", "path")
@@ -86,6 +88,16 @@ def resolve_inside(data_dir: Path, rel_path: str) -> Path:
         raise DataError(f"path {rel_path!r} resolves outside the data folder; paths in the CSVs must be "
                         "relative to it")  # fmt: skip
     return candidate
+
+
+def write_csv(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]]) -> None:
+    """The one CSV writer (competition folders, submission.csv, probabilities.csv): csv.writer quoting, since
+    ids, paths and labels may hold commas or quotes; `\n` line ends; written atomically."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_text_atomically(path, buffer.getvalue())
 
 
 def read_train_table(data_dir: str | Path, on_bad_row: str = "error") -> tuple[list[TrainRow], list[dict]]:

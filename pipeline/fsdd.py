@@ -15,7 +15,6 @@ DOI 10.5281/zenodo.1342401, licensed CC BY-SA 4.0. The folder written here carri
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import os
 import re
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .data import write_csv
 from .staging import refuse_to_replace, staged_directory
 
 TASKS = ("speaker", "digit")
@@ -190,12 +190,5 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def write_csv(path: Path, header: list[str], rows: list[list[str]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as handle:
-        writer = csv.writer(handle, lineterminator="\n")
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
 __all__ = ["TASKS", "FSDDError", "Recording", "link_or_copy", "make_fsdd_competition", "parse_name",
-           "scan_recordings", "split_recordings", "write_csv"]  # fmt: skip
+           "scan_recordings", "split_recordings"]  # fmt: skip

@@ -1,9 +1,10 @@
-"""Build a directory where nobody looks, then swap it into place: a crash never leaves a half-written one.
+"""Write where nobody looks, then swap into place: a crash never leaves a half-written file or directory.
 
-The directory is built in a hidden sibling of the target, `.NAME.partial-*` (the same filesystem, so the final
+Everything is written in a hidden sibling of its target, `.NAME.partial-*` (the same filesystem, so the final
 rename is atomic). A directory it replaces is first renamed to `.NAME.old-*` and removed only after the swap.
 Searches for folders (pipeline.kaggle) skip hidden names, so neither is ever taken for the real thing.
-Used for the artifact and for the competition folders the data commands write.
+Directories: the artifact and the competition folders the data commands write. Files: submission.csv and the
+files beside it, and training checkpoints.
 """
 
 from __future__ import annotations
@@ -23,6 +24,33 @@ def refuse_to_replace(target: Path, overwrite: bool, how_to_overwrite: str) -> N
         raise FileExistsError(f"output path exists and is not a directory: {target}")
     if target.is_dir() and any(target.iterdir()) and not overwrite:
         raise FileExistsError(f"output directory is not empty: {target} ({how_to_overwrite} to replace it)")
+
+
+@contextmanager
+def staged_file(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden path beside `target` to write the file at (it keeps `target`'s suffix, so writers that
+    add one, like numpy's savez, leave it alone); when the block ends without error the file is flushed to
+    disk and replaces `target`, otherwise it is removed and `target` is left as it was."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.partial-", suffix=target.suffix)
+    os.close(fd)
+    staging = Path(name)
+    try:
+        yield staging
+        with staging.open("rb") as handle:
+            os.fsync(handle.fileno())
+        staging.chmod(0o644)  # mkstemp makes a private file; these files are meant to be read
+        os.replace(staging, target)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomically(target: str | os.PathLike, text: str) -> None:
+    """`target` holds `text` in full, or is left as it was."""
+    with staged_file(target) as staging:
+        staging.write_text(text, encoding="utf-8", newline="")
 
 
 @contextmanager

@@ -7,14 +7,9 @@ Files are written to a temporary name and renamed, so a crash never leaves a hal
 
 from __future__ import annotations
 
-import csv
-import io
 import json
-import os
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +19,9 @@ import torch
 
 from .artifact import load_artifact
 from .config import InferConfig
-from .data import DataError, read_csv, read_submission_ids, read_test_table
+from .data import DataError, read_csv, read_submission_ids, read_test_table, write_csv
 from .devices.inference_devices import predict_on_devices
+from .staging import staged_file, write_text_atomically
 
 
 @dataclass
@@ -86,7 +82,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
         "seconds": round(time.perf_counter() - started, 3),
     }
     report_path = submission_path.with_name(submission_path.stem + "_report.json")
-    _atomic_write_text(report_path, json.dumps(report, indent=2))
+    write_text_atomically(report_path, json.dumps(report, indent=2))
     if config.write_probabilities or config.write_embeddings:
         _write_extras(submission_path, config, artifact, rows, predictions)
     return InferenceResult(
@@ -105,16 +101,7 @@ def write_submission(path: Path, ids: list[str], labels_by_id: dict[str, str]) -
     missing = [i for i in ids if i not in labels_by_id]
     if missing:  # a bug upstream, never a user error: refuse to write a submission Kaggle would reject
         raise RuntimeError(f"no label for {len(missing)} ids, e.g. {missing[:3]}")
-    _atomic_write_csv(path, ["id", "label"], ([sid, labels_by_id[sid]] for sid in ids))
-
-
-def _atomic_write_csv(path: Path, header: list[str], rows: Iterable[Iterable[str]]) -> None:
-    """csv.writer quoting (ids and labels may hold commas or quotes), written atomically."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    _atomic_write_text(path, buffer.getvalue())
+    write_csv(path, ["id", "label"], ([sid, labels_by_id[sid]] for sid in ids))
 
 
 def score_submission(submission_path: str | Path, solution_path: str | Path) -> float:
@@ -147,27 +134,8 @@ def _write_extras(submission_path, config, artifact, rows, predictions) -> None:
         logits = torch.from_numpy(np.nan_to_num(predictions.scores, nan=0.0)) * scale
         probs = torch.softmax(logits, dim=1).numpy()
         probs[~predictions.ok] = np.nan
-        _atomic_write_csv(submission_path.with_name("probabilities.csv"), ["id", *artifact.labels],
-                          ([sid, *(f"{p:.6f}" for p in row)] for sid, row in zip(ids, probs, strict=True)))  # fmt: skip
+        write_csv(submission_path.with_name("probabilities.csv"), ["id", *artifact.labels],
+                  ([sid, *(f"{p:.6f}" for p in row)] for sid, row in zip(ids, probs, strict=True)))  # fmt: skip
     if config.write_embeddings:
-        target = submission_path.with_name("embeddings.npz")
-        fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".npz")
-        os.close(fd)
-        np.savez(tmp, ids=ids, embeddings=predictions.embeddings, ok=predictions.ok)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", newline="") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes the file private; a submission is meant to be read
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with staged_file(submission_path.with_name("embeddings.npz")) as staging:
+            np.savez(staging, ids=ids, embeddings=predictions.embeddings, ok=predictions.ok)

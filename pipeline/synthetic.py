@@ -18,7 +18,7 @@ import numpy as np
 import soundfile as sf
 from scipy import signal
 
-from .fsdd import write_csv
+from .data import write_csv
 from .staging import refuse_to_replace, staged_directory
 
 SAMPLE_RATES = (8000, 16000, 22050, 44100)

@@ -2,9 +2,10 @@
 
 import stat
 
+import numpy as np
 import pytest
 
-from pipeline.staging import refuse_to_replace, staged_directory
+from pipeline.staging import refuse_to_replace, staged_directory, staged_file, write_text_atomically
 
 
 def test_a_finished_build_appears_under_the_target_name_and_nothing_else_is_left(tmp_path):
@@ -64,3 +65,32 @@ def test_refuse_to_replace_names_the_path_and_the_way_out(tmp_path):
     a_file.write_text("x")
     with pytest.raises(FileExistsError, match="not a directory"):
         refuse_to_replace(a_file, overwrite=True, how_to_overwrite="pass --overwrite")
+
+
+def test_a_written_file_replaces_the_target_readable_by_others(tmp_path):
+    target = tmp_path / "sub" / "submission.csv"
+    write_text_atomically(target, "id,label\n")
+    write_text_atomically(target, "id,label\na,b\n")
+    assert target.read_text() == "id,label\na,b\n"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644  # not mkstemp's private 0600
+    assert sorted(p.name for p in target.parent.iterdir()) == ["submission.csv"]
+
+
+def test_a_staged_file_keeps_the_suffix_so_numpy_writes_exactly_there(tmp_path):
+    target = tmp_path / "embeddings.npz"
+    with staged_file(target) as staging:
+        assert staging.suffix == ".npz" and staging.name.startswith(".embeddings.partial-")
+        np.savez(staging, x=np.arange(3))  # savez appends ".npz" to a name without it
+    assert np.load(target)["x"].tolist() == [0, 1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["embeddings.npz"]
+
+
+def test_a_failed_file_write_leaves_the_old_file(tmp_path):
+    target = tmp_path / "latest.pt"
+    target.write_text("old")
+    with pytest.raises(OSError):
+        with staged_file(target) as staging:
+            staging.write_text("half")
+            raise OSError("disk full")
+    assert target.read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest.pt"]
