@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             return package_main(args)
-        except PackagingError as error:
+        except (PackagingError, FileExistsError) as error:  # FileExistsError: --out holds someone's files
             print(f"error: {error}", file=sys.stderr)
             return 2
     elif args.command == "doctor":

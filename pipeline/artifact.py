@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import MAX_WINDOWS_PER_FILE
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
-from .staging import staged_directory
+from .staging import check_output_dir, staged_directory
 
 # 2: labels/config sealed in model.safetensors; hyperparams.yaml runs the windowed encoder (1: neither).
 FORMAT_VERSION = 2
@@ -65,6 +65,21 @@ class Artifact:
         return int(self.manifest["model_config"]["window_samples"])
 
 
+def is_artifact(folder: Path) -> bool:
+    """True if `folder` holds an artifact of this project (of any format version): one a new one may replace."""
+    try:
+        return "format_version" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None) -> Path:
+    """Refuse an artifact_dir that would replace anything but an earlier artifact or an empty folder, or that
+    overlaps a folder of `keep_apart` (e.g. data_dir=...). Training calls this before it starts."""
+    return check_output_dir(artifact_dir, name="artifact_dir", is_ours=is_artifact,
+                            what="an artifact of this project (no manifest.json)", keep_apart=keep_apart)  # fmt: skip
+
+
 def save_artifact(
     artifact_dir: str | Path,
     model: SpeakerClassifier,
@@ -73,9 +88,10 @@ def save_artifact(
     extra_files: dict[str, Path] | None = None,
     fallback_label: str | None = None,
 ) -> Path:
-    """Write the artifact atomically to `artifact_dir` (replacing an existing one) and return its path."""
-    target = Path(artifact_dir).resolve()
-    with staged_directory(target) as staging:
+    """Write the artifact atomically to `artifact_dir` and return its path. It replaces only an earlier
+    artifact or an empty folder (see check_artifact_dir)."""
+    target = check_artifact_dir(artifact_dir)
+    with staged_directory(target, is_artifact) as staging:
         fallback = fallback_label if fallback_label is not None else labels[0]
         sealed = {"model_config": model.config.to_dict(), "labels": list(labels), "fallback_label": fallback}
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
@@ -108,7 +124,17 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
     """Check the manifest and every file it lists; return the manifest or raise ArtifactError."""
     root = Path(artifact_dir)
     manifest_path = root / MANIFEST
+    if not root.exists():
+        raise ArtifactError(f"artifact_dir {root} does not exist: pass the folder train.ipynb wrote "
+                            "(its artifact_dir), the one holding manifest.json")  # fmt: skip
+    if not root.is_dir():
+        raise ArtifactError(
+            f"artifact_dir {root} is a file, not a folder: pass the folder holding manifest.json"
+        )
     if not manifest_path.is_file():
+        if any((root / name).is_file() for name in ("train.csv", "test.csv", "sample_submission.csv")):
+            raise ArtifactError(f"artifact_dir {root} is a competition folder, not an artifact: pass the folder "
+                                "train.ipynb wrote (its artifact_dir), the one holding manifest.json")  # fmt: skip
         raise ArtifactError(f"{manifest_path}: not found. {root} is not a complete artifact "
                             "(was training interrupted before it saved?)")  # fmt: skip
     try:

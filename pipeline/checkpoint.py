@@ -6,10 +6,16 @@ epoch, history, best weights so far); the data order and crops are derived from 
 need no saved RNG state. Files are written to a temporary name and renamed: a kill mid-save leaves the
 previous checkpoint intact. Checkpoints hold only tensors and plain Python values, so they load with
 `torch.load(weights_only=True)`.
+
+Each run keeps its checkpoint in its own folder, `<checkpoint_dir>/<fingerprint>/latest.pt`, named by the
+fingerprint of what shapes the run (provenance.run_fingerprint). A rerun with other parameters or data has
+another fingerprint: it never reads, overwrites or removes the first run's checkpoint, which stays there to
+resume when the first run's parameters are used again. A finished run removes only its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from collections.abc import Callable
@@ -45,6 +51,19 @@ class TrainingState:
         return record["val_accuracy"] >= best
 
 
+def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
+    """Where the run with `fingerprint` keeps its checkpoint."""
+    return Path(checkpoint_dir) / fingerprint
+
+
+def other_runs(checkpoint_dir: Path, fingerprint: str) -> list[Path]:
+    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including one from before
+    checkpoints had a folder per run."""
+    found = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
+    legacy = Path(checkpoint_dir) / LATEST
+    return found + ([legacy] if legacy.is_file() else [])
+
+
 def save(
     checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state, average=None
 ) -> None:
@@ -66,7 +85,7 @@ def save(
         "best_state": state.best_state,
         "best_epoch": state.best_epoch,
     }
-    with staged_file(checkpoint_dir / LATEST) as staging:
+    with staged_file(run_dir(checkpoint_dir, fingerprint) / LATEST) as staging:
         torch.save(payload, staging)
 
 
@@ -74,18 +93,24 @@ def try_resume(
     checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state: TrainingState,
     log: Callable[[str], Any], average=None,
 ) -> str | None:  # fmt: skip
-    """Load the latest checkpoint into the live objects if it belongs to this run; say what happened."""
-    path = checkpoint_dir / LATEST
+    """Load this run's latest checkpoint into the live objects if there is one; say what happened, including
+    the checkpoints of other runs that are left as they are."""
+    path = run_dir(checkpoint_dir, fingerprint) / LATEST
+    others = other_runs(checkpoint_dir, fingerprint)
+    if others:
+        log(f"checkpoint(s) of runs with other parameters or data, left untouched: "
+            f"{', '.join(str(p) for p in others[:3])}{' ...' if len(others) > 3 else ''}; rerun with those "
+            f"parameters to continue one. This run checkpoints to {path}")  # fmt: skip
     if not path.is_file():
         return None
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
+        if payload.get("fingerprint") != fingerprint:
+            raise ValueError(f"it records fingerprint {payload.get('fingerprint')!r}, not {fingerprint!r}")
     except Exception as error:  # noqa: BLE001 - an unreadable checkpoint must not block a fresh start
-        log(f"checkpoint {path} is unreadable ({error}); starting from scratch")
-        return None
-    if payload.get("fingerprint") != fingerprint:
-        log(f"checkpoint {path} is from a run with other parameters or data; starting from scratch "
-            "(delete it or set checkpoint_dir to keep both)")  # fmt: skip
+        kept = path.with_name(f"{LATEST}.unreadable-{int(time.time())}")
+        path.rename(kept)  # not overwritten by this run's saves: kept for inspection
+        log(f"checkpoint {path} is unreadable ({error}); moved to {kept.name}; starting from scratch")
         return None
     strategy.unwrap(model).load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
@@ -106,9 +131,12 @@ def try_resume(
     return f"checkpoint at {where}"
 
 
-def remove(checkpoint_dir: Path) -> None:
-    """Checkpoints are only for unfinished runs: drop them once the artifact is safely saved."""
-    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+def remove(checkpoint_dir: Path, fingerprint: str) -> None:
+    """Checkpoints are only for unfinished runs: drop this run's once its artifact is safely saved (and the
+    checkpoint folder if nothing else is left in it). Other runs' checkpoints stay."""
+    shutil.rmtree(run_dir(checkpoint_dir, fingerprint), ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty (other runs' checkpoints, a user's files) or gone
+        Path(checkpoint_dir).rmdir()
 
 
 def _to_cpu(value: Any) -> Any:

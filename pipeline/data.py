@@ -14,7 +14,9 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import torch
 import torchaudio.functional as AF
 
 from .config import SAMPLE_RATE
-from .staging import write_text_atomically
+from .staging import check_output_dir, mark, marked_as, staged_directory, write_text_atomically
 
 TRAIN_COLUMNS = ("path", "label")
 TEST_COLUMNS = ("id", "path")
@@ -98,6 +100,38 @@ def write_csv(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]
     writer.writerow(header)
     writer.writerows(rows)
     write_text_atomically(path, buffer.getvalue())
+
+
+COMPETITION_FOLDER = "competition folder"
+# What `python -m pipeline data` wrote before folders carried the marker: still recognised as ours.
+_LEGACY_FOLDER_ENTRIES = {
+    "train.csv",
+    "test.csv",
+    "sample_submission.csv",
+    "solution.csv",
+    "audio",
+    "ATTRIBUTION.txt",
+}
+
+
+def written_by_data_command(folder: Path) -> bool:
+    """True for a competition folder that `python -m pipeline data` wrote (it may replace it)."""
+    if marked_as(folder, COMPETITION_FOLDER):
+        return True
+    names = {p.name for p in folder.iterdir()}
+    return {"solution.csv", "audio"} <= names <= _LEGACY_FOLDER_ENTRIES
+
+
+@contextmanager
+def new_competition_folder(out_dir: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
+    """Yield a staging folder to build a competition folder in; it replaces `out_dir` when the block ends.
+    `out_dir` must be new or empty, or (with `overwrite`) a folder the data commands wrote before."""
+    target = check_output_dir(out_dir, name="out", is_ours=written_by_data_command,
+                              what="a competition folder written by `python -m pipeline data`",
+                              replace_ours=overwrite, how_to_replace="pass --overwrite (overwrite=True)")  # fmt: skip
+    with staged_directory(target, written_by_data_command) as staging:
+        yield staging
+        mark(staging, COMPETITION_FOLDER)
 
 
 def read_train_table(data_dir: str | Path, on_bad_row: str = "error") -> tuple[list[TrainRow], list[dict]]:

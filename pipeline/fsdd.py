@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import write_csv
-from .staging import refuse_to_replace, staged_directory
+from .data import new_competition_folder, write_csv
 
 TASKS = ("speaker", "digit")
 NAME_PATTERN = re.compile(
@@ -145,8 +144,7 @@ def make_fsdd_competition(
                         f"of {test_fraction:g}; {len(recordings)} files in total")  # fmt: skip
 
     out = Path(out_dir)
-    refuse_to_replace(out, overwrite, "pass --overwrite")
-    with staged_directory(out) as staging:
+    with new_competition_folder(out, overwrite) as staging:
         _build(staging, train, test, task, seed)
     return out
 

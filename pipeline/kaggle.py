@@ -91,11 +91,11 @@ def find_artifact_dir() -> Path | None:
     return _first(find_dirs_with(markers) or find_dirs_with(markers, [working_dir()]), "artifacts")
 
 
-def find_input_checkpoint() -> Path | None:
-    """A training checkpoint among the inputs: the output of an earlier version of the train notebook that
-    stopped on its time budget (or was attached after a timeout). Its fingerprint is checked on resume."""
-    matches = find_dirs_with((CHECKPOINT_FILE,))
-    return _first(matches, "checkpoint folders")
+def find_input_checkpoints() -> list[Path]:
+    """Training checkpoints among the inputs: the output of an earlier version of the train notebook that
+    stopped on its time budget (or was attached after a timeout). Each is `<fingerprint>/latest.pt`; which
+    one belongs to this run is decided on resume by its fingerprint."""
+    return find_dirs_with((CHECKPOINT_FILE,))
 
 
 def _first(matches: list[Path], what: str) -> Path | None:

@@ -8,6 +8,7 @@ and training gets a time budget that ends before the session limit. Elsewhere th
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -42,23 +43,28 @@ def resolve_train_defaults(config: TrainConfig) -> TrainConfig:
                                checkpoint_dir=str(checkpoint_dir), time_budget_minutes=budget)  # fmt: skip
 
 
-def seed_checkpoint(checkpoint_dir: Path) -> Path | None:
-    """Copy a checkpoint found among the inputs into `checkpoint_dir` unless it already holds one.
+def seed_checkpoint(checkpoint_dir: Path) -> list[Path]:
+    """Copy the checkpoints found among the inputs into `checkpoint_dir`, each into its run's folder
+    (`<fingerprint>/latest.pt`) unless that folder already holds one; returns the copies made.
 
     A Save Version run starts with an empty /kaggle/working: the checkpoint of an earlier version (attached
-    as an input) is how it continues instead of starting over. Whether it belongs to this run is decided
-    at resume time by its fingerprint; a foreign one is reported and ignored there.
+    as an input) is how it continues instead of starting over. Whether one belongs to this run is decided
+    at resume time by its fingerprint; the others are kept as they are.
     """
-    target = checkpoint_dir / kaggle.CHECKPOINT_FILE
-    if target.exists():
-        return None
-    found = kaggle.find_input_checkpoint()
-    if found is None:
-        return None
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(found / kaggle.CHECKPOINT_FILE, target)  # inputs are read-only: resume writes here
-    print(f"checkpoint: copied {found / kaggle.CHECKPOINT_FILE} from the inputs to {target}")
-    return target
+    copied = []
+    for found in kaggle.find_input_checkpoints():
+        if not re.fullmatch(r"[0-9a-f]{16}", found.name):  # `checkpoints/latest.pt`, before a folder per run
+            print(f"checkpoint: {found / kaggle.CHECKPOINT_FILE} is from an older version of this project "
+                  "and cannot be resumed by this one; training starts over")  # fmt: skip
+            continue
+        target = checkpoint_dir / found.name / kaggle.CHECKPOINT_FILE
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(found / kaggle.CHECKPOINT_FILE, target)  # inputs are read-only: resume writes here
+        print(f"checkpoint: copied {found / kaggle.CHECKPOINT_FILE} from the inputs to {target}")
+        copied.append(target)
+    return copied
 
 
 def resolve_infer_paths(config: InferConfig) -> InferConfig:

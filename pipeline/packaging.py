@@ -40,6 +40,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from .staging import check_output_dir, mark, marked_as, staged_directory
+
 REPO = Path(__file__).resolve().parents[1]
 DIST_NAME = "kaggle-ecapa-pipeline"  # pyproject.toml [project] name; the bootstrap cells install it
 WHEEL_PREFIX = "kaggle_ecapa_pipeline-"  # its wheel file name, which the bootstrap cells search for
@@ -56,6 +58,7 @@ EXTRA_WHEELS: tuple[tuple[str, bool], ...] = (
 )
 KAGGLE_PYTHONS = ("3.11", "3.12")  # GPU image (Colab base) and TPU image; both wheels are bundled
 KAGGLE_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64")
+PACKAGE_KIND = "kaggle package"
 SLUG_MAX = 50  # Kaggle's limit for dataset slugs and titles (the client checks 6..50)
 
 
@@ -110,15 +113,15 @@ def package(
     train_internet: bool = True,
     python_versions: tuple[str, ...] = KAGGLE_PYTHONS,
 ) -> PackageResult:
-    """Write DIR/train, DIR/infer and DIR/code (see the module docstring). Existing folders are replaced,
-    only once the new ones are complete."""
+    """Write DIR/train, DIR/infer and DIR/code (see the module docstring). DIR must be new, empty or an earlier
+    output of this command; it is replaced only once the new folders are complete."""
     if train_accelerator not in MACHINE_SHAPES:
         raise PackagingError(f"--train-accelerator {train_accelerator!r}: use one of {list(MACHINE_SHAPES)}")
     slugs = Slugs.default(owner, competition)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".package-", dir=out))
-    try:
+    out = check_output_dir(
+        out, name="--out", is_ours=is_package_output, what="a `kaggle package` output folder"
+    )
+    with staged_directory(out, is_package_output) as staging:
         result = _write_folders(staging, slugs, train_accelerator, wheels_dir, download, train_internet,
                                 python_versions)  # fmt: skip
         if result.missing and not allow_incomplete:
@@ -128,17 +131,19 @@ def package(
                 "--wheels-dir DIR holding Linux x86_64 wheels for CPython "
                 f"{' and '.join(python_versions)}, or with --allow-incomplete to write it anyway"
             )
-        for name in ("train", "infer", "code", "README.md"):
-            target = out / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            elif target.exists():
-                target.unlink()
-            (staging / name).rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    (out / "README.md").write_text(push_readme(out, slugs, train_accelerator))  # names the final paths
+        (staging / "README.md").write_text(
+            push_readme(out, slugs, train_accelerator)
+        )  # names the final paths
+        mark(staging, PACKAGE_KIND)
     return PackageResult(out, out / "train", out / "infer", out / "code", result.wheels, result.missing)
+
+
+def is_package_output(folder: Path) -> bool:
+    """An earlier output of `kaggle package` (marked; or, from before the marker, only its four entries)."""
+    names = {p.name for p in folder.iterdir()}
+    return marked_as(folder, PACKAGE_KIND) or (
+        "code" in names and names <= {"train", "infer", "code", "README.md"}
+    )
 
 
 def _write_folders(
@@ -174,7 +179,6 @@ def _write_folders(
     missing = missing_wheels(code_dir)
     _write_json(code_dir / "dataset-metadata.json", dataset_metadata(owner, slugs.code))
     (code_dir / "README.md").write_text(code_readme(code_dir, missing))
-    (out / "README.md").write_text("")  # written with the final paths once the folders are in place
     return PackageResult(out, train_dir, infer_dir, code_dir, sorted(set(wheels)), missing)
 
 

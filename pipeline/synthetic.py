@@ -18,8 +18,7 @@ import numpy as np
 import soundfile as sf
 from scipy import signal
 
-from .data import write_csv
-from .staging import refuse_to_replace, staged_directory
+from .data import new_competition_folder, write_csv
 
 SAMPLE_RATES = (8000, 16000, 22050, 44100)
 
@@ -382,7 +381,6 @@ def make_synthetic_competition(
             f"{seed}, {n_speakers}, {train_per_speaker}, {test_per_speaker}"
         )
     out = Path(out_dir)
-    refuse_to_replace(out, overwrite, "pass overwrite=True")
-    with staged_directory(out) as staging:
+    with new_competition_folder(out, overwrite) as staging:
         _build(staging, seed, n_speakers, train_per_speaker, test_per_speaker)
     return out

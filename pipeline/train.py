@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from . import checkpoint as ckpt
-from .artifact import save_artifact
+from .artifact import check_artifact_dir, save_artifact
 from .config import ConfigError, TrainConfig
 from .data import load_training_set, random_crop, stratified_split
 from .devices.launch import running_under_torchrun
@@ -40,6 +40,7 @@ from .pretrained import initial_model
 from .provenance import build_provenance, run_fingerprint, weights_digest
 from .report import save_training_figures
 from .scaling import BatchPlan, plan_batch, warmup_lr_factor
+from .staging import check_output_dir
 
 GRAD_CLIP = 5.0
 
@@ -70,6 +71,7 @@ class TrainResult:
 
 def train(config: TrainConfig) -> TrainResult:
     """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
+    check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     topology = session_topology(config)
     plan = plan_for(config, topology)
     precision = resolve_precision(config.precision, topology)
@@ -88,6 +90,20 @@ def train(config: TrainConfig) -> TrainResult:
         device = torch.device("cuda" if topology.accelerator == "cuda" else "cpu")
         strategy = SingleDevice(device, precision)
     return fit(config, strategy, plan, topology)
+
+
+def checkpoint_dir_of(config: TrainConfig) -> Path:
+    return Path(config.checkpoint_dir or f"{config.artifact_dir}.checkpoints")
+
+
+def check_output_dirs(config: TrainConfig) -> None:
+    """The artifact may replace only an earlier artifact or an empty folder; checkpoints are written beside
+    it; neither may overlap the data or each other (pipeline.staging's rule for every output folder)."""
+    check_artifact_dir(
+        config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoint_dir_of(config)
+    )
+    check_output_dir(checkpoint_dir_of(config), name="checkpoint_dir", is_ours=lambda _: True,
+                     what="a checkpoint folder", keep_apart={"data_dir": config.data_dir})  # fmt: skip
 
 
 def session_topology(config: TrainConfig) -> Topology:
@@ -196,7 +212,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
     )
 
     state = ckpt.TrainingState()
-    checkpoint_dir = Path(config.checkpoint_dir or f"{config.artifact_dir}.checkpoints")
+    checkpoint_dir = checkpoint_dir_of(config)
     fingerprint = run_fingerprint(config, dataset, topology)
     resumed = ckpt.try_resume(
         checkpoint_dir, fingerprint, model, optimizer, scheduler, strategy, state, log, average
@@ -310,7 +326,7 @@ def fit(config: TrainConfig, strategy: SingleDevice, plan: BatchPlan, topology: 
         if stopped_early:
             log(f"checkpoint kept in {checkpoint_dir}: rerun with the same parameters to continue training")
         else:
-            ckpt.remove(checkpoint_dir)
+            ckpt.remove(checkpoint_dir, fingerprint)
         log(result.summary())
     strategy.barrier()
     return result

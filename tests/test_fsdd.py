@@ -133,15 +133,19 @@ def test_same_seed_writes_identical_csvs(tmp_path):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
-def test_refuses_a_non_empty_output_unless_overwrite(tmp_path):
+def test_replaces_only_its_own_output_and_only_with_overwrite(tmp_path):
     source = fake_fsdd(tmp_path / "rec")
     out = tmp_path / "data"
     out.mkdir()
     (out / "keep.txt").write_text("x")
-    with pytest.raises(FileExistsError, match="not empty"):
-        make_fsdd_competition(source, out, task="digit")
-    make_fsdd_competition(source, out, task="digit", overwrite=True)
-    assert not (out / "keep.txt").exists() and (out / "train.csv").is_file()
+    with pytest.raises(FileExistsError, match="holds files this project did not write"):
+        make_fsdd_competition(source, out, task="digit", overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    ours = make_fsdd_competition(source, tmp_path / "ours", task="digit")
+    with pytest.raises(FileExistsError, match="already holds a competition folder"):
+        make_fsdd_competition(source, ours, task="speaker")
+    make_fsdd_competition(source, ours, task="speaker", overwrite=True)
+    assert (ours / "train.csv").is_file()
 
 
 def test_max_per_cell_keeps_a_small_balanced_folder(tmp_path):

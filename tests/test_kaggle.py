@@ -164,13 +164,18 @@ def test_session_elapsed_from_proc(tmp_path):
     assert kaggle.session_elapsed_seconds(tmp_path / "missing") is None
 
 
-def test_a_checkpoint_among_the_inputs_seeds_working(fake_kaggle):
+def test_checkpoints_among_the_inputs_seed_working(fake_kaggle, capsys):
     touch(fake_kaggle / "input" / "competitions" / "speaker-id", *COMPETITION_FILES)
-    previous = touch(fake_kaggle / "input" / "notebooks" / "alice" / "speaker-id-ecapa-train" / "checkpoints")
-    (previous / "latest.pt").write_bytes(b"previous version")
+    output = fake_kaggle / "input" / "notebooks" / "alice" / "speaker-id-ecapa-train" / "checkpoints"
+    for run in ("0123456789abcdef", "fedcba9876543210"):  # two runs' checkpoints: both are kept
+        (touch(output / run) / "latest.pt").write_bytes(f"previous version {run}".encode())
+    (output / "latest.pt").write_bytes(b"an older layout")
     config = resolve_train_defaults(TrainConfig())
-    seeded = Path(config.checkpoint_dir) / "latest.pt"
-    assert seeded.read_bytes() == b"previous version"
+    assert "is from an older version of this project" in capsys.readouterr().out
+    assert sorted(p.parent.name for p in Path(config.checkpoint_dir).glob("*/latest.pt")) == [
+        "0123456789abcdef", "fedcba9876543210"]  # fmt: skip
+    seeded = Path(config.checkpoint_dir) / "0123456789abcdef" / "latest.pt"
+    assert seeded.read_bytes() == b"previous version 0123456789abcdef"
     # A checkpoint already in working (interactive session with Files persistence) is newer: kept.
     seeded.write_bytes(b"working")
     resolve_train_defaults(TrainConfig())

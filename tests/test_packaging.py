@@ -99,7 +99,25 @@ def test_an_incomplete_bundle_is_refused_and_nothing_is_left_behind(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(PackagingError, match=r"would lack wheels for speechbrain, .*--allow-incomplete"):
         package(out, OWNER, COMPETITION, download=False)
-    assert list(out.iterdir()) == []  # no half bundle that looks ready to push
+    assert list(tmp_path.iterdir()) == []  # no half bundle that looks ready to push, no staging left
+
+
+def test_an_out_folder_with_a_users_files_is_refused_and_kept(tmp_path):
+    out = tmp_path / "mine"
+    (out / "train").mkdir(parents=True)
+    (out / "train" / "notes.txt").write_text("precious")
+    argv = [sys.executable, "-m", "pipeline", "kaggle", "package", "--out", str(out), "--owner", OWNER,
+            "--competition", COMPETITION, "--no-download", "--allow-incomplete"]  # fmt: skip
+    refused = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert refused.returncode == 2 and "holds files this project did not write (train)" in refused.stderr
+    assert (out / "train" / "notes.txt").read_text() == "precious" and sorted(tmp_path.iterdir()) == [out]
+    # Its own earlier output is replaced: packaging twice into the same folder works.
+    package(tmp_path / "bundle", OWNER, COMPETITION, download=False, allow_incomplete=True)
+    again = package(tmp_path / "bundle", OWNER, COMPETITION, train_accelerator="t4x2", download=False,
+                    allow_incomplete=True)  # fmt: skip
+    assert (
+        json.loads((again.train_dir / "kernel-metadata.json").read_text())["machine_shape"] == "NvidiaTeslaT4"
+    )
 
 
 def test_wheels_dir_fills_the_gaps(tmp_path):

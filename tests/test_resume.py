@@ -3,6 +3,7 @@ time budget stops early with a valid artifact."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -34,7 +35,16 @@ def training_command(data: Path, artifact: Path, **overrides) -> list[str]:
     return [sys.executable, "-c", code]
 
 
-def read_checkpoint(path: Path) -> dict | None:
+def checkpoint_of(checkpoint_dir: Path) -> Path | None:
+    """The one run's checkpoint in `checkpoint_dir` (each run keeps it in a folder named by its fingerprint)."""
+    found = sorted(checkpoint_dir.glob("*/latest.pt"))
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def read_checkpoint(path: Path | None) -> dict | None:
+    if path is None:
+        return None
     try:  # written to a temporary name and renamed: whatever is at `path` is complete
         return torch.load(path, map_location="cpu", weights_only=True)
     except (FileNotFoundError, EOFError, RuntimeError):
@@ -44,7 +54,7 @@ def read_checkpoint(path: Path) -> dict | None:
 @pytest.mark.slow
 def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_path):
     artifact = tmp_path / "model"
-    latest = tmp_path / "model.checkpoints" / "latest.pt"
+    checkpoints = tmp_path / "model.checkpoints"
     command = training_command(synthetic_data, artifact)
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen(command, cwd=ROOT, env=venv_env(), stdout=log, stderr=subprocess.STDOUT,
@@ -54,7 +64,7 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
     positions_seen = set()  # (epoch, step in epoch) of every checkpoint observed while polling
     try:
         while time.monotonic() < deadline and first.poll() is None:
-            checkpoint = read_checkpoint(latest)
+            checkpoint = read_checkpoint(checkpoint_of(checkpoints))
             if checkpoint:
                 positions_seen.add((checkpoint["epoch"], checkpoint["step_in_epoch"]))
             if checkpoint and checkpoint["global_step"] >= KILL_AFTER_STEP:
@@ -73,6 +83,7 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
     assert first.returncode == -signal.SIGKILL
     assert not (artifact / "manifest.json").exists(), "a killed run must not leave a valid-looking artifact"
 
+    latest = checkpoint_of(checkpoints)
     on_disk = read_checkpoint(latest)  # what the rerun will find: possibly newer than the one we saw
     assert on_disk["global_step"] >= checkpoint["global_step"]
     lost_seconds = killed_at - on_disk["saved_at"]
@@ -100,7 +111,7 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
     provenance = loaded.manifest["provenance"]
     assert [int(record["epoch"]) for record in provenance["history"]] == list(range(1, EPOCHS + 1))
     assert provenance["resumed_from"] and provenance["stopped_early"] is None
-    assert not latest.parent.exists(), "checkpoints are dropped once the artifact is saved"
+    assert not checkpoints.exists(), "checkpoints are dropped once the artifact is saved"
 
     # Exact, not just "continued": the same data order, crops and optimizer state as a run never killed.
     params = {**TINY_TRAIN, "epochs": EPOCHS, "checkpoint_every_minutes": INTERVAL_MINUTES}
@@ -118,7 +129,7 @@ def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_pat
 
 def test_tiny_time_budget_stops_early_with_a_valid_artifact_and_a_rerun_continues(synthetic_data, tmp_path):
     artifact = tmp_path / "model"
-    latest = tmp_path / "model.checkpoints" / "latest.pt"
+    checkpoints = tmp_path / "model.checkpoints"
     # 0.6 s is less than the 30 s kept back for validation and saving: it stops after the first step.
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(artifact),
                          **{**TINY_TRAIN, "epochs": 4, "time_budget_minutes": 0.01})  # fmt: skip
@@ -128,6 +139,7 @@ def test_tiny_time_budget_stops_early_with_a_valid_artifact_and_a_rerun_continue
     assert provenance["stopped_early"] == result.stopped_early
     assert provenance["epochs_run"] == 1 and provenance["epochs_planned"] == 4
     # The position is kept for the next session (the next Save Version, or the same command again).
+    latest = checkpoint_of(checkpoints)
     kept = read_checkpoint(latest)
     assert (kept["epoch"], kept["step_in_epoch"], kept["global_step"]) == (0, 1, 1)
 
@@ -135,6 +147,27 @@ def test_tiny_time_budget_stops_early_with_a_valid_artifact_and_a_rerun_continue
     assert again.resumed_from == "checkpoint at epoch 1, step 1 (global step 1)"
     assert read_checkpoint(latest)["global_step"] == 2  # progress accumulates across budget-limited runs
     assert load_artifact(artifact).manifest["provenance"]["resumed_from"] == again.resumed_from
+
+
+def test_a_rerun_with_other_parameters_keeps_the_stopped_runs_checkpoint(synthetic_data, tmp_path, capsys):
+    """Issue 14: a mistyped parameter on the rerun must not discard the stopped run's progress."""
+    checkpoints = tmp_path / "model.checkpoints"
+    stopped = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
+                          **{**TINY_TRAIN, "epochs": 4, "time_budget_minutes": 0.01})  # fmt: skip
+    train(stopped)
+    first = checkpoint_of(checkpoints)
+    kept = first.read_bytes()
+    capsys.readouterr()
+
+    other = dataclasses.replace(stopped, n_mels=32, epochs=1, time_budget_minutes=None)  # finishes
+    assert train(other).stopped_early is None
+    log = capsys.readouterr().out
+    assert "other parameters or data, left untouched" in log and str(first) in log
+    assert first.read_bytes() == kept, "the stopped run's checkpoint must survive another run's finish"
+    assert sorted(checkpoints.glob("*/latest.pt")) == [first]  # the finished run removed only its own
+
+    again = train(stopped)  # the first run's parameters again: it continues where it stopped
+    assert again.resumed_from == "checkpoint at epoch 1, step 1 (global step 1)"
 
 
 def test_a_checkpoint_follows_the_data_not_its_mount_point(synthetic_data, tmp_path):

@@ -155,23 +155,32 @@ def test_deterministic_given_seed(tmp_path: Path) -> None:
     a = _tree_bytes(make_synthetic_competition(tmp_path / "a", seed=1, **SMALL))
     b = _tree_bytes(make_synthetic_competition(tmp_path / "b", seed=1, **SMALL))
     c = _tree_bytes(make_synthetic_competition(tmp_path / "c", seed=2, **SMALL))
-    assert len(a) == 4 + 3 * (3 + 2)
+    assert len(a) == 5 + 3 * (3 + 2)  # 4 CSVs, the marker, the WAVs
     assert a == b
     assert a.keys() == c.keys()
     wavs = [k for k in a if k.endswith(".wav")]
     assert all(a[k] != c[k] for k in wavs)
 
 
-def test_refuses_non_empty_out_dir(tmp_path: Path) -> None:
+def test_never_replaces_a_folder_it_did_not_write(tmp_path: Path) -> None:
     out = tmp_path / "data"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    with pytest.raises(FileExistsError, match=re.escape(str(out))):
-        make_synthetic_competition(out, **SMALL)
-    assert (out / "keep.txt").read_text() == "precious"
+    for overwrite in (False, True):
+        with pytest.raises(
+            FileExistsError, match=re.escape(str(out)) + ".*holds files this project did not write"
+        ):
+            make_synthetic_competition(out, overwrite=overwrite, **SMALL)
+    assert (
+        sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
+    )
 
-    assert make_synthetic_competition(out, overwrite=True, **SMALL) == out
-    assert not (out / "keep.txt").exists()
+
+def test_replaces_its_own_folder_only_when_asked(tmp_path: Path) -> None:
+    out = make_synthetic_competition(tmp_path / "data", **SMALL)
+    with pytest.raises(FileExistsError, match="already holds a competition folder .*--overwrite"):
+        make_synthetic_competition(out, seed=1, **SMALL)
+    assert make_synthetic_competition(out, seed=1, overwrite=True, **SMALL) == out
     assert (out / "train.csv").is_file()
     assert [p.name for p in tmp_path.iterdir()] == ["data"]  # no temp or backup siblings left behind
 
@@ -189,9 +198,8 @@ def test_accepts_empty_out_dir_and_rejects_a_file(tmp_path: Path) -> None:
 def test_failed_build_leaves_existing_folder_untouched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    out = tmp_path / "data"
-    out.mkdir()
-    (out / "keep.txt").write_text("precious")
+    out = make_synthetic_competition(tmp_path / "data", **SMALL)
+    before = _tree_bytes(out)
 
     def boom(root: Path, *args: object) -> None:
         (root / "partial.wav").write_bytes(b"half")
@@ -200,7 +208,7 @@ def test_failed_build_leaves_existing_folder_untouched(
     monkeypatch.setattr(synthetic, "_build", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         make_synthetic_competition(out, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert _tree_bytes(out) == before
     assert [p.name for p in tmp_path.iterdir()] == ["data"]
 
 

@@ -1,5 +1,6 @@
 import copy
 import json
+import shutil
 import warnings
 
 import numpy as np
@@ -143,3 +144,38 @@ def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data
 def piece_of(piece: np.ndarray, clip: np.ndarray) -> bool:
     starts = np.flatnonzero(clip[: clip.size - piece.size + 1] == piece[0])
     return any(np.array_equal(clip[start : start + piece.size], piece) for start in starts)
+
+
+def _tree(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "where", ["data_dir itself", "inside data_dir", "a folder with a user's file", "the cwd"]
+)
+def test_training_refuses_an_artifact_dir_it_would_empty_and_deletes_nothing(
+    synthetic_data, tmp_path, monkeypatch, where
+):
+    """Issue 14: `-p artifact_dir` equal to the data, holding notes, or `.` once emptied those folders."""
+    from pipeline.staging import OutputRefused
+
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data)
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("precious")
+    monkeypatch.chdir(user)
+    artifact = {"data_dir itself": data, "inside data_dir": data / "model", "the cwd": ".",
+                "a folder with a user's file": user}[where]  # fmt: skip
+    before = {root: _tree(root) for root in (data, user)}
+    with pytest.raises(OutputRefused, match="artifact_dir="):
+        train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), **{**TINY_TRAIN, "epochs": 1}))
+    assert {root: _tree(root) for root in (data, user)} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "mine"]
+
+
+def test_training_replaces_an_earlier_artifact(tiny_artifact, synthetic_data, tmp_path):
+    target = tmp_path / "model"
+    shutil.copytree(tiny_artifact, target)
+    train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(target), **{**TINY_TRAIN, "epochs": 1}))
+    assert len(load_artifact(target).manifest["provenance"]["history"]) == 1
