@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .staging import staged_file
@@ -38,6 +39,7 @@ class TrainingState:
     history: list[dict[str, float]] = field(default_factory=list)
     best_state: dict[str, torch.Tensor] | None = None
     best_epoch: int = 0  # 1-based epoch of best_state in history; 0: none yet
+    best_predictions: np.ndarray | None = None  # the best epoch's predicted class per validation file
 
     def is_better(self, record: dict[str, float]) -> bool:
         """Higher validation accuracy wins; at equal accuracy the later epoch does (no validation: latest wins).
@@ -84,17 +86,17 @@ def save(
         "history": state.history,
         "best_state": state.best_state,
         "best_epoch": state.best_epoch,
+        "best_predictions": None
+        if state.best_predictions is None
+        else torch.from_numpy(state.best_predictions),
     }
     with staged_file(run_dir(checkpoint_dir, fingerprint) / LATEST) as staging:
         torch.save(payload, staging)
 
 
-def try_resume(
-    checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state: TrainingState,
-    log: Callable[[str], Any], average=None,
-) -> str | None:  # fmt: skip
-    """Load this run's latest checkpoint into the live objects if there is one; say what happened, including
-    the checkpoints of other runs that are left as they are."""
+def read(checkpoint_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> dict[str, Any] | None:
+    """This run's latest checkpoint, if there is one; say what happened, including the checkpoints of other
+    runs that are left as they are. Only rank 0 reads it (it alone writes it): it broadcasts what it read."""
     path = run_dir(checkpoint_dir, fingerprint) / LATEST
     others = other_runs(checkpoint_dir, fingerprint)
     if others:
@@ -112,6 +114,15 @@ def try_resume(
         path.rename(kept)  # not overwritten by this run's saves: kept for inspection
         log(f"checkpoint {path} is unreadable ({error}); moved to {kept.name}; starting from scratch")
         return None
+    payload["path"] = str(path)
+    return payload
+
+
+def restore(
+    payload: dict[str, Any], model, optimizer, scheduler, strategy, state: TrainingState, average=None,
+    log: Callable[[str], Any] = print,
+) -> str:  # fmt: skip
+    """Load a checkpoint `read` returned into the live objects; returns where the run resumes."""
     strategy.unwrap(model).load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])
     scheduler.load_state_dict(payload["scheduler"])
@@ -125,9 +136,11 @@ def try_resume(
     state.history = payload["history"]
     state.best_state = payload["best_state"]
     state.best_epoch = payload["best_epoch"]
+    predictions = payload.get("best_predictions")
+    state.best_predictions = None if predictions is None else predictions.numpy()
     age = time.time() - payload["saved_at"]
     where = f"epoch {state.epoch + 1}, step {state.step_in_epoch} (global step {state.global_step})"
-    log(f"resuming from checkpoint {path}: {where}, saved {age / 60:.1f} min ago")
+    log(f"resuming from checkpoint {payload['path']}: {where}, saved {age / 60:.1f} min ago")
     return f"checkpoint at {where}"
 
 

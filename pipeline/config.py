@@ -55,7 +55,7 @@ class TrainConfig:
     freeze_encoder: bool = False
     # Optimisation
     epochs: int = 12
-    per_device_batch_size: int = 32
+    per_device_batch_size: int | None = None  # None: 32 on GPU/CPU, 128 on TPU (devices/policy.py says why)
     base_batch_size: int = 32
     base_lr: float = 2e-3
     lr_scaling: str = "sqrt"  # linear | sqrt | none
@@ -76,6 +76,13 @@ class TrainConfig:
     devices: int | None = None
     precision: str = "auto"  # auto | fp32 | bf16 | fp16
     num_threads: int | None = None  # torch CPU threads; None = all cores
+    # Data: training audio is decoded once into this cache (None: /kaggle/tmp on Kaggle, else ~/.cache; see
+    # pipeline/dataset.py) and crops are made by this many DataLoader worker processes per training process
+    # (None: by hardware, see devices/policy.py).
+    cache_dir: str | None = None
+    num_workers: int | None = None
+    # DDP ranks give up on a collective that waits longer than this (NCCL's own default is 10 min).
+    collective_timeout_minutes: float = 30.0
     # Robustness
     # error | skip: a train.csv row with unusable audio or no label (skip reports it).
     on_bad_row: str = "error"
@@ -90,10 +97,22 @@ class TrainConfig:
         _check_choice("accelerator", self.accelerator, ["auto", "tpu", "cuda", "cpu"])
         _check_choice("precision", self.precision, ["auto", "fp32", "bf16", "fp16"])
         _check_choice("on_bad_row", self.on_bad_row, ["error", "skip"])
-        for name in ("epochs", "per_device_batch_size", "base_batch_size", "grad_accum", "n_mels"):
+        for name in ("epochs", "base_batch_size", "grad_accum", "n_mels"):
             _check_positive(name, getattr(self, name))
-        for name in ("window_seconds", "base_lr", "aam_scale", "checkpoint_every_minutes"):
+        for name in (
+            "window_seconds",
+            "base_lr",
+            "aam_scale",
+            "checkpoint_every_minutes",
+            "collective_timeout_minutes",
+        ):
             _check_positive(name, getattr(self, name))
+        if self.per_device_batch_size is not None:
+            _check_positive("per_device_batch_size", self.per_device_batch_size)
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(
+                f"num_workers={self.num_workers!r}: use 0 (crops made in the training process) or more"
+            )
         if self.devices is not None:
             _check_positive("devices", self.devices)
         if self.time_budget_minutes is not None:

@@ -144,13 +144,13 @@ def read_train_table(data_dir: str | Path, on_bad_row: str = "error") -> tuple[l
         if problem is None:
             rows.append(TrainRow(line, row["path"], row["label"]))
         else:
-            _skip_or_stop(on_bad_row, skipped, csv_path, line, row["path"], problem)
+            skip_or_stop(on_bad_row, skipped, csv_path, line, row["path"], problem)
     if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
     return rows, skipped
 
 
-def _skip_or_stop(
+def skip_or_stop(
     on_bad_row: str,
     skipped: list[dict],
     csv_path: Path,
@@ -244,26 +244,43 @@ def resample(samples: np.ndarray, rate: int) -> np.ndarray:
     return out.numpy()
 
 
-def random_crop(
-    samples: np.ndarray, window: int, rng: np.random.Generator, min_short_fraction: float = 1.0
-) -> tuple[np.ndarray, float]:
-    """A training example: a random `window`-sample crop, or the whole clip left-aligned and zero-padded.
+def crop_span(
+    length: int, window: int, rng: np.random.Generator, min_short_fraction: float = 1.0
+) -> tuple[int, int]:
+    """Where a training example is cut from a clip of `length` samples: [start, stop), at most `window` long.
 
-    With `min_short_fraction` < 1, half the clips shorter than a window are first cut to a random part of
-    at least that fraction of their length (augmentation: see TrainConfig.min_short_fraction).
-    Returns the window and its relative length (valid samples / window), which the model uses to ignore
-    padding exactly as at inference.
+    A clip at least a window long gives a random `window`-sample crop. A shorter one is taken whole (it is
+    zero-padded after the cut, see `pad_crop`), except that with `min_short_fraction` < 1 half of them are
+    first cut to a random part of at least that fraction of their length (augmentation: see
+    TrainConfig.min_short_fraction). The draws from `rng` depend only on `length`, so a crop is a function of
+    the seed whether the clip is in memory or in the audio cache.
     """
-    if samples.size >= window:
-        start = int(rng.integers(0, samples.size - window + 1))
-        return samples[start : start + window], 1.0
+    if length >= window:
+        start = int(rng.integers(0, length - window + 1))
+        return start, start + window
     if min_short_fraction < 1.0 and rng.random() < 0.5:
-        keep = max(1, int(samples.size * rng.uniform(min_short_fraction, 1.0)))
-        start = int(rng.integers(0, samples.size - keep + 1))
-        samples = samples[start : start + keep]
+        keep = max(1, int(length * rng.uniform(min_short_fraction, 1.0)))
+        start = int(rng.integers(0, length - keep + 1))
+        return start, start + keep
+    return 0, length
+
+
+def pad_crop(samples: np.ndarray, window: int) -> tuple[np.ndarray, float]:
+    """`samples` (at most a window) left-aligned and zero-padded to `window`, and their relative length (valid
+    samples / window), which the model uses to ignore padding exactly as at inference."""
+    if samples.size == window:
+        return np.ascontiguousarray(samples, dtype=np.float32), 1.0
     padded = np.zeros(window, dtype=np.float32)
     padded[: samples.size] = samples
     return padded, samples.size / window
+
+
+def random_crop(
+    samples: np.ndarray, window: int, rng: np.random.Generator, min_short_fraction: float = 1.0
+) -> tuple[np.ndarray, float]:
+    """A training example from a clip in memory: `crop_span`, then `pad_crop`."""
+    start, stop = crop_span(samples.size, window, rng, min_short_fraction)
+    return pad_crop(samples[start:stop], window)
 
 
 def windows(samples: np.ndarray, window: int, max_windows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -286,51 +303,3 @@ def windows(samples: np.ndarray, window: int, max_windows: int) -> tuple[np.ndar
 def label_list(labels: Iterable[str]) -> list[str]:
     """The class order of a model: sorted unique labels (stable across runs and machines)."""
     return sorted(set(labels))
-
-
-@dataclass
-class TrainingSet:
-    clips: list[np.ndarray]  # 16 kHz mono float32, one per kept row
-    rows: list[TrainRow]
-    skipped: list[dict[str, str]]  # rows left out under on_bad_row="skip": line, path and reason
-
-
-def load_training_set(data_dir: str | Path, on_bad_row: str = "error") -> TrainingSet:
-    """Read train.csv and decode every file into memory (training revisits each clip every epoch).
-
-    A row with no label, or whose file is missing, empty, unreadable or outside the folder, stops the run
-    with an error naming the CSV line and the file, unless `on_bad_row="skip"`, which leaves it out and
-    reports it (the reasons name files by their path in the CSV, never by an absolute path).
-    """
-    data_dir = Path(data_dir)
-    csv_path = data_dir / "train.csv"
-    clips, kept = [], []
-    rows, skipped = read_train_table(data_dir, on_bad_row)
-    for row in rows:
-        try:
-            samples, _ = load_audio(resolve_inside(data_dir, row.rel_path))
-        except (AudioError, DataError) as error:
-            reason = error.detail if isinstance(error, AudioError) else str(error)
-            _skip_or_stop(on_bad_row, skipped, csv_path, row.line, row.rel_path, reason, cause=error)
-            continue
-        clips.append(samples)
-        kept.append(row)
-    if not kept:
-        raise DataError(f"{csv_path}: no usable training audio (all {len(skipped)} rows were skipped)")
-    return TrainingSet(clips=clips, rows=kept, skipped=skipped)
-
-
-def stratified_split(labels: list[str], fraction: float, seed: int) -> tuple[list[int], list[int]]:
-    """Indices (train, validation): `fraction` of each label held out, at least one kept for training."""
-    rng = np.random.default_rng(seed)
-    by_label: dict[str, list[int]] = {}
-    for index, label in enumerate(labels):
-        by_label.setdefault(label, []).append(index)
-    train_idx, val_idx = [], []
-    for label in sorted(by_label):
-        members = by_label[label]
-        rng.shuffle(members)
-        n_val = min(int(round(len(members) * fraction)), len(members) - 1)
-        val_idx += members[:n_val]
-        train_idx += members[n_val:]
-    return sorted(train_idx), sorted(val_idx)

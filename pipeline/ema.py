@@ -20,6 +20,7 @@ so the changing value never triggers a recompilation.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 
@@ -33,24 +34,34 @@ class WeightAverage:
             parameter.requires_grad_(False)
         self.decay = 1.0 - 1.0 / max(1.0, float(horizon_steps))
         self.updates = 0
+        self._pairs: tuple[list[torch.Tensor], ...] | None = None
 
     def current_decay(self) -> float:
         return min(self.decay, (1 + self.updates) / (10 + self.updates))
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
-        """Move the average towards `model`'s current weights (call after every optimizer step)."""
+        """Move the average towards `model`'s current weights (call after every optimizer step).
+
+        One foreach operation for all floating-point tensors and one for the integer buffers: on XLA every
+        Python-level operation is traced again at every step, and a loop over ~150 tensors cost more host
+        time than the forward pass."""
         self.updates += 1
-        averaged = self.module.state_dict()
-        current = model.state_dict()
-        device = next(iter(averaged.values())).device
+        if self._pairs is None:  # the same tensors every step (moves and loads happen in place before)
+            averaged, current = self.module.state_dict(), model.state_dict()
+            floats = [name for name, tensor in averaged.items() if tensor.is_floating_point()]
+            others = [name for name in averaged if name not in set(floats)]
+            self._pairs = ([averaged[n] for n in floats], [current[n].detach() for n in floats],
+                           [averaged[n] for n in others], [current[n].detach() for n in others])  # fmt: skip
+        average_floats, live_floats, average_others, live_others = self._pairs
+        device = average_floats[0].device if average_floats else torch.device("cpu")
         weight = torch.tensor(1.0 - self.current_decay(), device=device)
-        for name, target in averaged.items():
-            source = current[name].detach()
-            if target.is_floating_point():
-                target.lerp_(source.to(target.dtype), weight)
-            else:
-                target.copy_(source)
+        # avg += weight * (live - avg), the weight sent as a tensor: a new value never recompiles XLA's graph.
+        torch._foreach_add_(
+            average_floats, torch._foreach_mul(torch._foreach_sub(live_floats, average_floats), weight)
+        )
+        if average_others:
+            torch._foreach_copy_(average_others, live_others)
 
     def state_dict(self) -> dict[str, object]:
         """For checkpoints: the averaged weights (on CPU) and the update count."""
@@ -58,28 +69,43 @@ class WeightAverage:
         return {"weights": weights, "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.module.load_state_dict(state["weights"])  # type: ignore[arg-type]
+        self.module.load_state_dict(state["weights"])  # type: ignore[arg-type]  # in place: pairs stay valid
         self.updates = int(state["updates"])  # type: ignore[arg-type]
 
 
 @torch.no_grad()
 def recompute_batchnorm(
-    model: torch.nn.Module, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device, batch_size: int = 64
+    model: torch.nn.Module,
+    wavs: torch.Tensor,
+    lens: torch.Tensor,
+    forward: Callable[[torch.Tensor, torch.Tensor], object] | None = None,
+    batch_size: int | None = None,
 ) -> None:
     """Replace the BatchNorm running statistics of `model` (a SpeakerClassifier) by the exact average over
-    the windows `wavs` [n, samples] with relative lengths `lens`, computed with its current weights."""
+    the windows `wavs` [n, samples] with relative lengths `lens`, computed with its current weights.
+
+    `forward(wavs, lens)` runs the model on its device (default: here, on the model's device). The windows go
+    through in one batch by default (BatchNorm's momentum 1: exactly that batch's statistics, and on XLA one
+    graph with no host round trip); with `batch_size`, in batches whose statistics are averaged cumulatively."""
     norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not norms or len(wavs) == 0:
         return
+    if forward is None:
+        device = next(model.parameters()).device
+
+        def forward(batch_wavs: torch.Tensor, batch_lens: torch.Tensor) -> object:
+            batch_lens = batch_lens.to(device)
+            return model.embed(model.features(batch_wavs.to(device), batch_lens), batch_lens)
+
+    batch_size = batch_size or len(wavs)
     was_training, momenta = model.training, [m.momentum for m in norms]
     for norm in norms:
         norm.reset_running_stats()
-        norm.momentum = None  # a cumulative average over the batches below, not an exponential one
+        # One batch: its statistics exactly. Several: a cumulative average (momentum None), not an exponential.
+        norm.momentum = 1.0 if batch_size >= len(wavs) else None
     model.train()  # BatchNorm normalises with, and records, each batch's statistics
     for start in range(0, len(wavs), batch_size):
-        batch_wavs = wavs[start : start + batch_size].to(device)
-        batch_lens = lens[start : start + batch_size].to(device)
-        model.embed(model.features(batch_wavs, batch_lens), batch_lens)
+        forward(wavs[start : start + batch_size], lens[start : start + batch_size])
     for norm, momentum in zip(norms, momenta, strict=True):
         norm.momentum = momentum
     model.train(was_training)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from .config import MAX_WINDOWS_PER_FILE
 from .data import AudioError, DataError, TestRow, load_audio, resolve_inside, windows
 from .model import SpeakerClassifier, add_windows
+from .progress import progress_bar
 
 # Files longer than this are only decoded up to it: max_windows_per_file windows cover it anyway.
 MAX_DECODE_SECONDS = 600.0
@@ -62,12 +63,6 @@ def embed_windows(
     return embeddings.float().cpu()
 
 
-@torch.inference_mode()
-def score_files(model: SpeakerClassifier, embeddings: np.ndarray, device: torch.device) -> np.ndarray:
-    """Cosine scores [n_files, n_classes] of per-file embeddings (what SpeechBrain's classify_batch returns)."""
-    return model.scores(torch.from_numpy(embeddings).to(device)).float().cpu().numpy()
-
-
 def run_windows(
     model: SpeakerClassifier,
     items: Iterator[FileWindows],
@@ -75,11 +70,15 @@ def run_windows(
     batch_windows: int,
     device: torch.device,
     progress: bool = False,
+    embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Predictions:
     """Consume per-file windows, batch them densely, and reduce window embeddings back to files.
 
     A file's embedding is the valid-length-weighted mean of its unit-length window embeddings (the reduction
-    model.WindowedEncoder applies for SpeechBrain); its scores are the cosine classifier on that mean."""
+    model.WindowedEncoder applies for SpeechBrain); its scores are the cosine classifier on that mean.
+    `embed(wavs, lens)` computes a batch's window embeddings on the host (default: `embed_windows` on
+    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA)."""
+    embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
     emb_dim = model.config.lin_neurons
     emb_sum = torch.zeros(n_files, emb_dim)
     weight = torch.zeros(n_files)
@@ -102,7 +101,7 @@ def run_windows(
         for start in range(0, stop, batch_windows):
             end = min(start + batch_windows, stop)
             batch_lens = torch.from_numpy(lens[start:end])
-            embeddings = embed_windows(model, torch.from_numpy(wavs[start:end]), batch_lens, device)
+            embeddings = embed(torch.from_numpy(wavs[start:end]), batch_lens)
             add_windows(emb_sum, weight, embeddings, batch_lens, torch.from_numpy(owner[start:end]))
         pending_wavs, pending_lens, pending_owner = [wavs[stop:]], [lens[stop:]], [owner[stop:]]
 
@@ -114,8 +113,8 @@ def run_windows(
         else:
             if item.repairs:
                 repairs[item.index] = item.repairs
-            pending_wavs.append(item.windows)
-            pending_lens.append(item.lens)
+            pending_wavs.append(np.asarray(item.windows))
+            pending_lens.append(np.asarray(item.lens))
             pending_owner.append(np.full(len(item.windows), item.index, dtype=np.int64))
             buffered += len(item.windows)
             if buffered >= batch_windows:
@@ -131,7 +130,7 @@ def run_windows(
     embeddings[ok] = (emb_sum[ok] / weight[ok][:, None]).numpy()
     scores = np.full((n_files, model.config.n_classes), np.nan, dtype=np.float32)
     if ok.any():
-        scores[ok] = score_files(model, embeddings[ok], device)
+        scores[ok] = host_scores(model, embeddings[ok])
     for index in np.flatnonzero(~ok):
         problems.setdefault(int(index), "no audio windows")
     return Predictions(
@@ -143,6 +142,15 @@ def run_windows(
         device_counts={str(device): int(ok.sum())},
         seconds=time.perf_counter() - started,
     )
+
+
+@torch.inference_mode()
+def host_scores(model: SpeakerClassifier, embeddings: np.ndarray) -> np.ndarray:
+    """Cosine scores [n_files, n_classes] of per-file embeddings, computed on the host in fp32 with the
+    model's classifier weights (what SpeechBrain's classify_batch returns), wherever the model lives."""
+    weight = model.classifier.weight.detach().float().cpu()
+    unit = torch.nn.functional.normalize(torch.from_numpy(embeddings).float(), dim=1)
+    return torch.nn.functional.linear(unit, torch.nn.functional.normalize(weight, dim=1)).numpy()
 
 
 def classify_clips(
@@ -264,16 +272,3 @@ def _reflect_pad_by_copies(
     if right:
         parts.append(x[..., -right - 1 : -1].flip(-1))
     return torch.cat(parts, dim=-1) if len(parts) > 1 else x
-
-
-def progress_bar(total: int, desc: str, unit: str, enabled: bool, initial: int = 0, leave: bool = True):
-    """A notebook-friendly bar (a widget where ipywidgets exists, text otherwise), or None when disabled."""
-    if not enabled:
-        return None
-    import warnings
-
-    with warnings.catch_warnings():  # without ipywidgets, tqdm.auto warns once and falls back to text: fine
-        warnings.filterwarnings("ignore", message="IProgress not found")
-        from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, mininterval=2.0, leave=leave)

@@ -11,38 +11,45 @@ import json
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config import MODEL_PRESETS, TrainConfig, to_dict
-from .data import TrainingSet
+from .devices.policy import HardwarePlan
 from .devices.probe import Topology
 
-PATH_FIELDS = {"data_dir", "artifact_dir", "checkpoint_dir", "init_from"}
+if TYPE_CHECKING:
+    from .dataset import TrainingData
+
+PATH_FIELDS = {"data_dir", "artifact_dir", "checkpoint_dir", "init_from", "cache_dir"}
 
 
-def run_fingerprint(config: TrainConfig, dataset: TrainingSet, topology: Topology) -> str:
+def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topology) -> str:
     """What a checkpoint must match to be resumed: the parameters that shape the run and the training rows,
     not where things live (Kaggle mounts the same competition under another path in a later version) or
     budgets."""
     keep = {k: v for k, v in to_dict(config).items()
             if k not in {"data_dir", "artifact_dir", "checkpoint_dir", "time_budget_minutes", "progress",
-                         "checkpoint_every_minutes", "num_threads"}}  # fmt: skip
+                         "checkpoint_every_minutes", "num_threads", "cache_dir", "num_workers",
+                         "collective_timeout_minutes"}}  # fmt: skip
     rows = [[row.rel_path, row.label] for row in dataset.rows]
     payload = json.dumps({"config": keep, "rows": rows, "devices": topology.num_devices}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def build_provenance(config, topology, plan, strategy, result, model_size) -> dict[str, Any]:
+def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy, result) -> dict[str, Any]:
+    topology = plan.topology
     return {
         "accelerator": topology.accelerator,
         "device_kind": topology.device_kind,
         "devices": topology.num_devices,
         "strategy": strategy.name,
         "precision": strategy.precision,
-        "model_size": model_size,
-        "batch_plan": plan.to_dict(),
+        "model_size": plan.model_size,
+        "batch_plan": plan.batch.to_dict(),
+        "schedule": result.schedule,
+        "loader_workers": plan.loader_workers,
         "epochs_run": len(result.history),
         "epochs_planned": config.epochs,
         "best_epoch": result.best_epoch,
@@ -53,13 +60,14 @@ def build_provenance(config, topology, plan, strategy, result, model_size) -> di
         "resumed_from": result.resumed_from,
         "stopped_early": result.stopped_early,
         "skipped_rows": result.skipped_rows,
+        "data_notes": result.data_notes,
         "train_seconds": round(result.seconds, 1),
         # Paths are reduced to their last component: the artifact must not point outside itself.
         "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in to_dict(config).items()},
         "versions": package_versions(),
         "git_commit": git_commit(),
         "python": platform.python_version(),
-        "presets": {model_size: MODEL_PRESETS[model_size]},
+        "presets": {plan.model_size: MODEL_PRESETS[plan.model_size]},
     }
 
 

@@ -8,8 +8,9 @@ the batch the base learning rate was tuned for, the lr is scaled:
   Adaptive Gradient Algorithms"), the rule for Adam-family optimisers such as this project's Adam;
 - ``none``:   lr = base_lr.
 
+The schedule (`plan_schedule`) warms the learning rate up linearly, then decays it along a cosine to 2%.
 Error messages name the notebook parameters (per_device_batch_size, devices, grad_accum, base_lr,
-base_batch_size, lr_scaling, warmup_steps) so a user knows which cell value to change.
+base_batch_size, lr_scaling, warmup_epochs) so a user knows which cell value to change.
 """
 
 from __future__ import annotations
@@ -40,21 +41,43 @@ class BatchPlan:
     base_batch: int
     rule: str
     lr: float
-    warmup_steps: int
     accelerator: str = "cpu"
-    warmup_source: str = "given"  # "given" by the caller, or "default" (chosen by plan_batch)
 
-    def describe(self, with_warmup: bool = True) -> str:
+    def describe(self) -> str:
         """One line, e.g. "global batch 256 = 32 per device x 8 devices x 1 accum; lr 1.0e-03 -> ..."."""
-        warm = (
-            f"warmup {self.warmup_steps} steps ({self.warmup_source})" if self.warmup_steps else "no warmup"
-        )
         return (
             f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.num_devices} "
             f"{'device' if self.num_devices == 1 else 'devices'} x {self.grad_accum} accum; "
             f"lr {self.base_lr:.1e} -> {self.lr:.1e} ({self.rule} rule, base batch {self.base_batch})"
-            + (f"; {warm}" if with_warmup else "")
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Optimizer steps and the learning-rate multiplier of each: linear warmup, then cosine decay to 2%."""
+
+    steps_per_epoch: int
+    total_steps: int
+    warmup_steps: int
+    warmup_source: str  # "1 epoch", "default (lr scaled up)", "none"
+
+    def factor(self, step: int) -> float:
+        """Linear warmup (large scaled learning rates need it, Goyal et al. 2017), then cosine decay to 2%."""
+        if step < self.warmup_steps:
+            return warmup_lr_factor(step, self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps))
+        return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def describe(self) -> str:
+        steps = "step" if self.steps_per_epoch == 1 else "steps"
+        epochs = self.total_steps // max(1, self.steps_per_epoch)
+        warm = "no warmup" if not self.warmup_steps else (
+            f"warmup {self.warmup_steps} {'step' if self.warmup_steps == 1 else 'steps'} ({self.warmup_source})")  # fmt: skip
+        return (f"{self.steps_per_epoch} {steps} per epoch x {epochs} {'epoch' if epochs == 1 else 'epochs'} = "
+                f"{self.total_steps} steps; {warm}")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -123,17 +146,13 @@ def plan_batch(
     base_batch: int,
     rule: str,
     accelerator: str,
-    warmup_steps: int = 0,
     *,
-    total_steps: int | None = None,
     require_tpu_multiple: bool | None = None,
 ) -> BatchPlan:
-    """Validate the batch topology and compute the scaled lr and warmup.
+    """Validate the batch topology and compute the scaled lr.
 
     On TPU the per-device batch must be a multiple of 8: XLA tiles the batch dimension in 8s, so other sizes
     pad and waste the chip. ``require_tpu_multiple=False`` lifts that for torch_xla's CPU stand-in (tests).
-    If the rule raises the lr and ``warmup_steps`` is 0, a default warmup is chosen (default_warmup_steps,
-    capped at 10% of ``total_steps`` when given).
     """
     _check_int("per_device_batch_size", per_device_batch)
     _check_int("devices", num_devices)
@@ -141,9 +160,6 @@ def plan_batch(
     base_lr = _check_lr("base_lr", base_lr)
     _check_int("base_batch_size", base_batch)
     _check_rule(rule)
-    _check_int("warmup_steps", warmup_steps, minimum=0)
-    if total_steps is not None:
-        _check_int("total_steps", total_steps)
     if accelerator not in ("tpu", "cuda", "cpu"):
         raise ValueError(f"accelerator must be 'tpu', 'cuda' or 'cpu'; got {accelerator!r}")
 
@@ -156,11 +172,6 @@ def plan_batch(
         )
 
     global_batch = per_device_batch * num_devices * grad_accum
-    lr = scale_lr(base_lr, base_batch, global_batch, rule)
-    source = "given"
-    if warmup_steps == 0 and rule != "none" and lr > base_lr:
-        # A large jump in lr at step 0 diverges early training (Goyal et al. sec. 2.2): warm up instead.
-        warmup_steps, source = default_warmup_steps(lr, base_lr, total_steps), "default"
     return BatchPlan(
         per_device_batch=per_device_batch,
         num_devices=num_devices,
@@ -169,8 +180,23 @@ def plan_batch(
         base_lr=base_lr,
         base_batch=base_batch,
         rule=rule,
-        lr=lr,
-        warmup_steps=warmup_steps,
+        lr=scale_lr(base_lr, base_batch, global_batch, rule),
         accelerator=accelerator,
-        warmup_source=source,
     )
+
+
+def plan_schedule(plan: BatchPlan, train_rows: int, epochs: int, warmup_epochs: float) -> Schedule:
+    """Steps for `train_rows` training files at the plan's global batch (at least one per epoch), and the
+    warmup: `warmup_epochs` of them when given (> 0); otherwise, if the rule raised the lr, the default
+    (default_warmup_steps: a large jump in lr at step 0 diverges early training, Goyal et al. sec. 2.2)."""
+    _check_int("epochs", epochs)
+    steps_per_epoch = max(1, train_rows // plan.global_batch)
+    total = steps_per_epoch * epochs
+    if warmup_epochs > 0:
+        epochs_text = f"{warmup_epochs:g} {'epoch' if warmup_epochs == 1 else 'epochs'}"
+        warmup, source = max(1, round(warmup_epochs * steps_per_epoch)), epochs_text
+    elif plan.rule != "none" and plan.lr > plan.base_lr:
+        warmup, source = default_warmup_steps(plan.lr, plan.base_lr, total), "default (lr scaled up)"
+    else:
+        warmup, source = 0, "none"
+    return Schedule(steps_per_epoch, total, min(warmup, total), source)

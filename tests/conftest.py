@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# Decoded training audio is cached under $XDG_CACHE_HOME when cache_dir is not given (pipeline/dataset.py):
+# the tests' caches go to a folder of their own, shared by every test of the session and every process it
+# starts, never into the user's ~/.cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pipeline-tests-cache-")
 FSDD = ROOT.parent / "shared" / "fsdd" / "recordings"
 
 # Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores.
@@ -26,6 +32,15 @@ def synthetic_data(tmp_path_factory) -> Path:
         train_per_speaker=12,
         test_per_speaker=4,
     )
+
+
+@pytest.fixture(scope="session")
+def synthetic_training_data(synthetic_data):
+    """The synthetic folder as training sees it: its audio in the cache, the split made."""
+    from pipeline.config import TrainConfig
+    from pipeline.dataset import load_training_data
+
+    return load_training_data(TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN), log=lambda *_: None)
 
 
 @pytest.fixture(scope="session")

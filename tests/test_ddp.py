@@ -8,11 +8,12 @@ from conftest import TINY_TRAIN
 from helpers import run_papermill
 
 from pipeline.config import TrainConfig
-from pipeline.data import read_train_table, stratified_split
-from pipeline.devices.ddp import DDPStrategy, ddp_worker
+from pipeline.data import read_train_table
+from pipeline.dataset import stratified_split
+from pipeline.devices.ddp import DDPStrategy, ddp_entry
 from pipeline.devices.launch import launch
-from pipeline.devices.probe import detect_topology
-from pipeline.train import plan_for
+from pipeline.devices.policy import decide
+from pipeline.train import fit
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
@@ -25,16 +26,18 @@ def test_shards_are_disjoint_and_cover_the_rows(world_size):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(synthetic_data, tmp_path):
+def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(
+    synthetic_data, synthetic_training_data, tmp_path
+):
+    import time
+
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
                          **{**TINY_TRAIN, "epochs": 2, "devices": 2})  # fmt: skip
-    topology = detect_topology("cpu", 2)
-    plan = plan_for(config, topology)
-    results = launch(ddp_worker, nprocs=2, args=(config, topology, plan, "fp32"), timeout=240)
+    plan = decide(config)
+    work = (config, plan, synthetic_training_data, time.monotonic())
+    results = launch(ddp_entry, nprocs=2, args=(fit, work, plan.topology, "fp32", 120.0), timeout=240)
     assert results[0].weights_sha256 == results[1].weights_sha256
-    labels = [r.label for r in read_train_table(synthetic_data)[0]]
-    train_idx, _ = stratified_split(labels, config.val_fraction, config.seed)
-    assert results[0].rows_trained + results[1].rows_trained == len(train_idx)
+    assert results[0].rows_trained + results[1].rows_trained == len(synthetic_training_data.train_idx)
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
     assert manifest["provenance"]["strategy"] == "ddp" and manifest["provenance"]["devices"] == 2
     assert manifest["provenance"]["batch_plan"]["global_batch"] == 2 * TINY_TRAIN["per_device_batch_size"]
@@ -97,7 +100,7 @@ def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, t
     reports = [json.loads(path.read_text()) for path in sorted(reports_dir.glob("rank*.json"))]
     assert len(reports) == 2 and reports[0]["weights"] == reports[1]["weights"]
     labels = [r.label for r in read_train_table(synthetic_data)[0]]
-    train_idx, _ = stratified_split(labels, 0.1, 0)
+    train_idx, _, _ = stratified_split(labels, 0.1, 0)
     assert sum(r["rows"] for r in reports) == len(train_idx)  # two disjoint halves, not two full copies
     assert run.stdout.count("CPU: 2 CPU processes (gloo DDP") == 1  # rank 0 speaks for the run
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]

@@ -75,7 +75,7 @@ def test_recompute_batchnorm_gives_the_statistics_of_these_weights_on_these_wind
         norm.running_var.fill_(9.0)
     momenta = [norm.momentum for norm in norms]
     model.eval()
-    recompute_batchnorm(model, wavs, lens, torch.device("cpu"), batch_size=12)
+    recompute_batchnorm(model, wavs, lens)  # one batch: exactly its statistics
     torch.testing.assert_close(norms[0].running_mean, true_mean, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(norms[0].running_var, true_var, rtol=1e-4, atol=1e-5)
     assert [norm.momentum for norm in norms] == momenta  # the training-time momentum is back
@@ -88,11 +88,11 @@ def test_recomputed_statistics_are_a_cumulative_average_over_batches():
     lens = torch.ones(8)
     halves = []
     for part in (slice(0, 4), slice(4, 8)):
-        recompute_batchnorm(model, wavs[part], lens[part], torch.device("cpu"), batch_size=4)
+        recompute_batchnorm(model, wavs[part], lens[part])
         halves.append(
             [m.running_mean.clone() for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
         )
-    recompute_batchnorm(model, wavs, lens, torch.device("cpu"), batch_size=4)
+    recompute_batchnorm(model, wavs, lens, batch_size=4)
     whole = [m.running_mean for m in model.modules() if isinstance(m, torch.nn.BatchNorm1d)]
     # Equal-size batches weigh equally: not the 0.1-momentum average that would favour the last batch.
     for first, second, both in zip(*halves, whole, strict=True):
@@ -107,13 +107,13 @@ def test_recompute_batchnorm_fixes_a_mismatched_average():
     lens = torch.ones(16)
     with torch.no_grad():
         reference = copy.deepcopy(model)
-        recompute_batchnorm(reference, wavs, lens, torch.device("cpu"), batch_size=16)
+        recompute_batchnorm(reference, wavs, lens)
         good = reference.eval().embed(reference.features(wavs, lens), lens)
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm1d):
                 m.running_mean.normal_(0, 3)
         bad = model.eval().embed(model.features(wavs, lens), lens)
-        recompute_batchnorm(model, wavs, lens, torch.device("cpu"), batch_size=16)
+        recompute_batchnorm(model, wavs, lens)
         fixed = model.eval().embed(model.features(wavs, lens), lens)
     assert not np.allclose(bad.numpy(), good.numpy(), atol=1e-3)
     torch.testing.assert_close(fixed, good, rtol=1e-4, atol=1e-5)

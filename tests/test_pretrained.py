@@ -129,11 +129,14 @@ def make_pretrained_dir(directory: Path, seed: int = 123) -> dict[str, torch.Ten
 
 @pytest.fixture
 def network_attempts(monkeypatch) -> list[str]:
-    """Refuse every outgoing connection and name lookup in this process; the list records each attempt."""
+    """Refuse every outgoing network connection and name lookup in this process; the list records each attempt.
+    AF_UNIX sockets are local IPC (DataLoader workers hand tensors back through them), not the network."""
     attempts: list[str] = []
 
-    def refuse(what):
+    def refuse(what, original=None):
         def blocked(*args, **kwargs):
+            if original is not None and args and args[0].family == socket.AF_UNIX:
+                return original(*args, **kwargs)
             attempts.append(f"{what}{args[1:2] if what.startswith('socket.') else args[:1]}")
             raise OSError(f"network access blocked by the test ({what})")
 
@@ -141,7 +144,7 @@ def network_attempts(monkeypatch) -> list[str]:
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     for name in ("connect", "connect_ex"):
-        monkeypatch.setattr(socket.socket, name, refuse(f"socket.{name}"))
+        monkeypatch.setattr(socket.socket, name, refuse(f"socket.{name}", getattr(socket.socket, name)))
     monkeypatch.setattr(socket, "create_connection", refuse("create_connection"))
     monkeypatch.setattr(socket, "getaddrinfo", refuse("getaddrinfo"))
     return attempts

@@ -175,21 +175,24 @@ def test_a_checkpoint_follows_the_data_not_its_mount_point(synthetic_data, tmp_p
     the next version must still resume. Other rows or other parameters must not."""
     import shutil
 
-    from pipeline.data import load_training_set
+    from pipeline.dataset import load_training_data
     from pipeline.devices.probe import detect_topology
     from pipeline.provenance import run_fingerprint
+
+    def data(folder):
+        return load_training_data(TrainConfig(data_dir=str(folder), **TINY_TRAIN), log=lambda *_: None)
 
     moved = tmp_path / "competitions" / "speaker-id"
     shutil.copytree(synthetic_data, moved)
     topology = detect_topology("cpu")
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir="a", **TINY_TRAIN)
-    here = run_fingerprint(config, load_training_set(synthetic_data), topology)
-    there = run_fingerprint(TrainConfig(data_dir=str(moved), artifact_dir="b", **TINY_TRAIN),
-                            load_training_set(moved), topology)  # fmt: skip
+    here = run_fingerprint(config, data(synthetic_data), topology)
+    there = run_fingerprint(TrainConfig(data_dir=str(moved), artifact_dir="b", cache_dir="elsewhere", **TINY_TRAIN),
+                            data(moved), topology)  # fmt: skip
     assert here == there
     assert run_fingerprint(TrainConfig(data_dir=str(moved), artifact_dir="b", **{**TINY_TRAIN, "epochs": 9}),
-                           load_training_set(moved), topology) != here  # fmt: skip
+                           data(moved), topology) != here  # fmt: skip
     with open(moved / "train.csv") as handle:
         lines = handle.readlines()
     (moved / "train.csv").write_text("".join(lines[:-1]))  # one row fewer: another run
-    assert run_fingerprint(config, load_training_set(moved), topology) != here
+    assert run_fingerprint(config, data(moved), topology) != here

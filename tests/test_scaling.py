@@ -10,6 +10,7 @@ from pipeline.scaling import (
     WARMUP_MAX_FRACTION,
     WARMUP_STEPS_PER_LR_MULTIPLE,
     plan_batch,
+    plan_schedule,
     scale_lr,
     warmup_lr_factor,
 )
@@ -28,17 +29,16 @@ def test_rules_follow_their_formulas(base_batch: int, global_batch: int) -> None
 @pytest.mark.timeout(30)
 def test_plan_multiplies_out_the_topology() -> None:
     per_device, devices, accum, base_lr, base_batch = 32, 8, 2, 1e-3, 32
-    plan = plan_batch(per_device, devices, accum, base_lr, base_batch, "sqrt", "tpu", warmup_steps=10)
+    plan = plan_batch(per_device, devices, accum, base_lr, base_batch, "sqrt", "tpu")
     global_batch = per_device * devices * accum
     assert plan.global_batch == global_batch
     assert plan.lr == pytest.approx(base_lr * math.sqrt(global_batch / base_batch))
-    assert (plan.warmup_steps, plan.warmup_source) == (10, "given")
     assert plan.to_dict()["global_batch"] == global_batch and plan.to_dict()["rule"] == "sqrt"
 
 
 @pytest.mark.timeout(30)
 def test_describe_contains_the_numbers() -> None:
-    plan = plan_batch(32, 8, 1, 1e-3, 32, "linear", "tpu", warmup_steps=100)
+    plan = plan_batch(32, 8, 1, 1e-3, 32, "linear", "tpu")
     text = plan.describe()
     for piece in (
         "global batch 256",
@@ -50,21 +50,47 @@ def test_describe_contains_the_numbers() -> None:
         "linear",
     ):
         assert piece in text, (piece, text)
-    assert "base batch 32" in text and "warmup 100 steps" in text
+    assert "base batch 32" in text
     one = plan_batch(16, 1, 1, 1e-3, 32, "linear", "cpu").describe()
-    assert "1 device x" in one and "no warmup" in one  # the lr went down: no warmup added
+    assert "1 device x" in one
 
 
 @pytest.mark.timeout(30)
-def test_default_warmup_when_lr_is_scaled_up() -> None:
+def test_schedule_counts_steps_and_warms_up_for_the_given_epochs() -> None:
+    plan = plan_batch(32, 8, 1, 1e-3, 32, "linear", "cuda")  # global batch 256
+    schedule = plan_schedule(plan, train_rows=2600, epochs=12, warmup_epochs=1.5)
+    assert (schedule.steps_per_epoch, schedule.total_steps) == (10, 120)
+    assert (schedule.warmup_steps, schedule.warmup_source) == (15, "1.5 epochs")
+    assert plan_schedule(plan, train_rows=10, epochs=3, warmup_epochs=1).steps_per_epoch == 1  # never zero
+    assert schedule.describe() == "10 steps per epoch x 12 epochs = 120 steps; warmup 15 steps (1.5 epochs)"
+    single = plan_schedule(plan, train_rows=256, epochs=1, warmup_epochs=1).describe()
+    assert single == "1 step per epoch x 1 epoch = 1 steps; warmup 1 step (1 epoch)"
+
+
+@pytest.mark.timeout(30)
+def test_default_warmup_when_lr_is_scaled_up_and_no_epochs_are_given() -> None:
     base_lr = 1e-3
     plan = plan_batch(32, 8, 1, base_lr, 32, "linear", "cuda")
-    assert plan.warmup_source == "default"
-    assert plan.warmup_steps == math.ceil(WARMUP_STEPS_PER_LR_MULTIPLE * plan.lr / base_lr)
-    capped = plan_batch(32, 8, 1, base_lr, 32, "linear", "cuda", total_steps=300)
-    assert capped.warmup_steps == int(300 * WARMUP_MAX_FRACTION)
-    assert plan_batch(32, 8, 1, base_lr, 32, "none", "cuda").warmup_steps == 0  # lr unchanged
-    assert plan_batch(32, 1, 1, base_lr, 32, "linear", "cuda").warmup_steps == 0  # same batch: same lr
+    long = plan_schedule(plan, train_rows=256 * 1000, epochs=10, warmup_epochs=0)
+    assert long.warmup_source == "default (lr scaled up)"
+    assert long.warmup_steps == math.ceil(WARMUP_STEPS_PER_LR_MULTIPLE * plan.lr / base_lr)
+    assert plan_schedule(plan, 256 * 30, 10, 0).warmup_steps == int(300 * WARMUP_MAX_FRACTION)  # capped
+    same = plan_batch(32, 1, 1, base_lr, 32, "linear", "cuda")  # same batch: same lr, nothing to warm up
+    assert (
+        plan_schedule(same, 3200, 10, 0).warmup_steps,
+        plan_schedule(same, 3200, 10, 0).warmup_source,
+    ) == (0, "none")
+    unscaled = plan_batch(32, 8, 1, base_lr, 32, "none", "cuda")
+    assert plan_schedule(unscaled, 3200, 10, 0).describe().endswith("no warmup")
+
+
+@pytest.mark.timeout(30)
+def test_lr_schedule_warms_up_then_decays() -> None:
+    schedule = plan_schedule(plan_batch(10, 1, 1, 1e-3, 10, "none", "cpu"), 100, 10, warmup_epochs=1)
+    factors = [schedule.factor(s) for s in range(100)]
+    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
+    assert factors[-1] < 0.05
 
 
 @pytest.mark.timeout(30)
@@ -100,7 +126,6 @@ def test_tpu_needs_multiples_of_8(per_device: int, hint: str) -> None:
         ({"base_batch": 0}, "base_batch_size"),
         ({"rule": "cubic"}, "lr_scaling"),
         ({"accelerator": "gpu0"}, "accelerator"),
-        ({"warmup_steps": -1}, "warmup_steps"),
     ],
 )
 def test_validation_names_the_parameter(kwargs: dict, name: str) -> None:

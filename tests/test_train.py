@@ -9,9 +9,12 @@ import torch
 from conftest import TINY_TRAIN
 
 from pipeline.artifact import load_artifact
+from pipeline.batches import crops, epoch_order
 from pipeline.checkpoint import TrainingState
 from pipeline.config import TrainConfig
-from pipeline.train import calibration_windows, epoch_order, lr_factor, make_batch, resolve_precision, train
+from pipeline.devices.policy import resolve_precision
+from pipeline.train import train
+from pipeline.validation import calibration_windows
 
 
 def test_training_learns_and_records_provenance(tiny_artifact):
@@ -54,13 +57,6 @@ def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_pat
     assert result.skipped_rows
 
 
-def test_lr_schedule_warms_up_then_decays():
-    factors = [lr_factor(s, 10, 100) for s in range(100)]
-    assert factors[0] == pytest.approx(0.1) and factors[9] == pytest.approx(1.0)
-    assert all(a >= b for a, b in zip(factors[10:], factors[11:], strict=False))
-    assert factors[-1] < 0.05
-
-
 def test_epoch_order_is_a_shuffled_cover_and_fills_small_shards():
     order = epoch_order(list(range(10)), 10, seed=0, epoch=0)
     assert sorted(order) == list(range(10)) and order != list(range(10))
@@ -68,13 +64,16 @@ def test_epoch_order_is_a_shuffled_cover_and_fills_small_shards():
     assert len(epoch_order([3, 4], 8, seed=0, epoch=0)) == 8
 
 
-def test_batches_are_static_shape_and_deterministic():
-    clips = [np.ones(n, dtype=np.float32) for n in (100, 3000, 50)]
-    targets = np.array([0, 1, 2])
-    a = make_batch(clips, targets, [0, 1, 2], 1000, seed=0, epoch=0, offset=0)
-    b = make_batch(clips, targets, [0, 1, 2], 1000, seed=0, epoch=0, offset=0)
-    assert a[0].shape == (3, 1000) and torch.equal(a[0], b[0])
-    assert a[1].tolist() == pytest.approx([0.1, 1.0, 0.05])
+def test_crops_are_static_shape_deterministic_and_read_only_what_they_use(synthetic_training_data):
+    data = synthetic_training_data
+    items = data.items[:3]
+    a = crops(data.store, items, 1000, np.random.default_rng([0, 0, 0, 0]))
+    b = crops(data.store, items, 1000, np.random.default_rng([0, 0, 0, 0]))
+    assert a[0].shape == (3, 1000) and torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    assert all(rel == 1.0 for rel in a[1].tolist())  # every synthetic clip is longer than 1000 samples
+    short = crops(data.store, items, 10 * 16000, np.random.default_rng(1))  # 10 s windows: padded
+    lengths = data.store.lengths[items]
+    assert short[1].tolist() == pytest.approx((lengths / (10 * 16000)).tolist())
 
 
 def test_precision_follows_the_hardware():
@@ -115,14 +114,13 @@ def test_best_epoch_higher_accuracy_wins_and_ties_go_to_the_later_epoch():
     assert state.is_better({"train_loss": 1.0})  # no validation split: the latest epoch
 
 
-def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data):
-    from pipeline.data import load_training_set
-
-    clips = load_training_set(str(synthetic_data), "error").clips
+def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data, synthetic_training_data):
+    data = synthetic_training_data
+    clips = [data.store.read(int(item)) for item in data.items]
     train_idx = list(range(0, len(clips), 2))
     config = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 10})
-    wavs, lens = calibration_windows(clips, train_idx, config)
-    again, _ = calibration_windows(clips, train_idx, config)
+    wavs, lens = calibration_windows(data.store, data.items, train_idx, config)
+    again, _ = calibration_windows(data.store, data.items, train_idx, config)
     assert wavs.shape == (10, config.window_samples) and lens.shape == (10,)
     assert torch.equal(wavs, again)  # every epoch and every rank: the same windows
     assert float(lens.min()) > 0 and float(lens.max()) <= 1
@@ -133,12 +131,14 @@ def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data
         assert any(piece_of(window[:valid], clips[i]) for i in train_idx)
         assert not any(piece_of(window[:valid], clips[i]) for i in range(1, len(clips), 2))
     huge = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 10_000})
-    assert calibration_windows(clips, train_idx, huge)[0].shape[0] == len(train_idx)
+    assert calibration_windows(data.store, data.items, train_idx, huge)[0].shape[0] == len(train_idx)
     off = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 0})
-    assert calibration_windows(clips, train_idx, off) is None
+    assert calibration_windows(data.store, data.items, train_idx, off) is None
     frozen = copy.copy(config)
     object.__setattr__(frozen, "freeze_encoder", True)  # (a real config also needs init_from)
-    assert calibration_windows(clips, train_idx, frozen) is None  # the pretrained statistics stay
+    assert (
+        calibration_windows(data.store, data.items, train_idx, frozen) is None
+    )  # the pretrained statistics stay
 
 
 def piece_of(piece: np.ndarray, clip: np.ndarray) -> bool:

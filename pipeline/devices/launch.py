@@ -120,6 +120,40 @@ def check_worker_importable(
         )
 
 
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """While a child is being started: no main script for spawn to re-import in it."""
+    main = sys.modules.get("__main__")
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
+    if main is not None:
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+    try:
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.update(saved)
+
+
+class _SpawnProcessWithoutMain(multiprocessing.context.SpawnProcess):
+    @staticmethod
+    def _Popen(process_obj):  # noqa: N802 - multiprocessing's name
+        with _main_module_hidden():
+            return multiprocessing.context.SpawnProcess._Popen(process_obj)
+
+
+class _SpawnWithoutMain(multiprocessing.context.SpawnContext):
+    Process = _SpawnProcessWithoutMain
+
+
+def helper_spawn_context() -> multiprocessing.context.BaseContext:
+    """The start method for helper processes (DataLoader workers, the audio decoding pool): spawn -- safe after
+    CUDA was initialised, in a notebook and in DDP ranks -- except that the children do not re-run the main
+    script. They need nothing from it (their code lives in pipeline), and a script that calls train() at top
+    level, as torchrun scripts usually do, would otherwise be run again in every worker and hang the run."""
+    return _SpawnWithoutMain()
+
+
 def find_free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free a moment ago (bind to port 0 and let the kernel choose)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

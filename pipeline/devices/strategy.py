@@ -71,21 +71,29 @@ class SingleDevice:
         """Skip gradient all-reduce on accumulation micro-steps (DDP); nothing to skip here."""
         return contextlib.nullcontext()
 
-    def eval_model(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.device]:
-        """The module and device validation runs on (every process validates the whole split, so all ranks
-        reach the same best-epoch decision without communicating)."""
-        return self.unwrap(model), self.device
-
-    def host_features(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError("only strategies with features_on_host compute features on the host")
+    def embeddings(
+        self, model: torch.nn.Module, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
+    ) -> torch.Tensor:
+        """Window embeddings of `model` (an unwrapped SpeakerClassifier on this device, in the mode the caller
+        set) for host waveforms [n, samples], returned on the host in fp32. `pad_to`: the caller allows the
+        batch to be padded to that many windows (rows are independent in eval mode; XLA uses it to run every
+        batch with one shape)."""
+        wavs, lens = wavs.to(self.device, non_blocking=True), lens.to(self.device, non_blocking=True)
+        with self.autocast():
+            return model.embed(model.features(wavs, lens), lens).float().cpu()
 
     def sum_across(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a small tensor of metrics over processes (identity for one process)."""
         return values
 
-    def broadcast_flag(self, flag: bool) -> bool:
-        """Rank 0's decision (e.g. "time budget reached"), so every process stops at the same step."""
-        return flag
+    def broadcast_flags(self, *flags: bool) -> tuple[bool, ...]:
+        """Rank 0's decisions (e.g. "time budget reached", "checkpoint due"), so every process acts at the
+        same step."""
+        return flags
+
+    def broadcast_object(self, value: object) -> object:
+        """Rank 0's `value` on every process (resume: only rank 0 reads the checkpoint)."""
+        return value
 
     def barrier(self) -> None:
         pass

@@ -3,8 +3,11 @@
 Why SPMD and not one process per core: the multi-process collectives hang on torch_xla's CPU backend (pytorch/xla
 5005, 9089), so only SPMD can be tested here with 8 devices, and on a TPU VM it is the recommended mode.
 The batch is sharded along a 1-D `data` mesh; the compiler inserts the gradient all-reduce. Shapes are static
-(fixed windows, full batches), so the training step compiles once; features are computed on the host because
-SpeechBrain's Fbank on the XLA device under SPMD crashed the compiler (../shared/NOTES.md).
+(fixed windows, full batches), so the training step compiles once (twice: the first step also creates the
+optimizer's state); features are computed on the host, in the DataLoader's worker processes, because
+SpeechBrain's Fbank on the XLA device under SPMD crashed the compiler (../shared/NOTES.md). Validation runs on
+the devices too, at one fixed batch shape (one more graph), and so does the BatchNorm recalibration before it
+(one more): a validation pass on the host CPU would leave the chips idle for minutes at real size.
 
 This is the only module that imports torch_xla; inference never imports it.
 """
@@ -12,13 +15,12 @@ This is the only module that imports torch_xla; inference never imports it.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
-from ..model import Frontend, SpeakerClassifier, host_model
+from ..model import Frontend, SpeakerClassifier
 from .probe import Topology
 from .strategy import SingleDevice
 
@@ -28,9 +30,7 @@ class XLASpmdStrategy(SingleDevice):
     features_on_host = True
 
     def __init__(self, topology: Topology, precision: str) -> None:
-        # XLA's C++ logging prints a GSPMD deprecation warning per compiled graph; keep notebook logs readable.
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import torch_xla
+        import torch_xla  # TF_CPP_MIN_LOG_LEVEL was set when pipeline.devices was imported
         import torch_xla.debug.metrics as met
         import torch_xla.distributed.spmd as xs
         import torch_xla.runtime as xr
@@ -45,24 +45,20 @@ class XLASpmdStrategy(SingleDevice):
         self.scaler = None  # bf16 needs no loss scaling
         self.devices_per_process = self.num_devices
         self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
-        self._frontend: torch.nn.Module | None = None
+        self._frontend: torch.nn.Module | None = None  # host features for validation (training's come ready)
         self._compiles_at_start = self._compile_total()
 
     def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
         # Parameters are replicated (no sharding annotation); only the batch is split across devices.
-        self._frontend = Frontend(model.config.n_mels)
         return model.to(self.device)
 
     def shard(self, indices: Sequence[int]) -> list[int]:
         return list(indices)  # one process sees every row; the devices split each global batch
 
-    def host_features(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            return self._frontend(wavs, lens)
-
     def device_batches(self, batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
         """torch_xla's background loader: host->device transfer overlaps the step, each tensor split along
-        its batch dimension over the `data` mesh axis as it is sent."""
+        its batch dimension over the `data` mesh axis as it is sent. An error in the host pipeline is raised
+        here, as itself: torch_xla's loader thread would end the iteration and leave only a StopIteration."""
         import torch_xla.distributed.parallel_loader as pl
 
         spec = self._xs.ShardingSpec
@@ -71,7 +67,33 @@ class XLASpmdStrategy(SingleDevice):
             "lens": spec(self.mesh, ("data",)),
             "labels": spec(self.mesh, ("data",)),
         }
-        return iter(pl.MpDeviceLoader(_Replayable(batches), self.device, input_sharding=sharding))
+        source = _ErrorKeeping(batches)
+        loader = pl.ParallelLoader(source, [self.device], input_sharding=sharding)
+        return _device_batches(loader, self.device, source)
+
+    def embeddings(
+        self, model: torch.nn.Module, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
+    ) -> torch.Tensor:
+        """Features on the host, embeddings on the devices: the batch padded to `pad_to` windows (one graph for
+        every batch of a validation pass) and sharded over the mesh when it divides evenly."""
+        if self._frontend is None:
+            self._frontend = Frontend(model.config.n_mels)
+        count = len(wavs)
+        with torch.no_grad():
+            feats = self._frontend(wavs, lens)
+        if pad_to is not None and count < pad_to:
+            feats = torch.cat([feats, feats.new_zeros((pad_to - count, *feats.shape[1:]))])
+            lens = torch.cat([lens, lens.new_ones(pad_to - count)])
+        feats, lens = feats.to(self.device), lens.to(self.device)
+        if len(feats) % self.num_devices == 0:
+            self._xs.mark_sharding(feats, self.mesh, ("data", None, None))
+            self._xs.mark_sharding(lens, self.mesh, ("data",))
+        with self.autocast():
+            embedded = model.embed(feats, lens).float()
+        # One graph for everything pending: in train mode (BatchNorm recalibration) that includes the running
+        # statistics; left pending, each buffer read later would compile a graph of its own.
+        self._torch_xla.sync()
+        return embedded.cpu()[:count]
 
     def autocast(self) -> contextlib.AbstractContextManager:
         # torch.autocast("xla") works on the CPU backend too; torch_xla.amp.autocast breaks there in 2.9.
@@ -87,12 +109,6 @@ class XLASpmdStrategy(SingleDevice):
 
     def mark_step(self) -> None:
         self._torch_xla.sync()
-
-    def eval_model(self, model: torch.nn.Module) -> tuple[torch.nn.Module, torch.device]:
-        """Validate on a CPU copy: a validation pass on XLA would compile one more graph per batch shape."""
-        source = self.unwrap(model)
-        weights = {k: v.detach().to("cpu") for k, v in source.state_dict().items()}
-        return host_model(source, weights), torch.device("cpu")
 
     def compile_count(self) -> int:
         """XLA graph compilations since this strategy started (the whole run's, for provenance)."""
@@ -111,14 +127,36 @@ class XLASpmdStrategy(SingleDevice):
         return f"XLA SPMD over {self.num_devices} devices ({self.precision})"
 
 
-class _Replayable:
-    """MpDeviceLoader iterates its loader once per `iter()`; wrap a generator so that works."""
+class _ErrorKeeping:
+    """The host batches for torch_xla's ParallelLoader, which iterates them in a thread of its own: an exception
+    there would only end the iteration (a bare StopIteration here). It is kept, and `_device_batches` raises it."""
 
     def __init__(self, batches: Iterator[dict[str, torch.Tensor]]) -> None:
         self._batches = batches
+        self.error: BaseException | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self._batches
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        try:
+            return next(self._batches)
+        except StopIteration:
+            raise
+        except BaseException as error:
+            self.error = error
+            raise StopIteration from error
 
     def __len__(self) -> int:  # ParallelLoader asks; the count only sizes its progress, not correctness
         return 0
+
+
+def _device_batches(loader, device: torch.device, source: _ErrorKeeping) -> Iterator[dict[str, torch.Tensor]]:
+    """The loader's batches on `device`; the host pipeline's error, if it ended with one; the loader's threads
+    stopped when the consumer stops (a time-budget stop leaves it mid-run)."""
+    try:
+        yield from loader.per_device_loader(device)
+        if source.error is not None:
+            raise source.error
+    finally:
+        loader.close()
