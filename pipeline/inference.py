@@ -12,6 +12,9 @@ artifact itself is invalid. This module never imports torch_xla.
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 import time
 import types
 from collections.abc import Callable, Iterator, Sequence
@@ -22,8 +25,10 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .config import MAX_WINDOWS_PER_FILE
+from .artifact import Artifact
+from .config import MAX_WINDOWS_PER_FILE, InferConfig
 from .data import AudioError, DataError, TestRow, load_audio, resolve_inside, windows
+from .devices.launch import heartbeat
 from .model import SpeakerClassifier, add_windows
 from .progress import progress_bar
 
@@ -79,6 +84,11 @@ def run_windows(
     `embed(wavs, lens)` computes a batch's window embeddings on the host (default: `embed_windows` on
     `device`; training's validation passes its strategy's, which pads batches to one shape on XLA)."""
     embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
+    # CUDA: every batch is staged in one page-locked buffer, so the copy to the GPU is a DMA that needs no
+    # pageable bounce (batches are assembled here from several files' windows, so pinning each file's
+    # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
+    # the buffer is free again before the next one is staged.
+    staging = None
     emb_dim = model.config.lin_neurons
     emb_sum = torch.zeros(n_files, emb_dim)
     weight = torch.zeros(n_files)
@@ -91,7 +101,7 @@ def run_windows(
 
     def flush(limit: int | None) -> None:
         """Run full batches (or everything when limit is None) from the pending windows."""
-        nonlocal pending_wavs, pending_lens, pending_owner
+        nonlocal pending_wavs, pending_lens, pending_owner, staging
         if not pending_wavs:
             return
         wavs = np.concatenate(pending_wavs)
@@ -100,9 +110,14 @@ def run_windows(
         stop = len(wavs) if limit is None else (len(wavs) // limit) * limit
         for start in range(0, stop, batch_windows):
             end = min(start + batch_windows, stop)
-            batch_lens = torch.from_numpy(lens[start:end])
-            embeddings = embed(torch.from_numpy(wavs[start:end]), batch_lens)
+            batch_lens, batch = torch.from_numpy(lens[start:end]), torch.from_numpy(wavs[start:end])
+            if device.type == "cuda":
+                if staging is None:
+                    staging = torch.empty((batch_windows, wavs.shape[1]), pin_memory=True)
+                batch = staging[: end - start].copy_(batch)
+            embeddings = embed(batch, batch_lens)
             add_windows(emb_sum, weight, embeddings, batch_lens, torch.from_numpy(owner[start:end]))
+            heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
         pending_wavs, pending_lens, pending_owner = [wavs[stop:]], [lens[stop:]], [owner[stop:]]
 
     bar = progress_bar(n_files, "infer", "file", progress)
@@ -228,7 +243,7 @@ def predict_rows(
         collate_fn=_first,
         num_workers=num_workers,
         prefetch_factor=8 if num_workers > 0 else None,
-        pin_memory=device.type == "cuda",
+        pin_memory=False,  # the assembled batch is what is pinned (run_windows' staging buffer)
     )
     model = model.to(device).eval()
     use_fast_reflect_padding(model)
@@ -272,3 +287,112 @@ def _reflect_pad_by_copies(
     if right:
         parts.append(x[..., -right - 1 : -1].flip(-1))
     return torch.cat(parts, dim=-1) if len(parts) > 1 else x
+
+
+# ----------------------------------------------------------------------- several devices
+
+# A device worker that reports no batch for this long is taken as hung: the run falls back to this process.
+STALL_MINUTES = 10.0
+
+
+def predict_on_devices(
+    artifact: Artifact, data_dir: Path, rows: Sequence[TestRow], config: InferConfig
+) -> Predictions:
+    from .devices.inference_devices import batching_for, choose_devices
+
+    devices = choose_devices(config)
+    order = file_order(data_dir, rows)
+    if len(devices) > 1:
+        from .devices.launch import LaunchError, LaunchTimeout
+
+        try:
+            return _predict_multi_gpu(artifact, data_dir, rows, config, devices, order)
+        except LaunchError as error:
+            # A submission must still be written: fall back to one device in this process -- the CPU if a
+            # worker hung (its GPU may hang again), else the first device.
+            if isinstance(error, LaunchTimeout):
+                devices = [torch.device("cpu")]
+            print(f"multi-device inference failed ({error}); predicting on {devices[0]} in this process")
+    batch_windows, num_workers = batching_for(config, artifact.model.config, devices[0])
+    return predict_rows(
+        artifact.model,
+        data_dir,
+        rows,
+        order,
+        devices[0],
+        batch_windows,
+        config.max_windows_per_file,
+        num_workers,
+        config.progress,
+    )
+
+
+def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Predictions:
+    from .devices.inference_devices import shard_indices
+    from .devices.launch import launch
+
+    shards = shard_indices(order, len(devices))
+    with tempfile.TemporaryDirectory(prefix="infer-shards-") as tmp:
+        launch(
+            gpu_inference_worker,
+            nprocs=len(devices),
+            args=(
+                artifact.model,  # verified CPU weights, read once here: workers never re-read the artifact
+                str(data_dir),
+                list(rows),
+                shards,
+                [str(d) for d in devices],
+                config,
+                tmp,
+            ),
+            stall_timeout=STALL_MINUTES * 60,  # a hung GPU must not cost the submission
+        )
+        parts = [np.load(Path(tmp) / f"rank{rank}.npz", allow_pickle=False) for rank in range(len(devices))]
+        problems: dict[int, str] = {}
+        repairs: dict[int, list[str]] = {}
+        for rank in range(len(devices)):
+            notes = json.loads((Path(tmp) / f"rank{rank}.json").read_text())
+            problems.update({int(i): text for i, text in notes["problems"].items()})
+            repairs.update({int(i): done for i, done in notes["repairs"].items()})
+    scores = parts[0]["scores"].copy()
+    embeddings = parts[0]["embeddings"].copy()
+    ok = np.zeros(len(rows), dtype=bool)
+    counts = {}
+    for rank, (part, shard) in enumerate(zip(parts, shards, strict=True)):
+        scores[shard] = part["scores"][shard]
+        embeddings[shard] = part["embeddings"][shard]
+        ok[shard] = part["ok"][shard]
+        counts[f"{devices[rank]}#{rank}"] = len(shard)
+    return Predictions(scores, embeddings, ok, problems, dict(sorted(repairs.items())), counts)
+
+
+def gpu_inference_worker(
+    rank: int, world_size: int, model, data_dir, rows, shards, devices, config, out_dir
+) -> int:
+    """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard with
+    the weights the parent read from the artifact."""
+    from .devices.inference_devices import batching_for
+
+    device = torch.device(devices[rank])
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # allocations, streams and kernels of this process go to its own GPU
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    batch_windows, num_workers = batching_for(config, model.config, device)
+    result = predict_rows(
+        model.eval(),
+        Path(data_dir),
+        rows,
+        shards[rank],
+        device,
+        batch_windows,
+        config.max_windows_per_file,
+        num_workers,
+        progress=config.progress and rank == 0,
+    )
+    target = Path(out_dir) / f"rank{rank}.npz"
+    np.savez(target, scores=result.scores, embeddings=result.embeddings, ok=result.ok)
+    # Why files fell back and what was repaired travel with the scores: the report needs both.
+    notes = {"problems": result.problems, "repairs": result.repairs}
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(notes))
+    return int(result.ok.sum())

@@ -44,6 +44,7 @@ def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy, result) 
         "accelerator": topology.accelerator,
         "device_kind": topology.device_kind,
         "devices": topology.num_devices,
+        "topology_detail": topology.detail,
         "strategy": strategy.name,
         "precision": strategy.precision,
         "model_size": plan.model_size,

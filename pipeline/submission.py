@@ -20,7 +20,7 @@ import torch
 from .artifact import load_artifact
 from .config import InferConfig
 from .data import DataError, read_csv, read_submission_ids, read_test_table, write_csv
-from .devices.inference_devices import predict_on_devices
+from .inference import predict_on_devices
 from .staging import staged_file, write_text_atomically
 
 

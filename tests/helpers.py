@@ -65,3 +65,21 @@ def run_bootstrap(python: Path, kaggle_root: Path, cwd: Path) -> subprocess.Comp
     # Only the code dataset may serve packages: no index, no find-links or config from this machine.
     env.update(KAGGLE_KERNEL_RUN_TYPE="Batch", KAGGLE_ROOT=str(kaggle_root), PIP_CONFIG_FILE=os.devnull)
     return subprocess.run([python, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def run_in_group(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run for commands that start processes of their own (torchrun): on timeout the whole process
+    group is killed, so no rank is left running after the test."""
+    import signal
+
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          **kwargs) as process:  # fmt: skip
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            raise AssertionError(
+                f"timed out after {timeout} s: {argv}\n{out[-2000:]}\n{err[-3000:]}"
+            ) from None
+    return subprocess.CompletedProcess(argv, process.returncode, out, err)

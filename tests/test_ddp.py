@@ -1,5 +1,6 @@
 """DistributedDataParallel on CPU with gloo: the T4 x2 code path, run by the real engine with 2 ranks."""
 
+import dataclasses
 import json
 
 import pytest
@@ -77,11 +78,10 @@ Path(sys.argv[2], "rank" + os.environ["RANK"] + ".json").write_text(json.dumps(r
 @pytest.mark.timeout(300)
 def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, tmp_path):
     """torchrun starts the processes: their number is the topology, only rank 0 writes the artifact."""
-    import subprocess
     import sys
     from pathlib import Path
 
-    from helpers import venv_env
+    from helpers import run_in_group, venv_env
 
     script = tmp_path / "train_script.py"
     script.write_text(TORCHRUN_SCRIPT)
@@ -94,8 +94,8 @@ def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, t
     reports_dir = tmp_path / "reports"
     reports_dir.mkdir()
     torchrun = Path(sys.executable).parent / "torchrun"
-    run = subprocess.run([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), json.dumps(params),
-                          str(reports_dir)], env=venv_env(), capture_output=True, text=True, timeout=240)  # fmt: skip
+    run = run_in_group([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), json.dumps(params),
+                        str(reports_dir)], env=venv_env(), timeout=240)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     reports = [json.loads(path.read_text()) for path in sorted(reports_dir.glob("rank*.json"))]
     assert len(reports) == 2 and reports[0]["weights"] == reports[1]["weights"]
@@ -105,3 +105,138 @@ def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, t
     assert run.stdout.count("CPU: 2 CPU processes (gloo DDP") == 1  # rank 0 speaks for the run
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
     assert provenance["strategy"] == "ddp" and provenance["devices"] == 2
+
+
+def _ddp_work(config):
+    """What train() hands every rank: the config, the plan, the training data, the start time."""
+    import time
+
+    from pipeline.dataset import load_training_data
+
+    plan = decide(config)
+    return plan, (config, plan, load_training_data(config, log=lambda *_: None), time.monotonic())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_slow_rank_0_save_with_short_collective_timeouts_keeps_the_artifact(synthetic_data, tmp_path):
+    """Issue 13: after the last epoch the other ranks waited at a barrier while rank 0 re-predicted the
+    validation split on the CPU and saved; past NCCL's timeout the launcher killed rank 0 mid-save and the
+    artifact was lost. Now nothing after the last collective waits for rank 0: a save longer than the
+    collective timeout (here 25 s against 15 s) leaves a complete artifact."""
+    from launch_fixtures.workers import fit_with_slow_save
+
+    from pipeline.artifact import load_artifact
+
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
+                         **{**TINY_TRAIN, "epochs": 1, "devices": 2, "collective_timeout_minutes": 0.25})  # fmt: skip
+    plan, work = _ddp_work(config)
+    results = launch(ddp_entry, nprocs=2, args=(fit_with_slow_save, work, plan.topology, "fp32", 15.0),
+                     env={"SLOW_SAVE_SECONDS": "25"}, timeout=240)  # fmt: skip
+    assert results[0].weights_sha256 == results[1].weights_sha256
+    assert load_artifact(tmp_path / "model").manifest["provenance"]["devices"] == 2
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_ranks_resume_from_what_rank_0_read(synthetic_data, tmp_path):
+    """Issue 13: without a shared filesystem only rank 0 has the checkpoint; every rank must still resume at
+    its step (rank 1 reading on its own would start over, and the collectives would hang)."""
+    from launch_fixtures.workers import fit_where_only_rank_0_sees_the_checkpoint
+
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
+                         **{**TINY_TRAIN, "epochs": 2, "devices": 2, "time_budget_minutes": 0.01})  # fmt: skip
+    plan, work = _ddp_work(config)
+    stopped = launch(ddp_entry, nprocs=2, args=(fit, work, plan.topology, "fp32", 120.0), timeout=240)
+    assert stopped[0].stopped_early
+    again = dataclasses.replace(config, time_budget_minutes=None)
+    plan, work = _ddp_work(again)
+    results = launch(ddp_entry, nprocs=2, args=(fit_where_only_rank_0_sees_the_checkpoint, work, plan.topology,
+                                                  "fp32", 120.0), timeout=240)  # fmt: skip
+    assert (
+        results[0].resumed_from == results[1].resumed_from == "checkpoint at epoch 1, step 1 (global step 1)"
+    )
+    assert results[0].weights_sha256 == results[1].weights_sha256 and not results[0].stopped_early
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ranks_agree_on_stopping_without_a_broadcast_every_step(synthetic_data, tmp_path):
+    """Issue 13: "stop?" and "checkpoint?" were two broadcasts (and two GPU syncs) per step."""
+    from launch_fixtures.workers import fit_counting_broadcasts
+
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
+                         **{**TINY_TRAIN, "epochs": 2, "devices": 2, "per_device_batch_size": 2})  # fmt: skip
+    plan, work = _ddp_work(config)
+    counts = launch(ddp_entry, nprocs=2, args=(fit_counting_broadcasts, work, plan.topology, "fp32", 120.0),
+                    timeout=240)  # fmt: skip
+    assert counts[0]["steps"] == 20  # 43 training files / 4 per step, 2 epochs
+    # The first step of the session and the last of each epoch (and every 25th): 3 here, not 2 x 20.
+    assert counts[0]["broadcasts"] == counts[1]["broadcasts"] == 3
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ddp_fp16_with_gradient_accumulation(synthetic_data, tmp_path):
+    """The T4 x2 recipe (fp16 autocast + GradScaler, DDP) with 2 micro-batches per step, on gloo."""
+    import numpy as np
+
+    from pipeline.train import train
+
+    config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"), precision="fp16",
+                         **{**TINY_TRAIN, "epochs": 3, "devices": 2, "grad_accum": 2, "per_device_batch_size": 4})  # fmt: skip
+    result = train(config)
+    assert result.plan["global_batch"] == 16 and all(np.isfinite(r["train_loss"]) for r in result.history)
+    provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
+    assert (provenance["precision"], provenance["strategy"], provenance["batch_plan"]["grad_accum"]) == (
+        "fp16",
+        "ddp",
+        2,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_two_nodes_under_torchrun_on_localhost(synthetic_data, tmp_path):
+    """Issue 13: multi-node torchrun (here 2 "nodes" of one process each, c10d rendezvous on 127.0.0.1, gloo):
+    WORLD_SIZE counts every node, each node checks only its own processes against its own hardware."""
+    import sys
+    from pathlib import Path
+
+    from helpers import venv_env
+
+    from pipeline.devices.launch import find_free_port
+
+    script = tmp_path / "train_script.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    params = {
+        **TINY_TRAIN,
+        "epochs": 1,
+        "data_dir": str(synthetic_data),
+        "artifact_dir": str(tmp_path / "model"),
+    }
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    argv = [torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{find_free_port()}", "--rdzv-id", "two-nodes", script, json.dumps(params), str(reports)]  # fmt: skip
+    import subprocess
+
+    nodes = [subprocess.Popen(argv, env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for _ in range(2)]  # fmt: skip
+    try:
+        outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    finally:
+        import os
+        import signal
+
+        for node in nodes:
+            if node.poll() is None:
+                os.killpg(node.pid, signal.SIGKILL)
+    assert all(node.returncode == 0 for node in nodes), "\n".join(out[-3000:] for out in outputs)
+    found = [json.loads(path.read_text()) for path in sorted(reports.glob("rank*.json"))]
+    assert len(found) == 2 and found[0]["weights"] == found[1]["weights"]
+    provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
+    assert provenance["strategy"] == "ddp" and provenance["devices"] == 2
+    assert "torchrun: 2 processes on 2 nodes" in provenance["topology_detail"]
+    assert sum("CPU: 2 CPU processes (gloo DDP" in out for out in outputs) == 1  # rank 0 speaks

@@ -157,11 +157,11 @@ def test_a_failing_device_worker_falls_back_to_one_device(
 
     from launch_fixtures.workers import broken_inference_worker
 
+    from pipeline import inference
     from pipeline.config import InferConfig
-    from pipeline.devices import inference_devices
     from pipeline.submission import run_inference
 
-    monkeypatch.setattr(inference_devices, "gpu_inference_worker", broken_inference_worker)
+    monkeypatch.setattr(inference, "gpu_inference_worker", broken_inference_worker)
     out = tmp_path / "sub.csv"
     result = run_inference(InferConfig(data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact),
                                        submission_path=str(out), device="cpu", devices=2, progress=False))  # fmt: skip
@@ -169,3 +169,27 @@ def test_a_failing_device_worker_falls_back_to_one_device(
     with open(out) as handle:
         assert len(list(csv.DictReader(handle))) == result.n_rows and result.n_fallbacks == 0
     assert list(result.device_counts) == ["cpu"]
+
+
+def test_a_hung_device_worker_is_given_up_on_and_the_cpu_predicts(
+    tiny_artifact, synthetic_data, tmp_path, monkeypatch, capsys
+):
+    """Issue 13: one hung GPU must not block a submission. A worker that stops reporting batches for
+    STALL_MINUTES is killed with the others, and this process predicts every file on the CPU."""
+    import csv
+
+    from launch_fixtures.workers import hung_inference_worker
+
+    from pipeline import inference
+    from pipeline.config import InferConfig
+    from pipeline.submission import run_inference
+
+    monkeypatch.setattr(inference, "gpu_inference_worker", hung_inference_worker)
+    monkeypatch.setattr(inference, "STALL_MINUTES", 3 / 60)
+    out = tmp_path / "sub.csv"
+    result = run_inference(InferConfig(data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact),
+                                       submission_path=str(out), device="cpu", devices=2, progress=False))  # fmt: skip
+    said = capsys.readouterr().out
+    assert "made no progress for 3.0 s" in said and "predicting on cpu in this process" in said
+    with open(out) as handle:
+        assert len(list(csv.DictReader(handle))) == result.n_rows and result.n_fallbacks == 0

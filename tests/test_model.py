@@ -50,3 +50,28 @@ def test_presets_grow():
         count_parameters(SpeakerClassifier(ModelConfig.from_preset(p, n_classes=5))) for p in MODEL_PRESETS
     ]
     assert sizes == sorted(sizes) and sizes[0] < 200_000 < sizes[-1]
+
+
+def test_scores_stay_fp32_under_bf16_autocast():
+    """Issue 13: under TPU autocast the cosine classifier ran in bf16 (resolution 2^-8 near 1: 0.12 per logit
+    at scale 30, more than the margin's effect). The scores are computed in fp32 whatever autocast says."""
+    model = tiny(n_classes=50).eval()
+    embeddings = torch.randn(16, model.config.lin_neurons)
+    with torch.no_grad():
+        exact = model.scores(embeddings)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under_autocast = model.scores(embeddings)
+    assert under_autocast.dtype == torch.float32
+    torch.testing.assert_close(under_autocast, exact, rtol=0, atol=1e-4)
+
+
+def test_fbank_under_fp16_autocast_stays_finite_fp32_at_full_scale():
+    """The T4 path: fp16 autocast around the model; log-mel energies of full-scale audio overflow fp16."""
+    model = tiny().eval()
+    t = torch.arange(8000) / 16000
+    full_scale = torch.stack(
+        [torch.sin(2 * torch.pi * 440 * t), torch.sign(torch.sin(2 * torch.pi * 97 * t))]
+    )
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
+        feats = model.features(full_scale, torch.ones(2))
+    assert feats.dtype == torch.float32 and torch.isfinite(feats).all()

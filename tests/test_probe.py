@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import types
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -332,3 +333,20 @@ def test_probe_does_not_initialise_cuda_or_import_torch_xla() -> None:
     assert out["bad_fork"] is False
     if "bad_fork_after_cudaGetDeviceCount" in out:
         assert out["bad_fork_after_cudaGetDeviceCount"] is True  # the check above can see poisoning
+
+
+@pytest.mark.timeout(30)
+def test_gpus_nothing_can_count_are_said_loudly_not_skipped_silently(tmp_path: Path, monkeypatch) -> None:
+    """Issue 13: with no NVML at all (no pynvml, no nvidia-smi, no libnvidia-ml) `auto` chose the CPU on a GPU
+    machine without a word."""
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("")
+    monkeypatch.setattr(probe, "_physical_gpus_default", lambda: ())
+    monkeypatch.setattr(probe, "_torch_nvml_count", lambda: -1)
+    with pytest.warns(RuntimeWarning, match=r"GPU device files exist .*nvidia0.*accelerator='cuda'"):
+        topology = detect_topology(env={}, root=str(tmp_path))
+    assert topology.accelerator == "cpu"
+    (tmp_path / "dev" / "nvidia0").unlink()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no device files: a CPU machine, nothing to say
+        assert detect_topology(env={}, root=str(tmp_path)).accelerator == "cpu"

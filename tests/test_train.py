@@ -12,7 +12,6 @@ from pipeline.artifact import load_artifact
 from pipeline.batches import crops, epoch_order
 from pipeline.checkpoint import TrainingState
 from pipeline.config import TrainConfig
-from pipeline.devices.policy import resolve_precision
 from pipeline.train import train
 from pipeline.validation import calibration_windows
 
@@ -74,19 +73,6 @@ def test_crops_are_static_shape_deterministic_and_read_only_what_they_use(synthe
     short = crops(data.store, items, 10 * 16000, np.random.default_rng(1))  # 10 s windows: padded
     lengths = data.store.lengths[items]
     assert short[1].tolist() == pytest.approx((lengths / (10 * 16000)).tolist())
-
-
-def test_precision_follows_the_hardware():
-    from pipeline.devices.probe import Topology
-
-    t4 = Topology("cuda", 2, "Tesla T4", False, "")
-    a100 = Topology("cuda", 1, "A100", True, "")
-    tpu = Topology("tpu", 8, "TPU v5e", True, "")
-    cpu = Topology("cpu", 1, "cpu", False, "")
-    assert [resolve_precision("auto", t) for t in (t4, a100, tpu, cpu)] == ["fp16", "bf16", "bf16", "fp32"]
-    assert resolve_precision("fp32", tpu) == "fp32"
-    with pytest.raises(ValueError, match="precision='fp16' is not available on TPU"):
-        resolve_precision("fp16", tpu)  # would silently run fp32 on XLA otherwise
 
 
 def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):

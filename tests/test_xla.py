@@ -125,3 +125,40 @@ def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic
     # The batch is split along its first dimension over the 8 devices of a 1-D mesh, not replicated.
     assert all(spec.startswith("{devices=[8") for spec in found["specs"].values()), found["specs"]
     assert found["autocast_dtype"] == "torch.bfloat16"
+
+
+XLA_HOST_ERROR = """
+import json, sys, torch
+from pipeline.devices.probe import detect_topology
+from pipeline.devices.xla import XLASpmdStrategy
+
+strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16")
+
+def host_batches():
+    yield {"inputs": torch.randn(16, 51, 40), "lens": torch.ones(16), "labels": torch.zeros(16).long()}
+    raise ValueError("train.csv line 7 ('a.wav'): the host pipeline's own message")
+
+batches = strategy.device_batches(host_batches())
+next(batches)
+try:
+    next(batches)
+except StopIteration:
+    print(json.dumps({"raised": "StopIteration"}))
+except ValueError as error:
+    print(json.dumps({"raised": "ValueError", "message": str(error)}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_host_side_error_reaches_the_training_loop_as_itself():
+    """Issue 13: torch_xla's loader thread swallowed an exception of the host pipeline and ended the
+    iteration: the loop saw a bare StopIteration, the message went to stderr only."""
+    env = venv_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8")
+    run = subprocess.run([sys.executable, "-c", XLA_HOST_ERROR], env=env, capture_output=True, text=True,
+                         timeout=240)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    assert found == {
+        "raised": "ValueError",
+        "message": "train.csv line 7 ('a.wav'): the host pipeline's own message",
+    }

@@ -33,12 +33,14 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 _KILL_GRACE_SECONDS = 3.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _CHILD_MARKER = "PIPELINE_LAUNCH_CHILD"  # set in every child so a nested launch() is caught
+_HEARTBEAT = "PIPELINE_LAUNCH_HEARTBEAT"  # the file a child touches to show progress (see heartbeat())
 
 
 class LaunchError(RuntimeError):
@@ -164,6 +166,15 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 # ---------------------------------------------------------------------------------------------- child
 
 
+def heartbeat() -> None:
+    """Called by a worker as it makes progress (e.g. after every batch): under `launch(..., stall_timeout=s)` a
+    rank that has not called it for `s` seconds counts as hung. Outside a launched process: does nothing."""
+    path = os.environ.get(_HEARTBEAT)
+    if path:
+        with contextlib.suppress(OSError):
+            os.utime(path)
+
+
 def _exit_when_orphaned(parent_pid: int) -> None:
     # If the launcher is killed (kernel restart, SIGKILL) nobody would reap us: leave instead of lingering.
     while True:
@@ -275,12 +286,14 @@ def launch(
     start_method: str = "spawn",
     env: dict[str, str] | None = None,
     timeout: float | None = None,
+    stall_timeout: float | None = None,
     cuda_initialized: Callable[[], bool] | None = None,
 ) -> list[Any]:
     """Run ``worker(rank, nprocs, *args)`` for rank 0..nprocs-1 and return the results in rank order.
 
     ``env`` adds variables to every rank (e.g. CUDA_VISIBLE_DEVICES, PJRT_DEVICE). ``timeout`` (seconds)
-    bounds the whole run. ``nprocs == 1`` runs in this process. ``cuda_initialized`` replaces the
+    bounds the whole run; ``stall_timeout`` bounds the time between two ``heartbeat()`` calls of a rank (a
+    hung GPU stops one rank's progress long before any total time limit would notice). ``nprocs == 1`` runs in this process. ``cuda_initialized`` replaces the
     ``torch.cuda.is_initialized`` check (tests). Raises LaunchError (refused), WorkerFailed, LaunchTimeout.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
@@ -321,8 +334,12 @@ def launch(
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
         paths = [os.path.join(tmp, f"rank{r}.pkl") for r in range(nprocs)]
         try:
+            beats = [os.path.join(tmp, f"rank{r}.beat") for r in range(nprocs)]
+            for beat in beats:
+                Path(beat).touch()
             for rank in range(nprocs):
-                rank_env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), _CHILD_MARKER: "1"}
+                rank_env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), _CHILD_MARKER: "1",
+                            _HEARTBEAT: beats[rank]}  # fmt: skip
                 p = ctx.Process(
                     target=_child_main,
                     args=(rank, rank_env, payload, paths[rank]),
@@ -344,6 +361,10 @@ def launch(
                 )
                 ready = multiprocessing.connection.wait(list(pending), timeout=wait_for)
                 relay.pump()
+                stalled = _stalled([r for r in pending.values()], beats, stall_timeout)
+                if stalled and not ready:
+                    raise LaunchTimeout(f"rank(s) {stalled} made no progress for {stall_timeout} s (no heartbeat); "
+                                        "all ranks killed")  # fmt: skip
                 if not ready and (deadline is None or time.monotonic() < deadline):
                     continue
                 if not ready:
@@ -362,6 +383,13 @@ def launch(
 
 
 RELAY_INTERVAL = 0.5  # seconds between copies of the children's output to ours
+
+
+def _stalled(ranks: list[int], beats: list[str], stall_timeout: float | None) -> list[int]:
+    if stall_timeout is None:
+        return []
+    now = time.time()
+    return sorted(r for r in ranks if now - os.path.getmtime(beats[r]) > stall_timeout)
 
 
 class _OutputRelay:

@@ -20,7 +20,7 @@ from ..config import ConfigError, TrainConfig
 from ..progress import plural
 from ..scaling import BatchPlan, plan_batch
 from .launch import running_under_torchrun
-from .probe import Topology, detect_topology
+from .probe import Runner, Topology, detect_topology
 
 # Per-device batch when per_device_batch_size is left to the hardware. TPU: torch_xla traces every step in
 # Python again, ~100-200 ms for ECAPA-TDNN whatever the batch (the graph has the same ~6,000 operations), while
@@ -52,19 +52,21 @@ class HardwarePlan:
                 + (" per rank" if self.strategy == "ddp" else ""))  # fmt: skip
 
 
-def session_topology(config: TrainConfig, env: dict[str, str] | None = None) -> Topology:
+def session_topology(
+    config: TrainConfig, env: dict[str, str] | None = None, runner: Runner | None = None
+) -> Topology:
     """The topology to train on. Under torchrun the processes already exist: their number is the device count
     (WORLD_SIZE, over every node), `devices` must agree with it, and only this node's share (LOCAL_WORLD_SIZE)
     is checked against this node's hardware."""
     e = os.environ if env is None else env
     if not running_under_torchrun(e):
-        return detect_topology(config.accelerator, config.devices, env=env)
+        return detect_topology(config.accelerator, config.devices, env=env, runner=runner)
     world = int(e["WORLD_SIZE"])
     local = int(e.get("LOCAL_WORLD_SIZE") or world)
     if config.devices not in (None, world):
         raise ConfigError(f"parameter devices={config.devices} but torchrun started WORLD_SIZE={world} "
                           "processes; leave devices unset under torchrun")  # fmt: skip
-    here = detect_topology(config.accelerator, None, env=env)
+    here = detect_topology(config.accelerator, None, env=env, runner=runner)
     if here.accelerator == "cuda" and here.num_devices == 1:
         pass  # the scheduler gave each process its own GPU (CUDA_VISIBLE_DEVICES per process, e.g. SLURM)
     elif here.accelerator == "cuda" and here.num_devices < local:

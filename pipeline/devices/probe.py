@@ -24,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -413,8 +414,19 @@ def cuda_device_count(env: Mapping[str, str] | None = None, runner: Runner | Non
     return 0
 
 
-def _cuda_topology(e: Mapping[str, str] | None, runner: Runner | None) -> Topology:
+def nvidia_device_files(root: str = "/") -> list[str]:
+    """/dev/nvidia<N>: the driver's GPU device files, there whether or not NVML can be loaded."""
+    return sorted(glob.glob(os.path.join(root, "dev/nvidia[0-9]*")))
+
+
+def _cuda_topology(e: Mapping[str, str] | None, runner: Runner | None, root: str = "/") -> Topology:
     n = cuda_device_count(e, runner)
+    if n == 0 and e is None and runner is None and _torch_cuda_built() and nvidia_device_files(root):
+        # GPUs the probes cannot count (no NVML): the user asked for CUDA, so ask CUDA itself (this
+        # initialises it in this process; the DDP launcher spawns, which stays safe).
+        import torch
+
+        n = torch.cuda.device_count()
     if n == 0:
         raise RuntimeError("accelerator='cuda' but no CUDA GPU is visible (or torch is a CPU-only build)")
     gpus = gpu_info(e, runner)[:n]
@@ -487,11 +499,21 @@ def detect_topology(
             acc = "cuda"
         else:
             acc = "cpu"
+            files = nvidia_device_files(root) if _torch_cuda_built() else []
+            if files:
+                warnings.warn(
+                    f"GPU device files exist ({', '.join(files[:2])}) but no GPU could be counted: neither "
+                    "pynvml, nvidia-smi nor libnvidia-ml answered, and asking CUDA itself would initialise it "
+                    "in this process. accelerator='auto' therefore chose the CPU. Pass accelerator='cuda' "
+                    "to train on the GPUs anyway, or install the NVIDIA driver's utilities.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     if acc == "tpu":
         topo = _tpu_topology(e, root)
     elif acc == "cuda":
-        topo = _cuda_topology(env, runner)
+        topo = _cuda_topology(env, runner, root)
     else:
         topo = Topology("cpu", 1, "cpu", False, f"no accelerator used; os.cpu_count()={os.cpu_count()}")
 

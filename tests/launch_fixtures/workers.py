@@ -45,6 +45,79 @@ def env_and_pid(rank: int, world_size: int) -> tuple[int, int, str | None, int]:
     return rank, world_size, os.environ.get("LAUNCH_TEST_VAR"), os.getpid()
 
 
+def hung_inference_worker(rank: int, world_size: int, *args: Any) -> None:
+    """Stands in for a GPU inference worker whose device hangs: rank 1 never reports a batch."""
+    from pipeline.devices.launch import heartbeat
+
+    while True:
+        if rank == 0:
+            heartbeat()
+        time.sleep(0.2)
+
+
 def broken_inference_worker(rank: int, world_size: int, *args: Any) -> None:
     """Stands in for a GPU inference worker that dies (out of memory, driver error)."""
     raise RuntimeError(f"simulated device failure on rank {rank}")
+
+
+# ----------------------------------------------------------------------------------- training fixtures
+# Functions handed to pipeline.devices.ddp.ddp_entry in place of pipeline.train.fit: each changes one thing
+# in its own (spawned) process, then runs the real fit.
+
+
+def fit_with_slow_save(strategy, *args: Any) -> Any:
+    """Rank 0's artifact save takes longer than the collective timeout (a slow disk, a big model)."""
+    import pipeline.artifact
+    import pipeline.train
+
+    real_save = pipeline.train.save_artifact
+
+    def slow_save(*save_args: Any, **kwargs: Any) -> Any:
+        time.sleep(float(os.environ.get("SLOW_SAVE_SECONDS", "8")))
+        return real_save(*save_args, **kwargs)
+
+    pipeline.train.save_artifact = slow_save
+    _ = pipeline.artifact
+    return pipeline.train.fit(strategy, *args)
+
+
+def fit_where_only_rank_0_sees_the_checkpoint(strategy, *args: Any) -> Any:
+    """No shared filesystem: any rank but 0 that tried to read a checkpoint would fail the run."""
+    import pipeline.checkpoint
+    import pipeline.train
+
+    if strategy.rank != 0:
+
+        def blind(*_: Any, **__: Any) -> None:
+            raise AssertionError(f"rank {strategy.rank} read the checkpoint itself")
+
+        pipeline.checkpoint.read = blind
+    return pipeline.train.fit(strategy, *args)
+
+
+def fit_counting_broadcasts(strategy, *args: Any) -> dict[str, Any]:
+    """The real fit, counting torch.distributed.broadcast calls made while steps run (each is a GPU sync
+    under NCCL); BatchNorm buffers broadcast at validation are not step costs and are not counted."""
+    import torch.distributed as dist
+
+    import pipeline.train
+
+    real_broadcast, real_steps = dist.broadcast, pipeline.train.run_steps
+    counts = {"broadcasts": 0, "steps": 0, "in_steps": False}
+
+    def counted(*b_args: Any, **kwargs: Any) -> Any:
+        counts["broadcasts"] += counts["in_steps"]
+        return real_broadcast(*b_args, **kwargs)
+
+    def steps(*s_args: Any, **kwargs: Any) -> dict[str, float]:
+        counts["in_steps"] = True
+        try:
+            timing = real_steps(*s_args, **kwargs)
+        finally:
+            counts["in_steps"] = False
+        counts["steps"] += timing["steps"]
+        return timing
+
+    dist.broadcast, pipeline.train.run_steps = counted, steps
+    pipeline.train.fit(strategy, *args)
+    return {"broadcasts": counts["broadcasts"], "steps": counts["steps"]}
