@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 DEMO := artifacts/demo
 export PATH := $(abspath $(BIN)):$(PATH)
 
-.PHONY: demo test lint format bench clean setup
+.PHONY: demo test lint format bench clean setup matrix
 
 setup: $(STAMP)
 
@@ -42,6 +42,12 @@ test: lint
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
+
+# The version matrix (pipeline/versions.py): Kaggle's TPU image trains an artifact that Kaggle's GPU image
+# predicts from offline, plus the floor of pyproject's ranges and the newest they allow; each leg in a fresh
+# venv under .matrix/ (uv's cache: about 7 GB per torch build, downloaded once). MATRIX_ARGS="--only LEG --keep".
+matrix: $(STAMP)
+	$(BIN)/python -m matrix.run $(MATRIX_ARGS)
 
 clean:
 	rm -rf artifacts/demo benchmarks/out .pytest_cache

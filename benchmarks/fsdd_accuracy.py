@@ -163,8 +163,8 @@ def run(
 def split_by_index(source: Path, tmp: Path, first_heldout: int, task: str) -> tuple[Path, Path]:
     """(recordings with index < first_heldout, a test folder of the others with its solution.csv).
     Files are hard-linked (or copied), never symlinked: the data module refuses paths leading outside."""
-    from pipeline.data import write_csv
     from pipeline.fsdd import link_or_copy, scan_recordings
+    from pipeline.tables import write_csv
 
     kept, heldout = tmp / "development", tmp / "heldout"
     kept.mkdir()

@@ -40,7 +40,9 @@ def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels
 
     from pipeline.model import ModelConfig, SpeakerClassifier
 
-    model = SpeakerClassifier(ModelConfig.from_preset(preset, n_classes=1000, n_mels=n_mels, window_samples=window))
+    model = SpeakerClassifier(
+        ModelConfig.from_preset(preset, n_classes=1000, n_mels=n_mels, window_samples=window)
+    )
     wavs, lens = 0.1 * torch.randn(2, window), torch.ones(2)
     with FlopCounterMode(display=False) as counter, torch.no_grad():
         model(wavs, lens)
@@ -87,7 +89,8 @@ def measure_in_this_process(batches: list[int], steps: int) -> dict[str, Any]:
         results[per_device] = {
             "trace_ms_median": 1000 * sorted(traces[2:])[len(traces[2:]) // 2],
             "graph_nodes_last": int(sizes[2][-1][1]) if sizes else None,
-            "compiles": int(met.metric_data("CompileTime")[0]) - int(compiles_before[0] if compiles_before else 0),
+            "compiles": int(met.metric_data("CompileTime")[0])
+            - int(compiles_before[0] if compiles_before else 0),
         }
         del batches_iter
         torch_xla.sync()
@@ -106,7 +109,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     flops = train_flops_per_window()
     per_chip_flops = V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION
     trace_s = max(r["trace_ms_median"] for r in per_batch.values()) / 1000
-    covering = next((b for b in (8, 16, 32, 64, 128, 256, 512) if b * flops / per_chip_flops >= trace_s), None)
+    covering = next(
+        (b for b in (8, 16, 32, 64, 128, 256, 512) if b * flops / per_chip_flops >= trace_s), None
+    )
     for batch, row in per_batch.items():
         row["v5e8_device_ms_voxceleb"] = round(1000 * batch * flops / per_chip_flops, 1)
     return {
@@ -114,8 +119,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
         "assumed_v5e_chip_tflops": per_chip_flops / 1e12,
         "smallest_per_device_batch_covering_the_trace": covering,
-        "headline": (f"trace {trace_s * 1000:.0f} ms/step (same at every batch); a v5e-8 step of the voxceleb "
-                     f"model covers it from {covering} windows per device"),  # fmt: skip
+        "headline": (
+            f"trace {trace_s * 1000:.0f} ms/step (same at every batch); a v5e-8 step of the voxceleb "
+            f"model covers it from {covering} windows per device"
+        ),  # fmt: skip
     }
 
 

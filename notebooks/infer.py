@@ -14,13 +14,32 @@
 # ---
 
 # %% tags=["parameters"]
-# Parameters (papermill: -p NAME VALUE). Every field of pipeline.config.InferConfig is accepted;
-# an unknown name stops the run. None means "find it" (Kaggle inputs) or the local default.
-data_dir = None  # competition folder with test.csv and sample_submission.csv
+# Parameters (papermill: -p NAME VALUE, or -r NAME VALUE for text that looks like a number). Every field of
+# pipeline.config.InferConfig is here, at its default; an unknown name stops the run. None means "find it"
+# (Kaggle inputs) or the local default.
+data_dir = None  # competition folder
 artifact_dir = None  # the artifact written by train.ipynb
-submission_path = None  # default: submission.csv in the working directory
-device = "auto"  # auto | cuda | cpu  (never TPU: code competitions do not accept TPU notebooks)
-batch_windows = None  # windows per forward pass (None: sized for the device)
+submission_path = None  # a file, or a folder for submission.csv (default: the working directory)
+# The competition's test set: a table, or (test audio hidden until the scoring rerun) a folder of audio
+sample_submission = "sample_submission.csv"  # its header says what to write: a label or class probabilities
+test_table = "test.csv"
+id_column = "id"
+path_column = "path"
+audio_dir = None  # the test table's paths are relative to it (None: data_dir)
+test_audio_dir = None  # e.g. "test_soundscapes": every audio file under it is a test item
+test_id = "auto"  # auto | name | stem: a discovered file's id
+# Hardware
+device = "auto"  # auto | cuda | cpu (never TPU: code competitions do not accept TPU notebooks)
+devices = None  # GPUs to use (auto: all)
+batch_windows = None  # windows per forward pass (auto: sized for the device)
+max_windows_per_file = 64  # longer files are covered by this many evenly spaced windows
+num_workers = None  # DataLoader decode workers (auto: 0 on CPU, 1 per GPU)
+num_threads = None
+# Outputs
+write_probabilities = False  # probabilities.csv: every class of the model, beside the submission
+write_embeddings = False  # embeddings.npz beside the submission
+fallback_label = None  # for files that cannot be read (auto: the most frequent training label)
+progress = True
 
 # %%
 # Kaggle bootstrap: install this project offline from the attached code dataset (written by

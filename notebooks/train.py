@@ -14,21 +14,53 @@
 # ---
 
 # %% tags=["parameters"]
-# Parameters (papermill: -p NAME VALUE). Every field of pipeline.config.TrainConfig is accepted;
-# an unknown name stops the run. None means "find it" (Kaggle inputs) or "the default for this hardware".
-data_dir = None  # competition folder: train.csv, test.csv, sample_submission.csv
+# Parameters (papermill: -p NAME VALUE, or -r NAME VALUE for text that looks like a number). Every field of
+# pipeline.config.TrainConfig is here, at its default; an unknown name stops the run. None means "find it"
+# (Kaggle inputs) or "the default for this hardware" (pipeline/devices/policy.py).
+data_dir = None  # competition folder
 artifact_dir = None  # where the model artifact is written
+# The competition's training table: file, columns, and the folder its paths are relative to (in data_dir)
+train_table = "train.csv"
+path_column = "path"
+label_column = "label"
+audio_dir = None  # None: data_dir itself
+label_separator = None  # e.g. "," when one cell names several labels
+# Hardware
 accelerator = "auto"  # auto | tpu | cuda | cpu
-devices = None  # data-parallel devices/processes (auto: all)
+devices = None  # data-parallel devices or processes (auto: all)
+precision = "auto"  # auto | fp32 | bf16 | fp16
+num_threads = None  # torch CPU threads (auto: all cores)
+num_workers = None  # DataLoader worker processes per training process (auto: by hardware)
+cache_dir = None  # decoded-audio cache (auto: /kaggle/tmp on Kaggle, else ~/.cache)
+collective_timeout_minutes = 30.0  # DDP ranks give up on a collective after this long
+# Model
 model_size = "auto"  # auto | tiny | small | base | voxceleb (auto: by hardware)
+n_mels = 80
+window_seconds = 1.0  # training crop and inference window
+aam_margin = 0.2
+aam_scale = 30.0
+min_short_fraction = 0.7  # half the short clips are cut to at least this part of their length
+init_from = None  # a SpeechBrain pretrained folder to fine-tune
+freeze_encoder = False  # train only the classifier (needs init_from)
+# Optimisation: global batch is per_device_batch_size x devices x grad_accum
 epochs = 12
-per_device_batch_size = 32
+per_device_batch_size = None  # auto: 32 on GPU and CPU, up to 128 on TPU
 base_batch_size = 32  # the batch size base_lr was tuned for
 base_lr = 2e-3
 lr_scaling = "sqrt"  # linear | sqrt | none
-grad_accum = 1  # micro-batches per optimizer step (global batch = per device x devices x grad_accum)
-precision = "auto"  # auto | fp32 | bf16 | fp16
+warmup_epochs = 1.0
+ema_epochs = 1.0  # the weights validated and saved are an average over about this many epochs
+bn_calibration_windows = 128  # BatchNorm statistics of the kept weights come from this many windows
+weight_decay = 2e-5
+grad_accum = 1  # micro-batches per optimizer step
+val_fraction = 0.1
+seed = 0
+# Robustness
+on_bad_row = "error"  # error | skip: a row with no label or unusable audio
 time_budget_minutes = None  # stop in time to save (auto on Kaggle)
+checkpoint_every_minutes = 10.0
+checkpoint_dir = None  # auto: beside the artifact (/kaggle/working/checkpoints on Kaggle)
+progress = True
 
 # %%
 # Kaggle bootstrap: install this project offline from the attached code dataset (written by

@@ -74,8 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote FSDD {args.task} competition folder {out}")
     elif args.command == "score":
         from .submission import score_submission
+        from .tables import DataError
 
-        print(f"accuracy={score_submission(args.submission, args.solution):.4f}")
+        try:
+            print(f"accuracy={score_submission(args.submission, args.solution):.4f}")
+        except (DataError, ValueError, OSError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     elif args.command == "kaggle" and args.action == "package":
         from .packaging import PackagingError
         from .packaging import main as package_main

@@ -41,6 +41,13 @@ class TrainConfig:
 
     data_dir: str | None = None  # None: found by pipeline.notebook (Kaggle inputs, else artifacts/)
     artifact_dir: str | None = None
+    # The competition's training table (pipeline/tables.py): its file, columns and the audio folder the paths
+    # are relative to (inside data_dir; None: data_dir itself). label_separator: "a,b" names two labels.
+    train_table: str = "train.csv"
+    path_column: str = "path"
+    label_column: str = "label"
+    audio_dir: str | None = None
+    label_separator: str | None = None
     # Model
     model_size: str = "auto"  # auto: "voxceleb" on TPU/GPU, "small" on CPU, "tiny" on the XLA CPU stand-in
     n_mels: int = 80
@@ -138,7 +145,17 @@ class InferConfig:
 
     data_dir: str | None = None  # None: found by pipeline.notebook (Kaggle inputs, else artifacts/)
     artifact_dir: str | None = None
-    submission_path: str | None = None
+    submission_path: str | None = None  # a file, or a folder to write submission.csv in
+    # The competition's test set (pipeline/tables.py): a table (its file, id and path columns, paths relative to
+    # audio_dir) or, when the test audio is hidden until the scoring rerun, every audio file under
+    # test_audio_dir, named by its file name or stem (test_id: auto | name | stem).
+    sample_submission: str = "sample_submission.csv"
+    test_table: str = "test.csv"
+    id_column: str = "id"
+    path_column: str = "path"
+    audio_dir: str | None = None
+    test_audio_dir: str | None = None
+    test_id: str = "auto"
     device: str = "auto"  # auto | cuda | cpu
     devices: int | None = None  # GPUs to use (auto: all)
     batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 64 on GPU)
@@ -147,12 +164,13 @@ class InferConfig:
     num_workers: int | None = None  # DataLoader decode workers (None: 0 on CPU, 1 per GPU)
     write_probabilities: bool = False
     write_embeddings: bool = False
-    fallback_label: str | None = None  # default: the most frequent training label
+    fallback_label: str | None = None  # default: the most frequent training label (papermill: -r for text)
     num_threads: int | None = None
     progress: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, ["auto", "cuda", "cpu"])
+        _check_choice("test_id", self.test_id, ["auto", "name", "stem"])
         for name in ("batch_windows", "max_windows_per_file"):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
@@ -225,7 +243,13 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
         if option in (str, bool) and type(value) is option:
             return value
     expected = " or ".join(getattr(o, "__name__", str(o)) for o in options)
-    raise ConfigError(f"parameter {name}={value!r} has type {type(value).__name__}; expected {expected}")
+    hint = ""
+    if str in options and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # papermill's -p parses 3 as a number (and 03 as 3): the text must come through -r (raw) instead.
+        hint = f"; papermill's -p reads it as a number: pass the text with -r {name} {value}"
+    raise ConfigError(
+        f"parameter {name}={value!r} has type {type(value).__name__}; expected {expected}{hint}"
+    )
 
 
 def _eval_annotation(annotation: Any) -> Any:

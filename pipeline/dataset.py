@@ -17,8 +17,8 @@ import numpy as np
 
 from . import kaggle
 from .config import TrainConfig
-from .data import DataError, TrainRow, label_list, read_train_table, skip_or_stop
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
+from .tables import DataError, TrainRow, TrainTable, label_list, read_train_table, skip_or_stop
 
 
 @dataclass
@@ -56,8 +56,8 @@ def load_training_data(config: TrainConfig, log: Callable[[str], object] = print
     """Read the training table, cache its audio and split it. A row with no label or unusable audio stops the
     run with an error naming its line (or, under on_bad_row="skip", is left out and reported)."""
     data_dir = Path(config.data_dir)
-    csv_path = data_dir / "train.csv"
-    rows, skipped = read_train_table(data_dir, config.on_bad_row)
+    csv_path = data_dir / config.train_table
+    rows, skipped = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
     rows, notes = drop_repeated_rows(rows, csv_path)
     for note in notes:
         log(note)
@@ -76,12 +76,13 @@ def load_training_data(config: TrainConfig, log: Callable[[str], object] = print
         )
     except CacheBuildStopped as stop:
         row = rows[stop.index]
-        skip_or_stop("error", [], csv_path, row.line, row.rel_path, stop.reason)
+        skip_or_stop("error", [], csv_path, row.line, row.written or row.rel_path, stop.reason)
         raise  # not reached: skip_or_stop raised
     kept = []
     for index, row in enumerate(rows):
         if index in store.failures:
-            skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.rel_path, store.failures[index])
+            skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.written or row.rel_path,
+                         store.failures[index])  # fmt: skip
         else:
             kept.append(index)
     if not kept:

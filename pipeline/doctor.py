@@ -1,21 +1,23 @@
 """`python -m pipeline doctor`: what this session has, and what training will do with it.
 
-Hardware (TPU kind and devices, GPUs with memory and bf16 support, CPU), the precision, model size and
-batch plan the train notebook would use with its default parameters, and the Kaggle facts that apply.
+Hardware (TPU kind and devices, GPUs with memory and bf16 support, CPU), the installed torch, torchaudio,
+torch_xla, speechbrain and numpy against the tested version matrix (pipeline/versions.py), the precision,
+model size and batch plan the train notebook would use with its default parameters, and the Kaggle facts
+that apply.
 It is safe to run first in a notebook: every probe reads environment variables, device files or
-`nvidia-smi` (pipeline.devices.probe) -- CUDA is never initialised and torch_xla never imported, so a
-launcher started afterwards still works.
+`nvidia-smi` (pipeline.devices.probe), and versions come from importlib.metadata -- CUDA is never
+initialised and torch_xla never imported, so a launcher started afterwards still works.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import kaggle
+from . import kaggle, versions
 from .devices import probe
 
 KAGGLE_NOTES = (
@@ -37,12 +39,17 @@ class Report:
     training: dict[str, Any]
     kaggle: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    versions: versions.Comparison | None = None
 
 
 def collect(
-    env: Mapping[str, str] | None = None, runner: probe.Runner | None = None, root: str = "/"
+    env: Mapping[str, str] | None = None,
+    runner: probe.Runner | None = None,
+    root: str = "/",
+    version_of: Callable[[str], str | None] | None = None,
 ) -> Report:
-    """Gather the report. `env`, `runner` (nvidia-smi) and `root` (/dev, /sys) are for tests, as in probe."""
+    """Gather the report. `env`, `runner` (nvidia-smi) and `root` (/dev, /sys) are for tests, as in probe;
+    so is `version_of` (distribution name -> installed version or None; default importlib.metadata)."""
     e = os.environ if env is None else env
     cpu = {"count": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}
 
@@ -61,6 +68,7 @@ def collect(
         training.update(_training_plan(training["topology"]))
 
     report = Report(cpu, tpu, gpus, training, _kaggle_facts(e))
+    report.versions = versions.compare(version_of or versions.installed_version)
     report.notes = _notes(report)
     return report
 
@@ -75,21 +83,23 @@ def _topology_or_error(accelerator: str, env, runner, root) -> dict[str, Any]:
 
 
 def _training_plan(topology: probe.Topology) -> dict[str, Any]:
-    # Imported here: pipeline.train imports torch (seconds), which the hardware part does not need.
+    # The training code's own policy (pipeline/devices/policy.py), so doctor says what training will do.
     from .config import TrainConfig
-    from .train import describe_topology, plan_for, resolve_model_size, resolve_precision
+    from .devices.policy import decide, describe_topology
 
     defaults = TrainConfig()
-    plan = plan_for(defaults, topology)
+    plan = decide(defaults, topology)
+    batch = plan.batch
     return {
         "strategy": describe_topology(topology),
-        "precision": resolve_precision(defaults.precision, topology),
-        "model_size": resolve_model_size(defaults, topology),
-        "per_device_batch_size": plan.per_device_batch,
-        "global_batch": plan.global_batch,
-        # fit() replaces the scaling rule's default warmup with warmup_epochs: say what it will use.
-        "plan": f"lr {plan.base_lr:.1e} -> {plan.lr:.1e} ({plan.rule} rule, base batch {plan.base_batch}); "
-        f"warmup {defaults.warmup_epochs:g} epoch(s); {defaults.epochs} epochs",
+        "precision": plan.precision,
+        "model_size": plan.model_size,
+        "per_device_batch_size": batch.per_device_batch,
+        "global_batch": batch.global_batch,
+        "loader_workers": plan.loader_workers,
+        "plan": f"lr {batch.base_lr:.1e} -> {batch.lr:.1e} ({batch.rule} rule, base batch {batch.base_batch}); "
+        f"warmup {defaults.warmup_epochs:g} epoch(s); {defaults.epochs} epochs; {plan.loader_workers} "
+        "DataLoader worker process(es) per training process",
     }
 
 
@@ -145,6 +155,10 @@ def render(report: Report) -> str:
             )
     else:
         lines.append("GPU: none visible")
+
+    if report.versions is not None:
+        lines.append("== versions")
+        lines += report.versions.lines()
 
     lines.append("== training with the default parameters")
     training = report.training

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import new_competition_folder, write_csv
+from .tables import new_competition_folder, write_csv
 
 TASKS = ("speaker", "digit")
 NAME_PATTERN = re.compile(

@@ -27,10 +27,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from .artifact import Artifact
 from .config import MAX_WINDOWS_PER_FILE, InferConfig
-from .data import AudioError, DataError, TestRow, load_audio, resolve_inside, windows
+from .data import AudioError, load_audio, windows
 from .devices.launch import heartbeat
 from .model import SpeakerClassifier, add_windows
 from .progress import progress_bar
+from .tables import DataError, TestRow, resolve_inside
 
 # Files longer than this are only decoded up to it: max_windows_per_file windows cover it anyway.
 MAX_DECODE_SECONDS = 600.0

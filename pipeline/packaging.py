@@ -40,6 +40,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from . import wheelcheck
 from .staging import check_output_dir, mark, marked_as, staged_directory
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,6 +132,8 @@ def package(
                 "--wheels-dir DIR holding Linux x86_64 wheels for CPython "
                 f"{' and '.join(python_versions)}, or with --allow-incomplete to write it anyway"
             )
+        # Every bundled wheel must install on Kaggle's Python 3.12 images without replacing their torch.
+        wheelcheck.require_installable(staging / "code", missing=result.missing, error=PackagingError)
         (staging / "README.md").write_text(
             push_readme(out, slugs, train_accelerator)
         )  # names the final paths

@@ -62,6 +62,7 @@ def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy, result) 
         "stopped_early": result.stopped_early,
         "skipped_rows": result.skipped_rows,
         "data_notes": result.data_notes,
+        "label_counts": result.label_counts,
         "train_seconds": round(result.seconds, 1),
         # Paths are reduced to their last component: the artifact must not point outside itself.
         "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in to_dict(config).items()},

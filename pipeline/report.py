@@ -11,6 +11,8 @@ otherwise, so scripts and tests can call them too.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
 import math
 from collections.abc import Mapping, Sequence
@@ -21,7 +23,9 @@ import numpy as np
 
 CURVES_FILE = "training_curves.png"
 CONFUSION_FILE = "confusion_matrix.png"
-MAX_CONFUSION_CLASSES = 20  # beyond this a matrix is unreadable: show the most-confused classes
+PAIRS_FILE = "most_confused_pairs.png"
+MAX_CONFUSION_CLASSES = 20  # beyond this a matrix is unreadable: the most confused pairs are drawn instead
+MAX_PAIRS = 25
 MAX_BAR_LABELS = 30  # predicted-label bar chart: the most frequent labels, the rest summed as "other"
 
 
@@ -42,6 +46,15 @@ def confusion_counts(
     matrix = np.zeros((n_classes, n_classes), dtype=np.int64)
     np.add.at(matrix, (truth, pred), 1)
     return matrix
+
+
+def most_confused_pairs(matrix: np.ndarray, limit: int = MAX_PAIRS) -> list[tuple[int, int, int]]:
+    """(true class, predicted class, count) of the most frequent errors, most frequent first (ties: class order)."""
+    errors = matrix.copy()
+    np.fill_diagonal(errors, 0)
+    true, pred = np.nonzero(errors)
+    order = sorted(zip(true.tolist(), pred.tolist(), strict=True), key=lambda tp: (-errors[tp], tp))
+    return [(t, q, int(errors[t, q])) for t, q in order[:limit]]
 
 
 def most_confused(matrix: np.ndarray, limit: int = MAX_CONFUSION_CLASSES) -> list[int]:
@@ -81,22 +94,59 @@ def save_training_figures(
     except ImportError:
         print("figures skipped: matplotlib is not installed (pip install matplotlib)")
         return figures
-    jobs = [
-        (CURVES_FILE, lambda path: plot_training_curves(history, path, best_epoch)),
-        (
-            CONFUSION_FILE,
-            lambda path: plot_confusion(confusion_counts(val_truth, val_pred, len(labels)), labels, path),
-        ),
-    ]
+    jobs = [(CURVES_FILE, lambda path: plot_training_curves(history, path, best_epoch))]
+    if len(val_truth):  # else no validation split: nothing to show
+        matrix = confusion_counts(val_truth, val_pred, len(labels))
+        if len(labels) <= MAX_CONFUSION_CLASSES:
+            jobs.append((CONFUSION_FILE, lambda path: plot_confusion(matrix, labels, path)))
+        else:  # a 1,000 x 1,000 matrix says nothing: the errors that happen most
+            jobs.append((PAIRS_FILE, lambda path: plot_confused_pairs(matrix, labels, path)))
     for name, draw in jobs:
-        if name == CONFUSION_FILE and len(val_truth) == 0:
-            continue  # no validation split (val_fraction=0): nothing to show
         try:
             draw(out_dir / name)
             figures[name] = out_dir / name
         except Exception as error:  # noqa: BLE001 - see the docstring
             print(f"figure {name} skipped: {type(error).__name__}: {error}")
     return figures
+
+
+def readable(texts: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`texts` as they can be drawn, and the font families to draw them with: the default font, then installed
+    fonts that have the characters it lacks (CJK labels, say); a character no installed font has is written as
+    its code (U+4E2D) instead of the empty box and the "Glyph missing from font" warning matplotlib gives."""
+    from matplotlib import font_manager, rcParams
+
+    default = font_manager.findfont(font_manager.FontProperties(family=rcParams["font.family"]))
+    missing = {ord(c) for text in texts for c in text} - _charmap(default)
+    families = [font_manager.FontProperties(fname=default).get_name()]
+    for entry in font_manager.fontManager.ttflist:
+        if not missing:
+            break
+        covered = missing & _charmap(entry.fname)
+        if covered and entry.name not in families:
+            families.append(entry.name)
+            missing -= covered
+    if not missing:
+        return list(texts), families
+    return ["".join(f"U+{ord(c):04X}" if ord(c) in missing else c for c in text) for text in texts], families
+
+
+@functools.cache
+def _charmap(font_file: str) -> frozenset[int]:
+    from matplotlib.ft2font import FT2Font
+
+    try:
+        return frozenset(FT2Font(font_file).get_charmap())
+    except (OSError, RuntimeError):
+        return frozenset()
+
+
+@contextlib.contextmanager
+def _fonts(families: list[str]):
+    from matplotlib import rc_context
+
+    with rc_context({"font.family": families}):
+        yield
 
 
 def _new_figure(width: float, height: float):
@@ -157,7 +207,14 @@ def plot_confusion(
     """Counts with true labels on rows; above `limit` classes only the most-confused are drawn (titled so)."""
     shown = most_confused(matrix, limit)
     sub = matrix[np.ix_(shown, shown)]
-    names = [_short(str(labels[i])) for i in shown]
+    names, families = readable([_short(str(labels[i])) for i in shown])
+    with _fonts(families):
+        return _draw_confusion(matrix, sub, shown, names, path)
+
+
+def _draw_confusion(
+    matrix: np.ndarray, sub: np.ndarray, shown: list[int], names: list[str], path: Path
+) -> Path:
     size = max(4.0, 0.4 * len(shown) + 2.0)
     figure = _new_figure(size + 1.0, size)
     axis = figure.subplots()
@@ -194,15 +251,40 @@ def _short(label: str, width: int = 16) -> str:
     return label[:head] + "…" + label[-(width - 1 - head) :]
 
 
+def plot_confused_pairs(
+    matrix: np.ndarray, labels: Sequence[str], path: Path, limit: int = MAX_PAIRS
+) -> Path:
+    """The most frequent validation errors as bars, "true -> predicted" (for more classes than a matrix shows)."""
+    pairs = most_confused_pairs(matrix, limit)
+    names, families = readable([f"{_short(str(labels[t]))} -> {_short(str(labels[q]))}" for t, q, _ in pairs])
+    total, correct = int(matrix.sum()), int(np.trace(matrix))
+    with _fonts(families):
+        figure = _new_figure(7, max(1.8, 0.28 * len(pairs) + 1.1))
+        axis = figure.subplots()
+        counts = [count for _, _, count in pairs]
+        axis.barh(names[::-1], counts[::-1], color="tab:red")
+        axis.set(xlabel="validation files", title=f"Most confused pairs (true -> predicted): {correct}/{total} "
+                 f"correct over {matrix.shape[0]} classes")  # fmt: skip
+        if not pairs:
+            axis.text(0.5, 0.5, "no validation errors", ha="center", va="center", transform=axis.transAxes)
+        figure.savefig(path)
+    return Path(path)
+
+
 def label_bar_chart(label_counts: Mapping[str, int], limit: int = MAX_BAR_LABELS) -> bytes:
     """PNG bytes of a horizontal bar chart of predicted labels (most frequent first, the rest as 'other')."""
     ranked = sorted(label_counts.items(), key=lambda item: (-item[1], item[0]))
     if len(ranked) > limit:
         rest = sum(count for _, count in ranked[limit - 1 :])
         ranked = ranked[: limit - 1] + [(f"other ({len(label_counts) - limit + 1} labels)", rest)]
+    names, families = readable([_short(str(name), 24) for name, _ in ranked][::-1])
+    with _fonts(families):
+        return _draw_bars(ranked, names, label_counts)
+
+
+def _draw_bars(ranked: list[tuple[str, int]], names: list[str], label_counts: Mapping[str, int]) -> bytes:
     figure = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
     axis = figure.subplots()
-    names = [_short(str(name), 24) for name, _ in ranked][::-1]
     counts = [count for _, count in ranked][::-1]
     axis.barh(names, counts, color="tab:blue")
     for y, count in enumerate(counts):
@@ -227,24 +309,34 @@ def in_ipython() -> bool:
 
 
 def training_summary(result: Any) -> list[tuple[str, str]]:
-    """(field, value) rows describing a TrainResult: device, batch/lr scaling, compiles, time, accuracy."""
+    """(field, value) rows describing a TrainResult: device, batch/lr scaling, input pipeline, compiles, time,
+    accuracy, and what happened to the data on the way."""
     topo, plan = result.topology, result.plan
+    schedule = getattr(result, "schedule", None) or {}
     acc = "n/a" if result.best_val_accuracy is None else f"{result.best_val_accuracy:.4f}"
+    warmup = schedule.get("warmup_steps", plan.get("warmup_steps"))
     rows = [
         ("device", f"{topo.get('accelerator', '?')} x{topo.get('num_devices', '?')} ({topo.get('device_kind', '?')})"),
         ("global batch", f"{plan.get('global_batch')} = {plan.get('per_device_batch')} per device x "
                          f"{plan.get('num_devices')} x {plan.get('grad_accum')} accum"),
         ("learning rate", f"{plan.get('base_lr', 0):.1e} at batch {plan.get('base_batch')} -> {plan.get('lr', 0):.1e} "
-                          f"({plan.get('rule')} rule), warmup {plan.get('warmup_steps')} steps"),
+                          f"({plan.get('rule')} rule), warmup {warmup} steps"),
         ("XLA compilations", "n/a (eager)" if result.compile_count is None else str(result.compile_count)),
         ("time", f"{result.seconds:.0f} s, {len(result.history)} epochs"),
         ("best validation accuracy", f"{acc} (epoch {result.best_epoch})"),
         ("artifact", str(result.artifact_dir)),
     ]  # fmt: skip
+    timed = [r for r in result.history if "data_wait_share" in r]
+    if timed:
+        waits = [r["data_wait_share"] for r in timed]
+        rows.insert(4, ("input pipeline", f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
+                        f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time"))  # fmt: skip
     if getattr(result, "stopped_early", None):
         rows.append(("stopped early", str(result.stopped_early)))
     if getattr(result, "skipped_rows", None):
         rows.append(("skipped training rows", str(len(result.skipped_rows))))
+    for note in getattr(result, "data_notes", None) or []:
+        rows.append(("data", note))
     return rows
 
 
@@ -278,7 +370,7 @@ def show_training_report(result: Any) -> None:
     Returns None on purpose: as the last line of a cell, a returned value would be echoed again as Out[].
     """
     table = markdown_table(training_summary(result), ("training run", ""))
-    figures = [Path(result.artifact_dir) / name for name in (CURVES_FILE, CONFUSION_FILE)]
+    figures = [Path(result.artifact_dir) / name for name in (CURVES_FILE, CONFUSION_FILE, PAIRS_FILE)]
     figures = [path for path in figures if path.is_file()]
     if in_ipython():
         from IPython.display import Image, Markdown, display

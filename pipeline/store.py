@@ -37,10 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from .config import SAMPLE_RATE
-from .data import AudioError, DataError, load_audio, resolve_inside
+from .data import AudioError, load_audio
 from .devices.launch import helper_spawn_context
 from .progress import plural, progress_bar
 from .staging import MARKER, check_output_dir, mark, marked_as, staged_directory
+from .tables import DataError, resolve_inside
 
 CACHE_VERSION = 1
 CACHE_KIND = "audio cache"

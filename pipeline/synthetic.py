@@ -18,7 +18,7 @@ import numpy as np
 import soundfile as sf
 from scipy import signal
 
-from .data import new_competition_folder, write_csv
+from .tables import new_competition_folder, write_csv
 
 SAMPLE_RATES = (8000, 16000, 22050, 44100)
 

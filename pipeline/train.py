@@ -31,7 +31,6 @@ from . import checkpoint as ckpt
 from .artifact import check_artifact_dir, save_artifact
 from .batches import BatchRecipe, training_loader
 from .config import TrainConfig
-from .data import read_train_table
 from .dataset import TrainingData, load_training_data
 from .devices import policy
 from .devices.policy import HardwarePlan
@@ -43,6 +42,7 @@ from .provenance import build_provenance, run_fingerprint, weights_digest
 from .report import save_training_figures
 from .scaling import Schedule, plan_schedule
 from .staging import check_output_dir
+from .tables import TrainTable, read_train_table
 from .validation import calibration_windows, evaluate, validation_model
 
 GRAD_CLIP = 5.0
@@ -66,6 +66,7 @@ class TrainResult:
     schedule: dict[str, Any] = field(default_factory=dict)
     skipped_rows: list[dict[str, str]] = field(default_factory=list)
     data_notes: list[str] = field(default_factory=list)
+    label_counts: dict[str, int] = field(default_factory=dict)  # training files per class: the prior
     resumed_from: str | None = None
     stopped_early: str | None = None
     rows_trained: int = 0  # rows of this process's shard
@@ -83,7 +84,7 @@ def train(config: TrainConfig) -> TrainResult:
     """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
-    rows, _ = read_train_table(config.data_dir, config.on_bad_row)  # the CSV only: the size sets TPU batches
+    rows, _ = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
     plan = policy.decide(config, train_rows=round(len(rows) * (1 - config.val_fraction)))
     log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
     log(plan.describe())  # what was found and what will be done, before anything slow happens
@@ -326,6 +327,12 @@ def finish(run: Run) -> TrainResult:
         schedule=run.schedule.to_dict(),
         skipped_rows=data.skipped,
         data_notes=data.notes,
+        label_counts={
+            label: int(n)
+            for label, n in zip(
+                data.labels, np.bincount(data.targets, minlength=len(data.labels)), strict=True
+            )
+        },
         resumed_from=run.resumed_from,
         stopped_early=run.stopped_early,
         rows_trained=len(strategy.shard(data.train_idx)),

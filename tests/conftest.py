@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
@@ -15,6 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # starts, never into the user's ~/.cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pipeline-tests-cache-")
 FSDD = ROOT.parent / "shared" / "fsdd" / "recordings"
+
+# What needs torch_xla installed (the dev venv and the matrix's TPU legs have it; Kaggle's GPU image and newer
+# torch releases do not).
+requires_torch_xla = pytest.mark.skipif(
+    importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed in this environment"
+)
 
 # Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores.
 TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_batch_size=8, n_mels=40,

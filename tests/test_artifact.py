@@ -201,3 +201,11 @@ def test_the_artifact_is_readable_by_others(tmp_path):
     path = save_artifact(tmp_path / "a", small_model(), ["x", "y", "z"], {})
     assert path.stat().st_mode & 0o777 == 0o755
     assert {p.stat().st_mode & 0o777 for p in path.iterdir()} == {0o644}
+
+
+def test_a_missing_folder_or_a_data_folder_is_named_for_what_it_is(tmp_path, synthetic_data):
+    """Issue 14: both read "is not a complete artifact (was training interrupted before it saved?)"."""
+    with pytest.raises(ArtifactError, match=r"artifact_dir .*nope does not exist"):
+        load_artifact(tmp_path / "nope")
+    with pytest.raises(ArtifactError, match="is a competition folder, not an artifact"):
+        load_artifact(synthetic_data)

@@ -58,3 +58,10 @@ def test_infer_config_validation():
         InferConfig(device="tpu")
     with pytest.raises(ConfigError, match="submision_path"):
         from_params(InferConfig, {"submision_path": "x.csv"})
+
+
+def test_a_number_for_a_text_parameter_says_to_use_papermills_raw_flag():
+    """Issue 14: `-p fallback_label 3` was refused as an int without saying how to pass the text 3."""
+    with pytest.raises(ConfigError, match=r"fallback_label=3 .*pass the text with -r fallback_label 3"):
+        from_params(InferConfig, {"fallback_label": 3})
+    assert from_params(InferConfig, {"fallback_label": "3"}).fallback_label == "3"

@@ -8,8 +8,8 @@ import soundfile as sf
 from test_data import tone, write_folder
 
 from pipeline.config import SAMPLE_RATE, TrainConfig
-from pipeline.data import DataError, read_train_table
 from pipeline.dataset import drop_repeated_rows, load_training_data, stratified_split
+from pipeline.tables import DataError, read_train_table
 
 
 def load(root, on_bad_row="error", **overrides):
@@ -95,7 +95,7 @@ def test_repeated_rows_are_dropped_and_said(tmp_path, capsys):
 def test_drop_repeated_rows_keeps_the_first_of_each():
     from pathlib import Path
 
-    from pipeline.data import TrainRow
+    from pipeline.tables import TrainRow
 
     rows = [TrainRow(2, "a", "x"), TrainRow(3, "a", "x"), TrainRow(4, "a", "x")]
     kept, notes = drop_repeated_rows(rows, Path("train.csv"))

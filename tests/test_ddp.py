@@ -9,11 +9,11 @@ from conftest import TINY_TRAIN
 from helpers import run_papermill
 
 from pipeline.config import TrainConfig
-from pipeline.data import read_train_table
 from pipeline.dataset import stratified_split
 from pipeline.devices.ddp import DDPStrategy, ddp_entry
 from pipeline.devices.launch import launch
 from pipeline.devices.policy import decide
+from pipeline.tables import read_train_table
 from pipeline.train import fit
 
 
@@ -55,6 +55,7 @@ def test_train_notebook_with_two_cpu_processes(synthetic_data, tmp_path):
     })  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     assert "CPU: 2 CPU processes (gloo DDP" in run.stderr
+    assert "[Gloo]" not in run.stderr + run.stdout  # issue 14: gloo's per-rank connection lines, interleaved
     assert "global batch 16 = 8 per device x 2 devices" in run.stderr
     assert "launching 2 training processes (spawn)" in run.stderr
     provenance = json.loads((artifact / "manifest.json").read_text())["provenance"]
@@ -103,6 +104,7 @@ def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, t
     train_idx, _, _ = stratified_split(labels, 0.1, 0)
     assert sum(r["rows"] for r in reports) == len(train_idx)  # two disjoint halves, not two full copies
     assert run.stdout.count("CPU: 2 CPU processes (gloo DDP") == 1  # rank 0 speaks for the run
+    assert "[Gloo]" not in run.stdout
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
     assert provenance["strategy"] == "ddp" and provenance["devices"] == 2
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import requires_torch_xla
 from helpers import ROOT
 
 from pipeline.devices import probe
@@ -40,18 +41,20 @@ def test_on_this_cpu_machine():
     assert out.strip().endswith("cuda initialised False torch_xla False")
 
 
+@requires_torch_xla
 def test_on_a_kaggle_tpu_v5e_vm(tmp_path):
     (tmp_path / "input").mkdir()
     out = doctor({"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v5litepod-8", "PJRT_DEVICE": "TPU",
                   "KAGGLE_KERNEL_RUN_TYPE": "Batch", "KAGGLE_ROOT": str(tmp_path)})  # fmt: skip
     assert "TPU: TPU v5e, 8 XLA devices (TPU_ACCELERATOR_TYPE=v5litepod-8)" in out
     assert "TPU: 8 XLA devices (XLA SPMD, TPU v5e)" in out
-    assert "precision bf16; model size 'voxceleb'; per-device batch 32, global batch 256" in out
+    assert "precision bf16; model size 'voxceleb'; per-device batch 128, global batch 1024" in out
     assert "run type Batch" in out and "session limit 9 h" in out
     assert "(this session) Weekly quotas" in out
     assert out.strip().endswith("cuda initialised False torch_xla False")  # detected without importing it
 
 
+@requires_torch_xla
 def test_on_an_old_tpu_v3_8_the_replacement_note_comes_first(tmp_path):
     out = doctor({"ISTPUVM": "1", "TPU_ACCELERATOR_TYPE": "v3-8"})
     assert "TPU: TPU v3, 8 XLA devices" in out

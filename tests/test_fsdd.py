@@ -15,8 +15,15 @@ import pytest
 import soundfile as sf
 from helpers import ROOT
 
-from pipeline.data import load_audio, read_submission_ids, read_test_table, read_train_table, resolve_inside
+from pipeline.data import load_audio
 from pipeline.fsdd import FSDDError, make_fsdd_competition, parse_name, scan_recordings, split_recordings
+from pipeline.tables import (
+    TestLayout,
+    read_sample_submission,
+    read_test_items,
+    read_train_table,
+    resolve_inside,
+)
 
 SPEAKERS = ("ann", "bob", "cyd")
 DIGITS = ("0", "7")
@@ -84,8 +91,8 @@ def test_folder_follows_the_contract_and_hides_labels(tmp_path, task):
     out = make_fsdd_competition(source, tmp_path / "data", task=task, seed=1, test_fraction=0.2)
 
     train = read_train_table(out)[0]
-    test = read_test_table(out)[0]
-    assert read_submission_ids(out) == [row.id for row in test]
+    test = read_test_items(out, TestLayout()).rows
+    assert read_sample_submission(out / "sample_submission.csv").ids == [row.id for row in test]
     solution = {row["id"]: row["label"] for row in read_rows(out / "solution.csv")}
     assert list(solution) == [row.id for row in test]
     # Every recording lands exactly once, in train or test, with the label of its name.
@@ -150,7 +157,11 @@ def test_replaces_only_its_own_output_and_only_with_overwrite(tmp_path):
 
 def test_max_per_cell_keeps_a_small_balanced_folder(tmp_path):
     out = make_fsdd_competition(fake_fsdd(tmp_path / "rec"), tmp_path / "d", task="digit", max_per_cell=2)
-    assert len(read_train_table(out)[0]) == len(read_test_table(out)[0]) == len(SPEAKERS) * len(DIGITS)
+    assert (
+        len(read_train_table(out)[0])
+        == len(read_test_items(out, TestLayout()).rows)
+        == len(SPEAKERS) * len(DIGITS)
+    )
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -163,7 +174,7 @@ def test_cli_writes_the_folder_and_reports_bad_sources(tmp_path):
                    "--seed", "2", "--test-fraction", "0.4")  # fmt: skip
     assert made.returncode == 0, made.stderr
     assert "wrote FSDD digit competition folder" in made.stdout
-    assert len(read_test_table(tmp_path / "d")[0]) == 2 * len(SPEAKERS) * len(DIGITS)
+    assert len(read_test_items(tmp_path / "d", TestLayout()).rows) == 2 * len(SPEAKERS) * len(DIGITS)
     (source / "bad_name.wav").write_bytes(b"RIFF")
     failed = run_cli(
         "data", "fsdd", "--source", str(source), "--out", str(tmp_path / "e"), "--task", "speaker"
@@ -174,7 +185,7 @@ def test_cli_writes_the_folder_and_reports_bad_sources(tmp_path):
 
 def test_real_fsdd_split(fsdd_recordings, tmp_path):
     out = make_fsdd_competition(fsdd_recordings, tmp_path / "speaker", task="speaker", seed=0)
-    train, test = read_train_table(out)[0], read_test_table(out)[0]
+    train, test = read_train_table(out)[0], read_test_items(out, TestLayout()).rows
     n_files = len(list(fsdd_recordings.glob("*.wav")))
     assert len(train) + len(test) == n_files
     solution = read_rows(out / "solution.csv")

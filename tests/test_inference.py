@@ -4,14 +4,15 @@ import soundfile as sf
 import torch
 
 from pipeline.artifact import load_artifact
-from pipeline.data import load_audio, read_test_table
+from pipeline.data import load_audio
 from pipeline.inference import classify_clips, file_order, predict_rows
+from pipeline.tables import TestLayout, read_test_items
 
 
 def test_batched_windows_equal_one_file_at_a_time(tiny_artifact, synthetic_data):
     """Dense batching must not change any file's scores (the naive loop is the reference)."""
     artifact = load_artifact(tiny_artifact)
-    rows = read_test_table(synthetic_data)[0][:9]
+    rows = read_test_items(synthetic_data, TestLayout()).rows[:9]
     clips = [load_audio(synthetic_data / r.rel_path)[0] for r in rows]
     window = artifact.window_samples
     batched = classify_clips(artifact.model, clips, window, batch_windows=5, device=torch.device("cpu"))
@@ -42,7 +43,7 @@ def test_long_file_score_is_the_length_weighted_mean_of_its_windows(tiny_artifac
 
 def test_predict_rows_with_workers_matches_in_process(tiny_artifact, synthetic_data):
     artifact = load_artifact(tiny_artifact)
-    rows = read_test_table(synthetic_data)[0]
+    rows = read_test_items(synthetic_data, TestLayout()).rows
     order = file_order(synthetic_data, rows)
     cpu = torch.device("cpu")
     a = predict_rows(artifact.model, synthetic_data, rows, order, cpu, 16, 64, num_workers=0)
@@ -52,7 +53,7 @@ def test_predict_rows_with_workers_matches_in_process(tiny_artifact, synthetic_d
 
 
 def test_file_order_is_longest_first(synthetic_data):
-    rows = read_test_table(synthetic_data)[0]
+    rows = read_test_items(synthetic_data, TestLayout()).rows
     sizes = [(synthetic_data / rows[i].rel_path).stat().st_size for i in file_order(synthetic_data, rows)]
     assert sizes == sorted(sizes, reverse=True)
 
@@ -68,7 +69,7 @@ def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage)
         (tmp_path / "bad.wav").write_bytes(b"\x00\x01" * 500)
     elif damage == "all_nan":
         sf.write(tmp_path / "bad.wav", np.full(800, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
-    rows = read_test_table(tmp_path)[0]
+    rows = read_test_items(tmp_path, TestLayout()).rows
     result = predict_rows(artifact.model, tmp_path, rows, [0, 1], torch.device("cpu"), 8, 8, num_workers=0)
     assert result.ok.tolist() == [True, False]
     assert 1 in result.problems and "bad.wav" in result.problems[1]

@@ -16,11 +16,11 @@ import soundfile as sf
 import torch
 
 from pipeline.config import InferConfig
-from pipeline.data import read_test_table
 from pipeline.devices.inference_devices import choose_devices, shard_indices
 from pipeline.devices.probe import cuda_device_count
 from pipeline.inference import file_order
 from pipeline.submission import run_inference
+from pipeline.tables import TestLayout, read_test_items
 
 
 @pytest.mark.parametrize(("n_files", "n_shards"), [(10, 2), (7, 3), (2, 2), (1, 2), (0, 2), (5, 1)])
@@ -108,7 +108,7 @@ def test_two_cpu_processes_predict_what_one_process_predicts(tiny_artifact, salt
 
     one, one_report = infer(1, tmp_path / "one")
     two, two_report = infer(2, tmp_path / "two")
-    rows = read_test_table(salted_data)[0]
+    rows = read_test_items(salted_data, TestLayout()).rows
 
     # The multi-device path ran: two workers, each with a share of the files, together all of them.
     assert one_report["files_per_device"] == {"cpu": len(rows)}

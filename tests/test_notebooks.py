@@ -55,3 +55,29 @@ def test_unknown_parameter_fails_the_run_with_its_name(tmp_path):
     run = run_papermill("notebooks/infer.ipynb", tmp_path / "out.ipynb", {"submision_path": "x.csv"})
     assert run.returncode != 0
     assert "submision_path" in run.stderr and "did you mean 'submission_path'" in run.stderr
+
+
+@pytest.mark.parametrize(("notebook", "config_name"), [("notebooks/train.ipynb", "TrainConfig"),
+                                                        ("notebooks/infer.ipynb", "InferConfig")])  # fmt: skip
+def test_the_parameters_cell_lists_every_field_at_its_default_and_parses_cleanly(
+    notebook, config_name, caplog
+):
+    """Issue 14: valid fields missing from the cell made papermill say "Passed unknown parameter", and an "=" in
+    a comment made it say "Unable to parse line 13" on every run."""
+    import dataclasses
+    import logging
+
+    from papermill.translators import PythonTranslator
+
+    import pipeline.config
+
+    config_cls = getattr(pipeline.config, config_name)
+    cell = next(c for c in nbformat.read(ROOT / notebook, as_version=4).cells if c.cell_type == "code")
+    with caplog.at_level(logging.WARNING, logger="papermill"):
+        parsed = PythonTranslator.inspect(cell)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    assert sorted(p.name for p in parsed) == sorted(f.name for f in dataclasses.fields(config_cls))
+    namespace: dict = {}
+    exec(cell.source, namespace)  # noqa: S102 - our own notebook's parameters cell: values only
+    defaults = {f.name: getattr(config_cls(), f.name) for f in dataclasses.fields(config_cls)}
+    assert {k: v for k, v in namespace.items() if not k.startswith("__")} == defaults

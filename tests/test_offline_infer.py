@@ -24,94 +24,9 @@ import sys
 import numpy as np
 import pytest
 import soundfile as sf
+from conftest import requires_torch_xla
 from helpers import run_papermill, venv_env
-
-GUARD = r'''
-import errno
-import os
-import socket
-import sys
-
-_LOG = os.environ.get("OFFLINE_GUARD_LOG")
-
-
-def _note(text):
-    if _LOG:
-        with open(_LOG, "a") as handle:
-            handle.write(f"{os.getpid()} {text}\n")
-
-
-_note("loaded " + " ".join(getattr(sys, "orig_argv", sys.argv)[:4]))
-
-_LOCAL_HOSTS = {"127.0.0.1", "::1", "localhost", "0.0.0.0", "::", None, ""}
-
-
-def _local(address):
-    if isinstance(address, (str, bytes)):  # an AF_UNIX path
-        return True
-    host = address[0] if isinstance(address, tuple) and address else address
-    if isinstance(host, bytes):
-        host = host.decode()
-    return host in _LOCAL_HOSTS or (isinstance(host, str) and host.startswith("127."))
-
-
-def _refuse(what, target):
-    _note(f"blocked {what} {target!r}")
-    raise OSError(errno.ENETUNREACH, f"network access blocked by the offline guard: {what} {target!r}")
-
-
-_connect, _connect_ex = socket.socket.connect, socket.socket.connect_ex
-_getaddrinfo, _create_connection = socket.getaddrinfo, socket.create_connection
-_gethostbyname = socket.gethostbyname
-
-
-def connect(self, address):
-    if self.family == getattr(socket, "AF_UNIX", None) or _local(address):
-        return _connect(self, address)
-    _refuse("connect", address)
-
-
-def connect_ex(self, address):
-    if self.family == getattr(socket, "AF_UNIX", None) or _local(address):
-        return _connect_ex(self, address)
-    _refuse("connect_ex", address)
-
-
-def getaddrinfo(host, *args, **kwargs):
-    if _local((host,)):
-        return _getaddrinfo(host, *args, **kwargs)
-    _refuse("getaddrinfo", host)
-
-
-def create_connection(address, *args, **kwargs):
-    if _local(address):
-        return _create_connection(address, *args, **kwargs)
-    _refuse("create_connection", address)
-
-
-def gethostbyname(host):
-    if _local((host,)):
-        return _gethostbyname(host)
-    _refuse("gethostbyname", host)
-
-
-socket.socket.connect, socket.socket.connect_ex = connect, connect_ex
-socket.getaddrinfo, socket.create_connection, socket.gethostbyname = getaddrinfo, create_connection, gethostbyname
-
-
-class _NoTorchXla:
-    """Backstop if something removes the sys.modules entry: the import still fails."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name == "torch_xla" or name.startswith("torch_xla."):
-            _note(f"blocked import {name}")
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the offline guard)", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _NoTorchXla())
-sys.modules["torch_xla"] = None  # absent, as on Kaggle's GPU image: import fails, find_spec returns None
-'''
+from offline_guard import GUARD
 
 CONTROL = r"""
 import importlib.util, socket, urllib.request, urllib.error
@@ -160,10 +75,11 @@ def test_the_guard_blocks_network_and_torch_xla_but_not_loopback(guarded_env):
     assert "blocked connect" in log.read_text() and "blocked getaddrinfo" in log.read_text()
 
 
+@requires_torch_xla
 def test_torch_xla_is_installed_here_but_never_imported_by_the_submission_path():
     """torch_xla is in this venv (the TPU path uses it), so its absence from sys.modules means something."""
     code = ("import importlib.util, sys; assert importlib.util.find_spec('torch_xla') is not None, 'not installed'; "
-            "import pipeline.config, pipeline.notebook, pipeline.submission, pipeline.devices.inference_devices; "
+            "import pipeline.config, pipeline.notebook, pipeline.submission, pipeline.inference; "
             "print('torch_xla' in sys.modules)")  # fmt: skip
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=venv_env(), timeout=120

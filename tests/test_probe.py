@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from conftest import requires_torch_xla
 
 from pipeline.devices import probe
 from pipeline.devices.probe import Topology, detect_topology
@@ -318,6 +319,7 @@ _SIDE_EFFECT_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.timeout(120)
+@requires_torch_xla
 def test_probe_does_not_initialise_cuda_or_import_torch_xla() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "PJRT_", "XLA_", "CPU_NUM"))}
     env.pop("ISTPUVM", None)

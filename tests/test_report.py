@@ -170,3 +170,35 @@ def test_training_saves_both_figures_into_the_artifact(tiny_artifact):
     for name in ("training_curves.png", "confusion_matrix.png"):
         assert name in manifest["files"], name  # checksummed with the weights, so it travels with them
         assert_png(tiny_artifact / name, min_kb=10)
+
+
+def test_labels_no_font_can_draw_are_written_as_codes_without_warnings(tmp_path):
+    """Issue 14: CJK labels filled the log with "Glyph ... missing from font" warnings (and empty boxes)."""
+    import warnings
+
+    labels = ["话者一", "話者二", "speaker", "ü-umlaut"]
+    names, families = report.readable(labels)
+    assert names[2:] == ["speaker", "ü-umlaut"] and families
+    for original, shown in zip(labels[:2], names[:2], strict=True):
+        # Drawn as themselves where an installed font has them, as codes otherwise: never as boxes.
+        assert shown == original or shown.startswith("U+")
+    truth = np.array([0, 1, 2, 3, 0, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report.plot_confusion(report.confusion_counts(truth, truth[::-1], 4), labels, tmp_path / "c.png")
+        report.label_bar_chart({label: k + 1 for k, label in enumerate(labels)})
+        report.plot_confused_pairs(report.confusion_counts(truth, truth[::-1], 4), labels, tmp_path / "p.png")
+
+
+def test_a_thousand_classes_get_the_most_confused_pairs_not_a_matrix(tmp_path):
+    """Issue 11: with >= 1,000 classes the report shows the errors that happen most."""
+    labels = [f"bird_{i:04d}" for i in range(1000)]
+    truth = np.repeat(np.arange(1000), 2)
+    pred = truth.copy()
+    pred[:40:2] = 999  # 20 classes confused with the last one once each
+    pred[1] = 5  # and one other error
+    pairs = report.most_confused_pairs(report.confusion_counts(truth, pred, 1000), limit=3)
+    assert pairs == [(0, 5, 1), (0, 999, 1), (1, 999, 1)]
+    figures = report.save_training_figures(HISTORY, truth, pred, labels, tmp_path)
+    assert set(figures) == {"training_curves.png", "most_confused_pairs.png"}
+    assert_png(figures["most_confused_pairs.png"], min_kb=5)

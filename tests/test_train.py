@@ -165,3 +165,32 @@ def test_training_replaces_an_earlier_artifact(tiny_artifact, synthetic_data, tm
     shutil.copytree(tiny_artifact, target)
     train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(target), **{**TINY_TRAIN, "epochs": 1}))
     assert len(load_artifact(target).manifest["provenance"]["history"]) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_thousand_classes_with_few_clips_each_train(tmp_path):
+    """Issue 11: >= 1,000 labels of 3 clips each: the split still validates (one clip from 300 classes), the
+    AAM head has 1,000 classes, and the report draws the most confused pairs, not a 1,000 x 1,000 matrix."""
+    import soundfile as sf
+
+    data = tmp_path / "data"
+    (data / "audio").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    rows = []
+    for k in range(1000):
+        freq = 100 + 7 * k  # each class its own tone, plus noise
+        for j in range(3):
+            t = np.arange(4800) / 16000
+            clip = 0.3 * np.sin(2 * np.pi * freq * t) + 0.01 * rng.standard_normal(t.size)
+            sf.write(data / "audio" / f"c{k}_{j}.wav", clip.astype(np.float32), 16000)
+            rows.append(f"audio/c{k}_{j}.wav,class_{k:04d}\n")
+    (data / "train.csv").write_text("path,label\n" + "".join(rows))
+    result = train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "model"),
+                               **{**TINY_TRAIN, "epochs": 1, "per_device_batch_size": 64}))  # fmt: skip
+    artifact = load_artifact(tmp_path / "model")
+    assert len(artifact.labels) == 1000 and artifact.model.config.n_classes == 1000
+    assert result.best_val_accuracy is not None and 0.0 <= result.best_val_accuracy <= 1.0
+    assert any("300 more came from classes that could spare a clip" in note for note in result.data_notes)
+    files = set(artifact.manifest["files"])
+    assert "most_confused_pairs.png" in files and "confusion_matrix.png" not in files

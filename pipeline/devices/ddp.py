@@ -119,12 +119,32 @@ def ddp_entry(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         backend = "gloo"
     timeout = datetime.timedelta(seconds=collective_timeout_s)
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+    with (
+        _native_stdout_silenced()
+    ):  # gloo prints "[Gloo] Rank N is connected ..." from C++, interleaved per rank
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
     try:
         return fn(DDPStrategy(device, precision, rank, world_size), *args)
     finally:
         with contextlib.suppress(Exception):  # leaving: a peer that already left must not fail this rank
             dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _native_stdout_silenced():
+    """File descriptor 1 pointed at /dev/null for the duration (native code writes there, past sys.stdout);
+    errors still arrive as exceptions and on stderr."""
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 __all__ = ["DDPStrategy", "ddp_entry", "launch_ddp", "rank_device"]

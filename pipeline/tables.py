@@ -1,0 +1,373 @@
+"""The competition folder: its tables, where its audio is, and what a submission must look like.
+
+This project's own layout is the default, and any competition's can be described with parameters:
+
+    training  TrainTable: `train_table` (train.csv), `path_column` (path), `label_column` (label), paths relative
+              to `audio_dir` (the data folder); e.g. train_curated.csv with fname,labels and train_curated/
+    test      TestLayout: a table (`test_table` test.csv with `id_column` id and `path_column` path), or, when
+              the test set is hidden until Kaggle's scoring rerun, every audio file under `test_audio_dir`,
+              named by file name or stem (`test_id`: auto | name | stem)
+    submission sample_submission.csv: its first column is the id; one other column is a label to predict,
+              several are the classes whose probabilities to write (SampleSubmission)
+
+Values are kept byte-exact as the CSV has them (only CSV quoting is undone): a label ' spaced ' stays itself, in
+the model and in submission.csv. Paths may leave out the audio extension, and may lie in nested folders.
+Every error names the file, the line and the column, and says what to do.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .staging import check_output_dir, mark, marked_as, staged_directory, write_text_atomically
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif", ".aifc", ".au", ".caf", ".w64")
+
+
+class DataError(ValueError):
+    """The competition folder breaks the contract. The message names the file, the row and what to do."""
+
+
+@dataclass(frozen=True)
+class TrainRow:
+    line: int  # line number in the training table (header = line 1), for error messages
+    rel_path: str  # the audio file, relative to the data folder (audio_dir and extension resolved)
+    label: str
+    written: str = ""  # the path as the table writes it, for messages
+
+
+@dataclass(frozen=True)
+class TestRow:
+    __test__ = False  # not a pytest test class, whatever its name
+    line: int  # line in the test table; 0 for a file found in test_audio_dir
+    id: str
+    rel_path: str  # relative to the data folder
+
+
+@dataclass(frozen=True)
+class TrainTable:
+    """Where the training rows and their audio are (TrainConfig's table parameters)."""
+
+    table: str = "train.csv"
+    path_column: str = "path"
+    label_column: str = "label"
+    audio_dir: str | None = None  # inside the data folder; None: the data folder itself
+    label_separator: str | None = None  # "a,b" is two labels of one file (multi-label tables)
+
+    @classmethod
+    def of(cls, config: Any) -> TrainTable:
+        return cls(config.train_table, config.path_column, config.label_column, config.audio_dir,
+                   config.label_separator)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TestLayout:
+    """Where the test items and the sample submission are (InferConfig's table parameters)."""
+
+    __test__ = False  # not a pytest test class, whatever its name
+    table: str = "test.csv"
+    id_column: str = "id"
+    path_column: str = "path"
+    audio_dir: str | None = None  # the test table's paths are relative to it; None: the data folder
+    test_audio_dir: str | None = None  # no table: every audio file under this folder is a test item
+    test_id: str = "auto"  # auto | name | stem: how a discovered file is named in the submission
+    sample_submission: str = "sample_submission.csv"
+
+    @classmethod
+    def of(cls, config: Any) -> TestLayout:
+        return cls(config.test_table, config.id_column, config.path_column, config.audio_dir,
+                   config.test_audio_dir, config.test_id, config.sample_submission)  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------- CSV
+
+
+def read_csv(csv_path: Path, columns: Sequence[str], hint: str = "") -> list[tuple[int, dict[str, str]]]:
+    """Rows of `csv_path` as (line number, row) pairs, after checking the header has `columns`. Values are
+    exactly what the CSV holds; header names are matched without surrounding spaces."""
+    if not csv_path.is_file():
+        raise DataError(f"{csv_path}: file not found.{' ' + hint if hint else ''}")
+    with csv_path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        header = [name.strip() for name in (reader.fieldnames or [])]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise DataError(
+                f"{csv_path}: missing column(s) {missing}; the header is {header}. {hint}".rstrip()
+            )
+        reader.fieldnames = header
+        # DictReader's line_num is the physical line just read: the header is line 1.
+        return [(reader.line_num, {k: v or "" for k, v in row.items() if k}) for row in reader]
+
+
+def write_csv(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]]) -> None:
+    """The one CSV writer (competition folders, submission.csv, probabilities.csv): csv.writer quoting, since
+    ids, paths and labels may hold commas or quotes; `\n` line ends; written atomically."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    write_text_atomically(path, buffer.getvalue())
+
+
+def resolve_inside(data_dir: Path, rel_path: str) -> Path:
+    """`data_dir / rel_path`, refusing paths that escape `data_dir` (absolute, `..`, symlinks out)."""
+    root = data_dir.resolve()
+    if not rel_path:
+        raise DataError("empty path: the row names no file")
+    try:
+        candidate = (root / rel_path).resolve()
+    except (OSError, RuntimeError, ValueError) as error:  # symlink loop, name too long, NUL byte
+        raise DataError(f"path {rel_path!r} cannot be resolved ({error})") from error
+    if not candidate.is_relative_to(root):
+        raise DataError(f"path {rel_path!r} resolves outside the data folder; paths in the tables must be "
+                        "relative to it")  # fmt: skip
+    return candidate
+
+
+def audio_root(data_dir: Path, folder: str | None, parameter: str) -> tuple[Path, str]:
+    """The folder `parameter` names inside the data folder, and its path relative to it ("" for the folder)."""
+    if not folder:
+        return data_dir, ""
+    try:
+        root = resolve_inside(data_dir, folder)
+    except DataError as error:
+        raise DataError(f"parameter {parameter}={folder!r}: {error}") from error
+    if not root.is_dir():
+        raise DataError(f"parameter {parameter}={folder!r}: no such folder in {data_dir}; folders there: "
+                        f"{sorted(p.name for p in data_dir.iterdir() if p.is_dir())[:10]}")  # fmt: skip
+    return root, root.relative_to(data_dir.resolve()).as_posix()
+
+
+class AudioLocator:
+    """Finds the file a table row means when the row leaves out its extension ("abc" -> "abc.wav"), listing
+    each folder once."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._stems: dict[Path, dict[str, str]] = {}
+
+    def locate(self, rel: str) -> str:
+        """`rel`, or `rel` with the audio extension of the one file it names; unchanged if there is none."""
+        if not rel or Path(rel).suffix.lower() in AUDIO_SUFFIXES:
+            return rel
+        try:
+            if (self.root / rel).is_file():
+                return rel
+            folder = (self.root / rel).parent
+        except (OSError, ValueError):
+            return rel
+        if folder not in self._stems:
+            stems: dict[str, str] = {}
+            try:
+                names = sorted(os.listdir(folder), key=lambda n: AUDIO_SUFFIXES.index(Path(n).suffix.lower())
+                               if Path(n).suffix.lower() in AUDIO_SUFFIXES else len(AUDIO_SUFFIXES))  # fmt: skip
+            except OSError:
+                names = []
+            for name in names:
+                if Path(name).suffix.lower() in AUDIO_SUFFIXES:
+                    stems.setdefault(Path(name).stem, name)
+            self._stems[folder] = stems
+        found = self._stems[folder].get(Path(rel).name)
+        return rel if found is None else str(Path(rel).with_name(found))
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+def read_train_table(
+    data_dir: str | Path, on_bad_row: str = "error", layout: TrainTable | None = None
+) -> tuple[list[TrainRow], list[dict]]:
+    """The rows of the training table, and the rows left out for an empty label or path under
+    `on_bad_row="skip"` (otherwise such a row stops the run with an error naming its line)."""
+    layout = layout or TrainTable()
+    data_dir = Path(data_dir)
+    csv_path = data_dir / layout.table
+    root, prefix = audio_root(data_dir, layout.audio_dir, "audio_dir")
+    hint = (f"Training needs a table with a {layout.path_column!r} and a {layout.label_column!r} column: set "
+            "train_table, path_column and label_column to the competition's own names.")  # fmt: skip
+    locator = AudioLocator(root)
+    rows, skipped = [], []
+    for line, row in read_csv(csv_path, (layout.path_column, layout.label_column), hint):
+        path, label = row[layout.path_column], row[layout.label_column]
+        problem = (f"empty {layout.label_column!r}" if not label else
+                   f"empty {layout.path_column!r}" if not path else None)  # fmt: skip
+        if problem is not None:
+            skip_or_stop(on_bad_row, skipped, csv_path, line, path, problem)
+            continue
+        rel = locator.locate(path)
+        rel = f"{prefix}/{rel}" if prefix else rel
+        labels = label.split(layout.label_separator) if layout.label_separator else [label]
+        rows += [TrainRow(line, rel, one, path) for one in labels if one]
+    if not rows and not skipped:
+        raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
+    return rows, skipped
+
+
+def skip_or_stop(
+    on_bad_row: str,
+    skipped: list[dict],
+    csv_path: Path,
+    line: int,
+    path: str,
+    reason: str,
+    cause: Exception | None = None,
+) -> None:
+    """The one rule for a bad training row: under on_bad_row="skip" it is recorded (by its path as written in
+    the table, never an absolute one) and left out; otherwise the run stops with an error naming it."""
+    if on_bad_row != "skip":
+        raise DataError(f"{csv_path} line {line} ({path!r}): {reason}. Fix or remove the row, or set "
+                        "on_bad_row='skip' to train without it (skipped rows are reported).") from cause  # fmt: skip
+    skipped.append({"line": str(line), "path": path, "reason": reason})
+
+
+def label_list(labels: Iterable[str]) -> list[str]:
+    """The class order of a model: sorted unique labels (stable across runs and machines)."""
+    return sorted(set(labels))
+
+
+# -------------------------------------------------------------------------------------------- test
+
+
+@dataclass
+class TestItems:
+    __test__ = False  # not a pytest test class, whatever its name
+    rows: list[TestRow]
+    source: str  # "table" or "folder"
+    notes: list[str] = field(default_factory=list)
+
+
+def read_test_items(data_dir: str | Path, layout: TestLayout, sample_ids: Sequence[str] = ()) -> TestItems:
+    """The test items: the rows of the test table, or the audio files under `test_audio_dir`. Never raises
+    for a flaw of a single row: a repeated id keeps its first row and is reported."""
+    data_dir = Path(data_dir)
+    if layout.test_audio_dir:
+        return discover_test_files(data_dir, layout.test_audio_dir, layout.test_id, sample_ids)
+    csv_path = data_dir / layout.table
+    if not csv_path.is_file():
+        folders = sorted(p.name for p in data_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise DataError(f"{csv_path}: file not found. A competition without a test table keeps its test audio "
+                        f"in a folder: set test_audio_dir to it (folders in {data_dir}: {folders[:10]})")  # fmt: skip
+    root, prefix = audio_root(data_dir, layout.audio_dir, "audio_dir")
+    locator = AudioLocator(root)
+    hint = "Set test_table, id_column and path_column to the competition's own names, or use test_audio_dir."
+    rows: list[TestRow] = []
+    first_line: dict[str, int] = {}
+    notes: list[str] = []
+    for line, row in read_csv(csv_path, (layout.id_column, layout.path_column), hint):
+        item_id = row[layout.id_column]
+        if item_id in first_line:
+            notes.append(f"{csv_path.name} line {line} repeats id {item_id!r} of line {first_line[item_id]}; "
+                         "the first row is used")  # fmt: skip
+            continue
+        first_line[item_id] = line
+        rel = locator.locate(row[layout.path_column])
+        rows.append(TestRow(line, item_id, f"{prefix}/{rel}" if prefix and rel else rel))
+    return TestItems(rows, "table", notes)
+
+
+def discover_test_files(data_dir: Path, folder: str, test_id: str, sample_ids: Sequence[str]) -> TestItems:
+    """Every audio file under `folder` (nested folders included, hidden ones skipped), in name order, named by
+    its file name or its stem: `test_id`, or for "auto" whichever form the sample submission's ids use."""
+    root, prefix = audio_root(data_dir, folder, "test_audio_dir")
+    found: list[Path] = []
+    for current, subdirs, files in os.walk(root, followlinks=True):
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        found += [Path(current, f) for f in sorted(files)
+                  if not f.startswith(".") and Path(f).suffix.lower() in AUDIO_SUFFIXES]  # fmt: skip
+    notes = []
+    if test_id == "auto":
+        test_id, why = _id_form(found, sample_ids)
+        notes.append(f"test ids: each file's {test_id} ({why})")
+    rows: list[TestRow] = []
+    seen: dict[str, str] = {}
+    for path in found:
+        rel = path.relative_to(root).as_posix()
+        item_id = path.name if test_id == "name" else path.stem
+        if item_id in seen:
+            notes.append(
+                f"{folder}/{rel} has the id {item_id!r} of {folder}/{seen[item_id]}; the first is used"
+            )
+            continue
+        seen[item_id] = rel
+        rows.append(TestRow(0, item_id, f"{prefix}/{rel}" if prefix else rel))
+    notes.insert(0, f"test items: {len(rows)} audio file(s) under {folder}")
+    return TestItems(rows, "folder", notes)
+
+
+def _id_form(files: Sequence[Path], sample_ids: Sequence[str]) -> tuple[str, str]:
+    names, stems = {p.name for p in files}, {p.stem for p in files}
+    by_name, by_stem = sum(i in names for i in sample_ids), sum(i in stems for i in sample_ids)
+    if by_name != by_stem:
+        form = "name" if by_name > by_stem else "stem"
+        return form, f"{max(by_name, by_stem)} of sample_submission's {len(sample_ids)} ids are file {form}s"
+    with_suffix = sum(Path(i).suffix.lower() in AUDIO_SUFFIXES for i in sample_ids)
+    form = "name" if sample_ids and with_suffix > len(sample_ids) / 2 else "stem"
+    return form, (f"no sample_submission id names a file here; its ids {'end' if form == 'name' else 'do not end'} "
+                  "in an audio extension")  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------- submission
+
+
+@dataclass(frozen=True)
+class SampleSubmission:
+    """What a submission must look like: sample_submission.csv's header and ids."""
+
+    path: Path
+    id_column: str
+    value_columns: list[str]  # one: the label to predict; several: one probability per class
+    ids: list[str]
+
+    @property
+    def probabilities(self) -> bool:
+        return len(self.value_columns) > 1
+
+
+def read_sample_submission(path: Path) -> SampleSubmission:
+    """The header (first column: the id) and the ids, in order, of a sample submission."""
+    hint = "A sample submission has an id column first, then a label column or one column per class."
+    if not path.is_file():
+        raise DataError(f"{path}: file not found. {hint} Set sample_submission to the competition's file.")
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        header = [name.strip() for name in next(reader, [])]
+        if len(header) < 2:
+            raise DataError(f"{path}: the header {header} has fewer than two columns. {hint}")
+        ids = [row[0] for row in reader if row]
+    return SampleSubmission(path, header[0], header[1:], ids)
+
+
+# ---------------------------------------------------------------------------------- writing folders
+
+COMPETITION_FOLDER = "competition folder"
+# What `python -m pipeline data` wrote before folders carried the marker: still recognised as ours.
+_LEGACY_FOLDER_ENTRIES = {"train.csv", "test.csv", "sample_submission.csv", "solution.csv", "audio",
+                          "ATTRIBUTION.txt"}  # fmt: skip
+
+
+def written_by_data_command(folder: Path) -> bool:
+    """True for a competition folder that `python -m pipeline data` wrote (it may replace it)."""
+    if marked_as(folder, COMPETITION_FOLDER):
+        return True
+    names = {p.name for p in folder.iterdir()}
+    return {"solution.csv", "audio"} <= names <= _LEGACY_FOLDER_ENTRIES
+
+
+@contextmanager
+def new_competition_folder(out_dir: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
+    """Yield a staging folder to build a competition folder in; it replaces `out_dir` when the block ends.
+    `out_dir` must be new or empty, or (with `overwrite`) a folder the data commands wrote before."""
+    target = check_output_dir(out_dir, name="out", is_ours=written_by_data_command,
+                              what="a competition folder written by `python -m pipeline data`",
+                              replace_ours=overwrite, how_to_replace="pass --overwrite (overwrite=True)")  # fmt: skip
+    with staged_directory(target, written_by_data_command) as staging:
+        yield staging
+        mark(staging, COMPETITION_FOLDER)
