@@ -5,9 +5,11 @@
 Sections (each fails soft: an error is recorded and the next section runs):
   inference     naive one-file-at-a-time loop vs the project's batched inference  (benchmarks/inference.py)
   training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
-  loader_wait   time the training loop spends making batches, as a fraction of step time (measured here)
+  loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
+  xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
+  scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait   (benchmarks/scale.py)
 
 Ratios are the headline: absolute times depend on the machine and, on a shared machine, on the neighbours;
 every section records how much CPU other processes took while it ran (`others_cpu_share`).
@@ -36,7 +38,7 @@ from benchmarks.fsdd_accuracy import DEFAULT_SOURCE, CpuMeter
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_FSDD_S = {"speaker": 92.0, "digit": 143.0}  # plain loop, ../shared/NOTES.md (train + infer, 2 cores)
-SECTIONS = ("inference", "training", "loader_wait", "fsdd", "cold_start")
+SECTIONS = ("inference", "training", "loader_wait", "fsdd", "cold_start", "xla_step", "scale")
 
 
 # ------------------------------------------------------------------------------------------ sections
@@ -64,58 +66,41 @@ def _external(module_name: str, quick: bool) -> dict[str, Any]:
 
 
 def section_loader_wait(quick: bool) -> dict[str, Any]:
-    """A real (short) training run with default settings, timing `make_batch` (random crops, inline in the
-    loop) against `train_step` (forward, backward, optimizer). Wraps the functions; train.py is unchanged."""
-    import pipeline.train as train_module
+    """A real (short) training run with default settings: the history records, per epoch, how long steps
+    waited for the DataLoader's batches and how long they computed (train.py measures it; nothing here
+    reaches into the loop)."""
     from pipeline.config import TrainConfig
     from pipeline.fsdd import make_fsdd_competition
+    from pipeline.train import train
 
-    timers = {"make_batch_s": 0.0, "train_step_s": 0.0, "load_training_set_s": 0.0, "steps": 0}
-
-    def timed(name: str, function: Callable, count: bool = False) -> Callable:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                timers[name] += time.perf_counter() - started
-                timers["steps"] += count
-
-        return wrapper
-
-    originals = {
-        name: getattr(train_module, name) for name in ("make_batch", "train_step", "load_training_set")
-    }
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
         data = make_fsdd_competition(_fsdd_source(), Path(tmp) / "data", task="speaker",
                                      max_per_cell=6 if quick else 20)  # fmt: skip
         config = TrainConfig(data_dir=str(data), artifact_dir=str(Path(tmp) / "model"), epochs=1 if quick else 2,
-                             progress=False)  # fmt: skip
-        try:
-            train_module.make_batch = timed("make_batch_s", originals["make_batch"])
-            train_module.train_step = timed("train_step_s", originals["train_step"], count=True)
-            train_module.load_training_set = timed("load_training_set_s", originals["load_training_set"])
-            started = time.perf_counter()
-            with contextlib.redirect_stdout(sys.stderr):  # keep the training log out of the JSON on stdout
-                result = train_module.train(config)
-            total = time.perf_counter() - started
-        finally:
-            for name, function in originals.items():
-                setattr(train_module, name, function)
-    step_total = timers["make_batch_s"] + timers["train_step_s"]
+                             cache_dir=str(Path(tmp) / "cache"), progress=False)  # fmt: skip
+        with contextlib.redirect_stdout(sys.stderr):  # keep the training log out of the JSON on stdout
+            result = train(config)
+    last = result.history[-1]
     return {
-        "headline": f"data wait {timers['make_batch_s'] / step_total:.1%} of step time",
-        "wait_fraction": timers["make_batch_s"] / step_total,
-        "steps": timers["steps"],
-        "ms_per_step_make_batch": 1000 * timers["make_batch_s"] / max(1, timers["steps"]),
-        "ms_per_step_train_step": 1000 * timers["train_step_s"] / max(1, timers["steps"]),
-        # Decoding + resampling every file happens once, before the first step.
-        "load_fraction_of_run": timers["load_training_set_s"] / total,
-        "load_training_set_s": timers["load_training_set_s"],
-        "run_s": total,
+        "headline": f"data wait {last['data_wait_share']:.1%} of step time ({last['data_wait_ms']:.2f} ms per "
+        f"step against {last['step_ms']:.1f} ms of compute); first batch {result.history[0]['loader_start_s']} s "
+        "after the loader started",
+        "wait_fraction": last["data_wait_share"],
+        "ms_per_step_data_wait": last["data_wait_ms"],
+        "ms_per_step_compute": last["step_ms"],
+        "samples_per_s": last["samples_per_s"],
+        "loader_start_s": result.history[0]["loader_start_s"],
         "device": result.topology.get("device_kind"),
         "batch": result.plan.get("global_batch"),
     }
+
+
+def section_scale(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.scale", quick)
+
+
+def section_xla_step(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.xla_step", quick)
 
 
 def section_fsdd(quick: bool) -> dict[str, Any]:
@@ -247,6 +232,8 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "loader_wait": section_loader_wait,
     "fsdd": section_fsdd,
     "cold_start": section_cold_start,
+    "xla_step": section_xla_step,
+    "scale": section_scale,
 }
 
 

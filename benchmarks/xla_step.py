@@ -52,6 +52,7 @@ def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels
 def measure_in_this_process(batches: list[int], steps: int) -> dict[str, Any]:
     import torch
     import torch_xla
+    import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
 
     from pipeline.devices.probe import detect_topology
@@ -76,14 +77,13 @@ def measure_in_this_process(batches: list[int], steps: int) -> dict[str, Any]:
         host = {"inputs": Frontend(80)(wavs, lens), "lens": lens, "labels": torch.randint(0, 100, (rows,))}
         batches_iter = strategy.device_batches(iter([host] * (steps + 2)))
         traces, compiles_before = [], met.metric_data("CompileTime")
-        for step in range(steps + 2):
+        for _ in range(steps + 2):
             batch = next(batches_iter)
+            xm.wait_device_ops()  # the previous step has run: what is timed next is the host's trace alone
             started = time.perf_counter()
             # train_step ends in the sync that hands the graph to the runtime: its host time is the trace.
             loss = train_step(model, strategy, loss_fn, optimizer, [batch], average)
             traces.append(time.perf_counter() - started)
-            if step < 2:
-                float(loss)  # let the first two (compiling) steps finish before timing the steady state
         float(loss)
         sizes = met.metric_data("TensorsGraphSize")
         results[per_device] = {

@@ -23,6 +23,13 @@ def main(argv: list[str] | None = None) -> int:
     synthetic.add_argument("--out", required=True)
     synthetic.add_argument("--seed", type=int, default=0)
     synthetic.add_argument("--overwrite", action="store_true")
+    synthetic.add_argument("--hours", type=float, help="real-size folder: this many hours of training audio")
+    synthetic.add_argument(
+        "--clip-seconds", type=float, default=3.0, help="with --hours: every clip this long"
+    )
+    synthetic.add_argument("--speakers", type=int, default=50, help="with --hours: the number of classes")
+    synthetic.add_argument("--rates", default="8000", help="with --hours: sample rates, comma-separated")
+    synthetic.add_argument("--formats", default="wav,flac", help="with --hours: wav and/or flac, alternating")
     fsdd = data.add_parser("fsdd", help="Free Spoken Digit Dataset recordings -> speaker or digit task")
     fsdd.add_argument(
         "--source", dest="recordings", required=True, help="folder of {digit}_{speaker}_{index}.wav files"
@@ -57,9 +64,18 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "data" and args.source == "synthetic":
-        from .synthetic import make_synthetic_competition
+        from .synthetic import folder_of_hours, make_synthetic_competition
 
-        out = make_synthetic_competition(args.out, seed=args.seed, overwrite=args.overwrite)
+        try:
+            if args.hours:
+                out = folder_of_hours(args.out, args.hours, args.clip_seconds, args.speakers,
+                                      tuple(int(r) for r in args.rates.split(",")), tuple(args.formats.split(",")),
+                                      seed=args.seed, overwrite=args.overwrite)  # fmt: skip
+            else:
+                out = make_synthetic_competition(args.out, seed=args.seed, overwrite=args.overwrite)
+        except (FileExistsError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         print(f"wrote synthetic competition folder {out}")
     elif args.command == "data" and args.source == "fsdd":
         from .fsdd import FSDDError, make_fsdd_competition

@@ -74,15 +74,22 @@ def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = Non
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
 
 
-def find_competition_dir() -> Path | None:
-    matches = find_dirs_with(("train.csv", "test.csv", "sample_submission.csv"))
+def find_competition_dir(train_table: str = "train.csv") -> Path | None:
+    """A folder holding the training table (the competition's own name for it) and a sample submission."""
+    matches = find_dirs_with((train_table, "sample_submission.csv"))
     return _first(matches, "competition folders")
 
 
-def find_test_dir() -> Path | None:
-    """The submission notebook needs only test.csv and sample_submission.csv."""
-    matches = find_dirs_with(("test.csv", "sample_submission.csv"))
-    return _first(matches, "folders with test.csv")
+def find_test_dir(
+    sample_submission: str = "sample_submission.csv",
+    test_table: str = "test.csv",
+    test_audio_dir: str | None = None,
+) -> Path | None:
+    """The submission notebook's folder: the sample submission, and the test table or the test audio folder."""
+    matches = find_dirs_with((sample_submission,) if test_audio_dir else (sample_submission, test_table))
+    if test_audio_dir:
+        matches = [m for m in matches if (m / test_audio_dir).is_dir()]
+    return _first(matches, "competition folders")
 
 
 def find_artifact_dir() -> Path | None:

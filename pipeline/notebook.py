@@ -23,8 +23,8 @@ LOCAL_SUBMISSION = Path("artifacts/submission.csv")
 
 def resolve_train_defaults(config: TrainConfig) -> TrainConfig:
     """Fill data_dir, artifact_dir, checkpoint_dir and (on Kaggle) time_budget_minutes."""
-    data_dir = config.data_dir or _found(kaggle.find_competition_dir, LOCAL_DATA, "data_dir",
-                                         "a folder with train.csv, test.csv and sample_submission.csv")  # fmt: skip
+    data_dir = config.data_dir or _found(lambda: kaggle.find_competition_dir(config.train_table), LOCAL_DATA,
+                                         "data_dir", f"a folder with {config.train_table} and sample_submission.csv")  # fmt: skip
     if not kaggle.on_kaggle():
         artifact_dir = config.artifact_dir or str(LOCAL_ARTIFACT)
         return dataclasses.replace(config, data_dir=str(data_dir), artifact_dir=artifact_dir)
@@ -68,8 +68,11 @@ def seed_checkpoint(checkpoint_dir: Path) -> list[Path]:
 
 
 def resolve_infer_paths(config: InferConfig) -> InferConfig:
-    data_dir = config.data_dir or _found(kaggle.find_test_dir, LOCAL_DATA, "data_dir",
-                                         "a folder with test.csv and sample_submission.csv")  # fmt: skip
+    test_files = f"folder {config.test_audio_dir}" if config.test_audio_dir else config.test_table
+    data_dir = config.data_dir or _found(
+        lambda: kaggle.find_test_dir(config.sample_submission, config.test_table, config.test_audio_dir),
+        LOCAL_DATA, "data_dir", f"a folder with {config.sample_submission} and the test {test_files}",
+    )  # fmt: skip
     artifact_dir = config.artifact_dir or _found(kaggle.find_artifact_dir, LOCAL_ARTIFACT, "artifact_dir",
                                                  "a folder with manifest.json (train.ipynb's output)")  # fmt: skip
     submission_path = config.submission_path or str(

@@ -344,13 +344,17 @@ def inference_summary(result: Any) -> list[tuple[str, str]]:
     """(field, value) rows describing an InferenceResult."""
     report = result.report or {}
     devices = ", ".join(f"{d}: {n}" for d, n in result.device_counts.items())
-    return [
+    rows = [
         ("rows", str(report.get("rows", sum(result.label_counts.values())))),
+        ("format", str(report.get("format", "label"))),
         ("fallbacks", f"{len(report.get('fallbacks', []))} (label {report.get('fallback_label')!r})"),
         ("repaired files", str(len(report.get("repaired", [])))),
         ("files per device", devices),
         ("time", f"{result.seconds:.1f} s"),
     ]
+    # Which rows, how the test items were found, classes the header and the model do not share, repeats.
+    rows += [("note", note) for note in report.get("notes", [])]
+    return rows
 
 
 def markdown_table(rows: Sequence[Sequence[Any]], header: Sequence[str]) -> str:

@@ -317,29 +317,73 @@ def _render_utterance(spk: _Speaker, rng: np.random.Generator, sr: int) -> np.nd
     return audio
 
 
-def _write_wav(path: Path, audio: np.ndarray, sr: int) -> None:
+def _write_audio(path: Path, audio: np.ndarray, sr: int) -> None:
     # Quantise ourselves so the bytes do not depend on libsndfile's float-to-int conversion.
     pcm = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(path), pcm, sr, subtype="PCM_16", format="WAV")
+    fmt = {".wav": "WAV", ".flac": "FLAC"}[path.suffix]
+    sf.write(str(path), pcm, sr, subtype="PCM_16", format=fmt)
 
 
-def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int) -> None:
+@dataclass(frozen=True)
+class _File:
+    rel: str
+    speaker: int
+    stream: tuple[int, ...]  # the file's own random stream: sizes of other splits never shift its content
+
+
+def _render_file(root: Path, spec: _File, speakers: list[_Speaker], rates: tuple[int, ...],
+                 clip_seconds: float | None) -> None:  # fmt: skip
+    """One file: an utterance, or utterances with pauses between them cut to exactly `clip_seconds`."""
+    rng = np.random.default_rng(list(spec.stream))
+    sr = int(rng.choice(rates))
+    speaker = speakers[spec.speaker]
+    if clip_seconds is None:
+        audio = _render_utterance(speaker, rng, sr)
+    else:
+        parts, total, want = [], 0, int(round(clip_seconds * sr))
+        while total < want:
+            parts += [_render_utterance(speaker, rng, sr), np.zeros(int(rng.uniform(0.05, 0.3) * sr))]
+            total += len(parts[-2]) + len(parts[-1])
+        audio = np.concatenate(parts)[:want]
+    _write_audio(root / spec.rel, audio, sr)
+
+
+def _render_many(root: Path, files: list[_File], speakers, rates, clip_seconds, workers: int) -> None:
+    if workers <= 1 or len(files) < 200:
+        for spec in files:
+            _render_file(root, spec, speakers, rates, clip_seconds)
+        return
+    import concurrent.futures
+
+    from .devices.launch import helper_spawn_context
+
+    chunks = [files[k :: workers * 4] for k in range(workers * 4)]
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
+        for done in [
+            pool.submit(_render_chunk, root, chunk, speakers, rates, clip_seconds) for chunk in chunks
+        ]:
+            done.result()
+
+
+def _render_chunk(root: Path, files: list[_File], speakers, rates, clip_seconds) -> None:
+    for spec in files:
+        _render_file(root, spec, speakers, rates, clip_seconds)
+
+
+def _build(
+    root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int,
+    clip_seconds: float | None = None, rates: tuple[int, ...] = SAMPLE_RATES, formats: tuple[str, ...] = ("wav",),
+    workers: int = 1,
+) -> None:  # fmt: skip
     speakers = _draw_speakers(np.random.default_rng([seed, 0]), n_speakers)
     width = max(2, len(str(n_speakers - 1)))
     labels = [f"spk{i:0{width}d}" for i in range(n_speakers)]
-
-    def utterance_rng(split: int, spk: int, idx: int) -> np.random.Generator:
-        # One stream per file: sizes of other splits/speakers never shift a file's content.
-        return np.random.default_rng([seed, 1, split, spk, idx])
-
-    train_rows = []
-    for s, (spk, label) in enumerate(zip(speakers, labels, strict=True)):
+    files, train_rows = [], []
+    for s, label in enumerate(labels):
         for k in range(train_per_speaker):
-            rng = utterance_rng(0, s, k)
-            sr = int(rng.choice(SAMPLE_RATES))
-            rel = f"audio/train/{label}_{k:04d}.wav"
-            _write_wav(root / rel, _render_utterance(spk, rng, sr), sr)
+            rel = f"audio/train/{label}_{k:04d}.{formats[k % len(formats)]}"
+            files.append(_File(rel, s, (seed, 1, 0, s, k)))
             train_rows.append([rel, label])
 
     # Test ids are assigned after a seeded shuffle so neither id nor order reveals the speaker.
@@ -348,13 +392,12 @@ def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_
     test_rows, solution_rows = [], []
     for i, j in enumerate(order):
         s, k = pairs[int(j)]
-        rng = utterance_rng(1, s, k)
-        sr = int(rng.choice(SAMPLE_RATES))
         test_id = f"t{i:05d}"
-        rel = f"audio/test/{test_id}.wav"
-        _write_wav(root / rel, _render_utterance(speakers[s], rng, sr), sr)
+        rel = f"audio/test/{test_id}.{formats[i % len(formats)]}"
+        files.append(_File(rel, s, (seed, 1, 1, s, k)))
         test_rows.append([test_id, rel])
         solution_rows.append([test_id, labels[s]])
+    _render_many(root, files, speakers, rates, clip_seconds, workers)
 
     default_label = sorted(labels)[0]
     write_csv(root / "train.csv", ["path", "label"], train_rows)
@@ -370,11 +413,20 @@ def make_synthetic_competition(
     train_per_speaker: int = 40,
     test_per_speaker: int = 15,
     overwrite: bool = False,
+    clip_seconds: float | None = None,
+    sample_rates: tuple[int, ...] = SAMPLE_RATES,
+    formats: tuple[str, ...] = ("wav",),
+    workers: int = 1,
 ) -> Path:
-    """Write a synthetic competition folder (train/test/sample_submission/solution CSVs + WAVs).
+    """Write a synthetic competition folder (train/test/sample_submission/solution CSVs + audio).
 
-    Deterministic in ``seed``. Refuses a non-empty ``out_dir`` unless ``overwrite`` is True.
+    Deterministic in ``seed``. Refuses a non-empty ``out_dir`` unless ``overwrite`` is True. The defaults are
+    the embedded demo; `clip_seconds` (every file exactly that long), `sample_rates`, `formats` (wav, flac:
+    alternating) and `workers` (processes) make folders of real size for benchmarks (see `folder_of_hours`).
     """
+    unknown = set(formats) - {"wav", "flac"}
+    if unknown or not formats:
+        raise ValueError(f"formats={formats!r}: use wav and/or flac")
     if seed < 0 or n_speakers < 1 or train_per_speaker < 1 or test_per_speaker < 0:
         raise ValueError(
             "need seed >= 0, n_speakers >= 1, train_per_speaker >= 1, test_per_speaker >= 0; got "
@@ -382,5 +434,21 @@ def make_synthetic_competition(
         )
     out = Path(out_dir)
     with new_competition_folder(out, overwrite) as staging:
-        _build(staging, seed, n_speakers, train_per_speaker, test_per_speaker)
+        _build(staging, seed, n_speakers, train_per_speaker, test_per_speaker, clip_seconds,
+               tuple(sample_rates), tuple(formats), workers)  # fmt: skip
     return out
+
+
+def folder_of_hours(
+    out_dir: str | os.PathLike, hours: float, clip_seconds: float = 3.0, n_speakers: int = 50,
+    sample_rates: tuple[int, ...] = (8000,), formats: tuple[str, ...] = ("wav", "flac"), seed: int = 0,
+    overwrite: bool = False, workers: int | None = None,
+) -> Path:  # fmt: skip
+    """A competition folder with `hours` of training audio in clips of `clip_seconds` (and a test split of a
+    tenth of that), e.g. 16.7 h = 20,000 clips of 3 s: what the scale benchmark trains on."""
+    per_speaker = max(1, round(hours * 3600 / clip_seconds / n_speakers))
+    return make_synthetic_competition(
+        out_dir, seed=seed, n_speakers=n_speakers, train_per_speaker=per_speaker,
+        test_per_speaker=max(1, per_speaker // 10), overwrite=overwrite, clip_seconds=clip_seconds,
+        sample_rates=sample_rates, formats=formats, workers=workers or len(os.sched_getaffinity(0)),
+    )  # fmt: skip

@@ -225,6 +225,7 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
     loss_fn = aam_loss(config.aam_margin, config.aam_scale)
     losses: list[torch.Tensor] = []
     wait = busy = startup = 0.0
+    first_step_at = None
     first = state.step_in_epoch
     for step in range(first, run.schedule.steps_per_epoch):
         started = time.perf_counter()
@@ -234,6 +235,7 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
         advance_schedule(run.scheduler)
         if run.first_step_of_session:  # the loader's workers were starting: not a steady-state wait
             startup, busy = ready - started, busy + time.perf_counter() - ready
+            first_step_at = time.time()  # wall clock: benchmarks time a whole process up to here
         else:
             wait, busy = wait + ready - started, busy + time.perf_counter() - ready
         losses.append(loss)  # stays on the device: reading it every step would stall XLA and the GPU
@@ -264,6 +266,7 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
         "data_wait_s": wait,
         "step_s": busy,
         "loader_start_s": startup,
+        "first_step_at": first_step_at,
     }
 
 
@@ -291,8 +294,10 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
         "data_wait_share": round(timing["data_wait_s"] / loop, 4) if loop else 0.0,
         "validation_s": round(seconds, 2),
     }
-    if timing["loader_start_s"]:
-        record["loader_start_s"] = round(timing["loader_start_s"], 2)  # first batch of the session
+    if timing["first_step_at"] is not None:  # the first step of this session
+        record.update(
+            loader_start_s=round(timing["loader_start_s"], 2), first_step_at=timing["first_step_at"]
+        )
     if compiles_before is not None:  # XLA, so far in the run: neither may grow after the first epoch
         record.update(xla_compiles_before_validation=compiles_before, xla_compiles=strategy.compile_count())
     state.history.append(record)

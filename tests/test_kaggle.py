@@ -242,3 +242,16 @@ def test_bootstrap_without_the_code_dataset_says_so(tmp_path):
     python = fresh_python(tmp_path, hide=())
     run = run_bootstrap(python, tmp_path / "kaggle", cwd=tmp_path)
     assert run.returncode != 0 and "attach the code dataset" in run.stderr
+
+
+def test_a_hidden_test_competition_is_found_by_its_test_folder(fake_kaggle):
+    """No test.csv: the submission notebook's folder is the one with sample_submission.csv and test_audio_dir."""
+    competition = touch(
+        fake_kaggle / "input" / "competitions" / "birdclef", "sample_submission.csv", "train.csv"
+    )
+    (competition / "test_soundscapes").mkdir()
+    assert kaggle.find_test_dir() is None  # the default layout wants test.csv
+    assert kaggle.find_test_dir(test_audio_dir="test_soundscapes") == competition
+    assert kaggle.find_competition_dir("train.csv") == competition
+    config = resolve_infer_paths(InferConfig(test_audio_dir="test_soundscapes", artifact_dir="model"))
+    assert config.data_dir == str(competition)

@@ -217,3 +217,21 @@ def test_rejects_bad_sizes(tmp_path: Path, kwargs: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         make_synthetic_competition(tmp_path / "data", **kwargs)
     assert not (tmp_path / "data").exists()
+
+
+def test_folders_of_real_size_have_clips_of_the_asked_length_rate_and_formats(tmp_path: Path) -> None:
+    """What the scale benchmark trains on: `python -m pipeline data synthetic --hours H`."""
+    import soundfile as sf
+
+    from pipeline.synthetic import folder_of_hours
+
+    out = folder_of_hours(tmp_path / "d", hours=0.05, clip_seconds=3.0, n_speakers=4, workers=2)
+    train = (out / "train.csv").read_text().splitlines()[1:]
+    assert len(train) == 60  # 0.05 h = 180 s = 60 clips of 3 s
+    suffixes = {line.split(",")[0].rsplit(".", 1)[1] for line in train}
+    assert suffixes == {"wav", "flac"}
+    for line in train[:4]:
+        info = sf.info(str(out / line.split(",")[0]))
+        assert (info.samplerate, info.frames) == (8000, 24000)
+    again = folder_of_hours(tmp_path / "e", hours=0.05, clip_seconds=3.0, n_speakers=4, workers=1)
+    assert _tree_bytes(out) == _tree_bytes(again)  # the same files whatever the number of processes
