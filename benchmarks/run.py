@@ -1,6 +1,6 @@
 """`make bench`: every benchmark of the project in one run on one machine -> results.json + results.md.
 
-    python -m benchmarks.run [--quick] [--only SECTION ...] [--out DIR]
+    python -m benchmarks.run [--quick] [--only SECTION ... [--merge]] [--out DIR]
 
 Sections (each fails soft: an error is recorded and the next section runs):
   inference     naive one-file-at-a-time loop vs the project's batched inference  (benchmarks/inference.py)
@@ -9,7 +9,7 @@ Sections (each fails soft: an error is recorded and the next section runs):
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
-  scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait   (benchmarks/scale.py)
+  scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
 
 Ratios are the headline: absolute times depend on the machine and, on a shared machine, on the neighbours;
 every section records how much CPU other processes took while it ran (`others_cpu_share`).
@@ -300,6 +300,13 @@ def headline(name: str, result: dict[str, Any]) -> str:
     return "see details"
 
 
+def merged(earlier: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
+    """`earlier` with the sections of `rerun` replaced, each rerun section noted with its own finish time."""
+    result = {**earlier, "sections": {**earlier["sections"], **rerun["sections"]}}
+    result["rerun"] = {**earlier.get("rerun", {}), **{name: rerun["finished"] for name in rerun["sections"]}}
+    return result
+
+
 def to_markdown(results: dict[str, Any]) -> str:
     machine = results["machine"]
     lines = [
@@ -310,6 +317,11 @@ def to_markdown(results: dict[str, Any]) -> str:
         "machine's CPU that other processes used during the section (0 = quiet machine): times taken at high "
         "contention are not comparable; ratios within a section are more robust.",
         "",
+        *[
+            f"Section `{name}` rerun alone, finished {when}."
+            for name, when in results.get("rerun", {}).items()
+        ],
+        *([""] if results.get("rerun") else []),
         "| section | status | headline | others CPU | seconds |",
         "|---|---|---|---|---|",
     ]
@@ -362,9 +374,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small smoke run (written to benchmarks/out/)")
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", help="output folder (default: benchmarks/, or benchmarks/out/ with --quick)")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --only: replace just those sections in the existing results (noted as rerun)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / ("out" if args.quick else "")
     results = run_all(quick=args.quick, only=args.only)
+    if args.merge and (out / "results.json").exists():
+        results = merged(json.loads((out / "results.json").read_text()), results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     (out / "results.md").write_text(to_markdown(results))

@@ -14,7 +14,9 @@ steady state), measured as a whole process tree:
 - cache build time (cold) and reuse (warm), from the notebook's log;
 - time from launching papermill to the end of the first training step (the history's `first_step_at`);
 - steady samples/s and the share of step time spent waiting for data (epoch 2 of the history);
-- the same with `-p accelerator cpu -p devices 2` (two gloo DDP ranks).
+- the same with `-p accelerator cpu -p devices 2` (two gloo DDP ranks);
+- the cold run's epoch-1 model through the infer notebook on the folder's test ids: peak private memory,
+  wall time, and accuracy scored exactly against the folder's solution.csv.
 
 `--baseline COMMIT` runs the same folders through another commit's notebook (a git worktree, its own pipeline
 package first on PYTHONPATH): the in-memory loop this replaced, measured on the same machine in the same run.
@@ -93,9 +95,24 @@ def run_measured(argv: list[str], env: dict[str, str], cwd: Path, timeout: float
             "peak_private_gb": round(peak[0] / 1e9, 3), "output": output}  # fmt: skip
 
 
+def papermill(repo: Path, notebook: str, work: Path, params: dict[str, Any],
+              env_extra: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """One papermill run of `notebook`, measured (run_measured); stops with its output if it fails."""
+    argv = [str(Path(sys.executable).parent / "papermill"), str(repo / "notebooks" / notebook),
+            str(work / f"{Path(notebook).stem}-{time.time_ns()}.ipynb"), "--log-output"]  # fmt: skip
+    for name, value in params.items():
+        argv += ["-p", name, str(value)]
+    measured = run_measured(argv, {**os.environ, **(env_extra or {})}, repo)
+    if measured["returncode"] != 0:
+        raise RuntimeError(f"{notebook} failed: {measured['output'][-3000:]}")
+    return measured
+
+
 def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int | None = None,
-                   cache: Path | None = None, env_extra: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
-    artifact = work / f"model-{time.time_ns()}"
+                   cache: Path | None = None, env_extra: dict[str, str] | None = None,
+                   keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train through the notebook; the artifact is removed unless `keep` names where it goes."""
+    artifact = keep or work / f"model-{time.time_ns()}"
     params = {
         "data_dir": data,
         "artifact_dir": artifact,
@@ -107,14 +124,7 @@ def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int
         params["devices"] = devices
     if cache is not None:
         params["cache_dir"] = cache
-    argv = [str(Path(sys.executable).parent / "papermill"), str(repo / "notebooks" / "train.ipynb"),
-            str(work / f"train-{time.time_ns()}.ipynb"), "--log-output"]  # fmt: skip
-    for name, value in params.items():
-        argv += ["-p", name, str(value)]
-    env = {**os.environ, **(env_extra or {})}
-    measured = run_measured(argv, env, repo)
-    if measured["returncode"] != 0:
-        raise RuntimeError(f"training failed: {measured['output'][-3000:]}")
+    measured = papermill(repo, "train.ipynb", work, params, env_extra)
     history = json.loads((artifact / "manifest.json").read_text())["provenance"]["history"]
     built = re.search(r"audio cache: .* built in (\d+) s", measured["output"])
     result = {
@@ -133,8 +143,22 @@ def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int
             result[key] = steady[key]
     if len(history) > 1:  # the same measure for any version: one epoch of steps plus its validation
         result["epoch2_s"] = round(history[1]["seconds"] - history[0]["seconds"], 1)
-    shutil.rmtree(artifact, ignore_errors=True)
+    if keep is None:
+        shutil.rmtree(artifact, ignore_errors=True)
     return result
+
+
+def infer_notebook(data: Path, artifact: Path, work: Path) -> dict[str, Any]:
+    """Predict the folder's test set through the infer notebook and score it exactly against solution.csv."""
+    from pipeline.submission import score_submission
+
+    submission = work / f"submission-{time.time_ns()}.csv"
+    params = {"data_dir": data, "artifact_dir": artifact, "submission_path": submission, "progress": False}
+    measured = papermill(ROOT, "infer.ipynb", work, params)
+    files = sum(1 for _ in open(data / "test.csv")) - 1
+    return {"test_files": files, "peak_private_gb": measured["peak_private_gb"],
+            "wall_s": round(measured["seconds"], 1), "files_per_s_incl_start": round(files / measured["seconds"], 1),
+            "test_accuracy": round(score_submission(submission, data / "solution.csv"), 4)}  # fmt: skip
 
 
 def host_feed_per_core(windows: int = 256) -> dict[str, float]:
@@ -192,7 +216,9 @@ def run(quick: bool = False, baseline: str | None = None) -> dict[str, Any]:
             data = folder(size)
             cache = work / f"cache-{size:g}"
             row: dict[str, Any] = {"train_clips": sum(1 for _ in open(data / "train.csv")) - 1}
-            row["cold_1p"] = train_notebook(ROOT, data, work, epochs=1, cache=cache)
+            artifact = work / f"model-{size:g}h-epoch1"
+            row["cold_1p"] = train_notebook(ROOT, data, work, epochs=1, cache=cache, keep=artifact)
+            row["infer"] = infer_notebook(data, artifact, work)  # the epoch-1 model on the folder's test ids
             row["warm_1p"] = train_notebook(ROOT, data, work, epochs=2, cache=cache)
             row["warm_2ranks"] = train_notebook(ROOT, data, work, epochs=2, devices=2, cache=cache)
             results[f"{size:g}h"] = row
@@ -201,8 +227,10 @@ def run(quick: bool = False, baseline: str | None = None) -> dict[str, Any]:
             results["baseline"] = run_baseline(baseline, hours, work)
     small, large = (results[f"{h:g}h"] for h in hours)
     ratios = {}
-    for mode in ("warm_1p", "warm_2ranks"):
+    for mode in ("warm_1p", "warm_2ranks", "infer"):
         ratios[f"memory_{mode}"] = round(large[mode]["peak_private_gb"] / small[mode]["peak_private_gb"], 2)
+    ratios["infer_seconds"] = round(large["infer"]["wall_s"] / small["infer"]["wall_s"], 2)
+    ratios["infer_test_files"] = round(large["infer"]["test_files"] / small["infer"]["test_files"], 2)
     if baseline:
         base_large = results["baseline"][f"{hours[1]:g}h"]["1p"]
         ratios["epoch2_vs_baseline"] = round(large["warm_1p"]["epoch2_s"] / base_large["epoch2_s"], 2)
@@ -219,7 +247,9 @@ def run(quick: bool = False, baseline: str | None = None) -> dict[str, Any]:
         f"the {hours[0]:g} h run), 2 ranks {big['warm_2ranks']['peak_private_gb']:.2f} GB "
         f"(x{ratios['memory_warm_2ranks']}); cache built in {big['cold_1p']['cache_build_s']} s, warm launch to "
         f"first step {big['warm_1p'].get('launch_to_first_step_s')} s; data wait "
-        f"{big['warm_1p'].get('data_wait_share', 0):.1%}"
+        f"{big['warm_1p'].get('data_wait_share', 0):.1%}; epoch-1 model's test accuracy "
+        f"{big['infer']['test_accuracy']:.4f}, inference memory x{ratios['memory_infer']} for "
+        f"x{ratios['infer_test_files']} the test files"
     )  # fmt: skip
     return results
 

@@ -24,8 +24,8 @@ GLOBAL_BATCH = 16
 
 
 def _settings(quick: bool) -> dict[str, Any]:
-    return {"preset": "tiny" if quick else "small", "window": 8000 if quick else 16000, "warmup": 2,
-            "steps": 3 if quick else 8, "n_mels": 40 if quick else 80}  # fmt: skip
+    return {"preset": "tiny" if quick else "small", "window": 8000 if quick else 16000, "warmup": 3,
+            "steps": 3 if quick else 24, "n_mels": 40 if quick else 80}  # fmt: skip
 
 
 def _make_model(settings: dict[str, Any]):
@@ -48,7 +48,7 @@ def _host_batch(rows: int, settings: dict[str, Any], seed: int) -> dict[str, tor
 
 def _time_steps(strategy, settings: dict[str, Any], rows: int) -> dict[str, Any]:
     """Warm up (compiles on XLA), then time steady-state optimizer steps."""
-    from pipeline.model import aam_loss
+    from pipeline.model import Frontend, aam_loss
     from pipeline.train import train_step
 
     model = strategy.setup_model(_make_model(settings))
@@ -56,11 +56,14 @@ def _time_steps(strategy, settings: dict[str, Any], rows: int) -> dict[str, Any]
     loss_fn = aam_loss(0.2, 30.0)
     total = settings["warmup"] + settings["steps"]
 
-    def host_batches():
+    frontend = Frontend(settings["n_mels"]) if strategy.features_on_host else None
+
+    def host_batches():  # on XLA the Fbank features are made on the host, as the training workers do
         for i in range(total):
             batch = _host_batch(rows, settings, seed=1000 * strategy.rank + i)
-            if strategy.features_on_host:
-                batch["inputs"] = strategy.host_features(batch["inputs"], batch["lens"])
+            if frontend is not None:
+                with torch.no_grad():
+                    batch["inputs"] = frontend(batch["inputs"], batch["lens"])
             yield batch
 
     batches = strategy.device_batches(host_batches())
@@ -83,24 +86,18 @@ def bench_eager(settings: dict[str, Any]) -> dict[str, Any]:
     return _time_steps(SingleDevice(torch.device("cpu")), settings, GLOBAL_BATCH)
 
 
-def ddp_bench_worker(rank: int, world_size: int, settings: dict[str, Any]) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    from pipeline.devices.ddp import DDPStrategy
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        return _time_steps(DDPStrategy(torch.device("cpu"), "fp32", rank, world_size), settings,
-                           GLOBAL_BATCH // world_size)  # fmt: skip
-    finally:
-        dist.destroy_process_group()
+def ddp_bench_worker(strategy, settings: dict[str, Any]) -> dict[str, Any]:
+    return _time_steps(strategy, settings, GLOBAL_BATCH // strategy.world_size)
 
 
 def bench_ddp(settings: dict[str, Any]) -> dict[str, Any]:
-    from pipeline.devices.launch import launch
+    """Two gloo ranks through the production launcher (spawn, thread split, process group)."""
+    from pipeline.devices.ddp import launch_ddp
+    from pipeline.devices.probe import detect_topology
 
-    return launch(ddp_bench_worker, nprocs=2, args=(settings,), timeout=900)[0]
+    return launch_ddp(
+        ddp_bench_worker, (settings,), detect_topology("cpu", 2), "fp32", collective_timeout_s=900
+    )
 
 
 def bench_xla_in_this_process(settings: dict[str, Any]) -> dict[str, Any]:

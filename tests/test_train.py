@@ -1,4 +1,3 @@
-import copy
 import json
 import shutil
 import warnings
@@ -9,11 +8,9 @@ import torch
 from conftest import TINY_TRAIN
 
 from pipeline.artifact import load_artifact
-from pipeline.batches import crops, epoch_order
 from pipeline.checkpoint import TrainingState
 from pipeline.config import TrainConfig
 from pipeline.train import train
-from pipeline.validation import calibration_windows
 
 
 def test_training_learns_and_records_provenance(tiny_artifact):
@@ -56,25 +53,6 @@ def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_pat
     assert result.skipped_rows
 
 
-def test_epoch_order_is_a_shuffled_cover_and_fills_small_shards():
-    order = epoch_order(list(range(10)), 10, seed=0, epoch=0)
-    assert sorted(order) == list(range(10)) and order != list(range(10))
-    assert epoch_order(list(range(10)), 10, seed=0, epoch=1) != order
-    assert len(epoch_order([3, 4], 8, seed=0, epoch=0)) == 8
-
-
-def test_crops_are_static_shape_deterministic_and_read_only_what_they_use(synthetic_training_data):
-    data = synthetic_training_data
-    items = data.items[:3]
-    a = crops(data.store, items, 1000, np.random.default_rng([0, 0, 0, 0]))
-    b = crops(data.store, items, 1000, np.random.default_rng([0, 0, 0, 0]))
-    assert a[0].shape == (3, 1000) and torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
-    assert all(rel == 1.0 for rel in a[1].tolist())  # every synthetic clip is longer than 1000 samples
-    short = crops(data.store, items, 10 * 16000, np.random.default_rng(1))  # 10 s windows: padded
-    lengths = data.store.lengths[items]
-    assert short[1].tolist() == pytest.approx((lengths / (10 * 16000)).tolist())
-
-
 def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):
     """The T4 recipe (fp16 autocast + GradScaler), exercised on the CPU."""
     with warnings.catch_warnings(record=True) as caught:
@@ -98,38 +76,6 @@ def test_best_epoch_higher_accuracy_wins_and_ties_go_to_the_later_epoch():
     # Equal accuracy: the later epoch, even with a (noise-level) higher loss.
     assert state.is_better({"val_accuracy": 0.9, "val_loss": 0.6})
     assert state.is_better({"train_loss": 1.0})  # no validation split: the latest epoch
-
-
-def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data, synthetic_training_data):
-    data = synthetic_training_data
-    clips = [data.store.read(int(item)) for item in data.items]
-    train_idx = list(range(0, len(clips), 2))
-    config = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 10})
-    wavs, lens = calibration_windows(data.store, data.items, train_idx, config)
-    again, _ = calibration_windows(data.store, data.items, train_idx, config)
-    assert wavs.shape == (10, config.window_samples) and lens.shape == (10,)
-    assert torch.equal(wavs, again)  # every epoch and every rank: the same windows
-    assert float(lens.min()) > 0 and float(lens.max()) <= 1
-    # Every window is a piece of a training clip (never of a validation clip), zero-padded past its length.
-    for window, rel in zip(wavs.numpy(), lens.tolist(), strict=True):
-        valid = round(rel * config.window_samples)
-        assert not window[valid:].any()
-        assert any(piece_of(window[:valid], clips[i]) for i in train_idx)
-        assert not any(piece_of(window[:valid], clips[i]) for i in range(1, len(clips), 2))
-    huge = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 10_000})
-    assert calibration_windows(data.store, data.items, train_idx, huge)[0].shape[0] == len(train_idx)
-    off = TrainConfig(data_dir=str(synthetic_data), **{**TINY_TRAIN, "bn_calibration_windows": 0})
-    assert calibration_windows(data.store, data.items, train_idx, off) is None
-    frozen = copy.copy(config)
-    object.__setattr__(frozen, "freeze_encoder", True)  # (a real config also needs init_from)
-    assert (
-        calibration_windows(data.store, data.items, train_idx, frozen) is None
-    )  # the pretrained statistics stay
-
-
-def piece_of(piece: np.ndarray, clip: np.ndarray) -> bool:
-    starts = np.flatnonzero(clip[: clip.size - piece.size + 1] == piece[0])
-    return any(np.array_equal(clip[start : start + piece.size], piece) for start in starts)
 
 
 def _tree(root):

@@ -119,9 +119,8 @@ def ddp_entry(
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
         backend = "gloo"
     timeout = datetime.timedelta(seconds=collective_timeout_s)
-    with (
-        _native_stdout_silenced()
-    ):  # gloo prints "[Gloo] Rank N is connected ..." from C++, interleaved per rank
+    # gloo prints "[Gloo] Rank N is connected ..." from C++, interleaved per rank
+    with _native_stdout_silenced():
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
     try:
         return fn(DDPStrategy(device, precision, rank, world_size), *args)

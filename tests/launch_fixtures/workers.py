@@ -121,3 +121,15 @@ def fit_counting_broadcasts(strategy, *args: Any) -> dict[str, Any]:
     dist.broadcast, pipeline.train.run_steps = counted, steps
     pipeline.train.fit(strategy, *args)
     return {"broadcasts": counts["broadcasts"], "steps": counts["steps"]}
+
+
+def evaluate_artifact(
+    strategy, artifact_dir: str, data: Any, config: Any
+) -> tuple[dict[str, float], list[int]]:
+    """Validation of a saved model on this process's share of the validation split (summed across ranks)."""
+    from pipeline.artifact import load_artifact
+    from pipeline.validation import evaluate
+
+    model = load_artifact(artifact_dir).model.to(strategy.device).eval()
+    result = evaluate(model, strategy, data.store, data.items, data.targets, data.val_idx, config)
+    return result.metrics, result.predictions.tolist()
