@@ -17,6 +17,7 @@ import numpy as np
 
 from . import kaggle
 from .config import TrainConfig
+from .progress import plural
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
 from .tables import DataError, TrainRow, TrainTable, label_list, read_train_table, skip_or_stop
 
@@ -91,14 +92,39 @@ def load_training_data(config: TrainConfig, log: Callable[[str], object] = print
     labels = label_list(row.label for row in rows)
     class_of = {label: k for k, label in enumerate(labels)}
     targets = np.array([class_of[row.label] for row in rows], dtype=np.int64)
-    train_idx, val_idx, split_note = stratified_split(
-        [row.label for row in rows], config.val_fraction, config.seed
-    )
+    train_idx, val_idx, split_note = split_files(rows, config.val_fraction, config.seed)
     if split_note:
         log(split_note)
         notes.append(split_note)
     return TrainingData(store, rows, np.asarray(kept, dtype=np.int64), labels, targets, train_idx, val_idx,
                         skipped, notes)  # fmt: skip
+
+
+def split_files(rows: list[TrainRow], fraction: float, seed: int) -> tuple[list[int], list[int], str | None]:
+    """stratified_split over files, not rows: a file with several labels (one row each, from label_separator)
+    goes wholly to training or wholly to validation, stratified by its first label, so validation never
+    scores audio training saw. A label whose files all went to validation brings one back (every class is
+    trained). With one row per file this is stratified_split itself. Returns row indices and a note."""
+    first_row: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        first_row.setdefault(row.rel_path, index)
+    files = list(first_row)
+    train_files, val_files, note = stratified_split([rows[first_row[f]].label for f in files], fraction, seed)
+    held = {files[k] for k in val_files}
+    trained = {row.label for row in rows if row.rel_path not in held}
+    returned = 0
+    for row in rows:
+        if row.label not in trained and row.rel_path in held:
+            held.discard(row.rel_path)
+            trained |= {other.label for other in rows if other.rel_path == row.rel_path}
+            returned += 1
+    if returned:
+        extra = (f"validation: {plural(returned, 'file')} with several labels went back to training, where "
+                 "one of their labels had no other file")  # fmt: skip
+        note = f"{note}; {extra}" if note else extra
+    train_idx = [i for i, row in enumerate(rows) if row.rel_path not in held]
+    val_idx = [i for i, row in enumerate(rows) if row.rel_path in held]
+    return train_idx, val_idx, note
 
 
 def drop_repeated_rows(rows: list[TrainRow], csv_path: Path) -> tuple[list[TrainRow], list[str]]:

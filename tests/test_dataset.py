@@ -8,7 +8,7 @@ import soundfile as sf
 from test_data import tone, write_folder
 
 from pipeline.config import SAMPLE_RATE, TrainConfig
-from pipeline.dataset import drop_repeated_rows, load_training_data, stratified_split
+from pipeline.dataset import drop_repeated_rows, load_training_data, split_files, stratified_split
 from pipeline.tables import DataError, read_train_table
 
 
@@ -90,6 +90,39 @@ def test_repeated_rows_are_dropped_and_said(tmp_path, capsys):
     assert "1 repeated row(s) dropped" in said and "line 4 (= line 2)" in said
     assert "1 file(s) carry more than one label" in said and "'c.wav'" in said
     assert any("repeated row" in note for note in data.notes)  # and into the artifact's provenance
+
+
+def test_a_file_with_several_labels_is_never_on_both_sides_of_the_split(tmp_path):
+    """A multi-label cell (`label_separator`) makes one row per label; split by label alone, a file's rows could
+    land in training and validation, and validation would score audio the model trained on."""
+    names = [f"f{k:02d}.wav" for k in range(20)]
+    root = write_folder(tmp_path / "d", [(n, "x;y;z") for n in names], {n: tone(freq=200 + 10 * k) for k, n in
+                                                                       enumerate(names)})  # fmt: skip
+    data = load(root, label_separator=";", val_fraction=0.2)
+    paths = [row.rel_path for row in data.rows]
+    assert len(paths) == 60
+    by_label_alone = stratified_split([row.label for row in data.rows], 0.2, 0)
+    assert {paths[i] for i in by_label_alone[0]} & {paths[i] for i in by_label_alone[1]}  # the leak it fixes
+    trained, validated = {paths[i] for i in data.train_idx}, {paths[i] for i in data.val_idx}
+    assert len(validated) == 4 and not trained & validated  # 0.2 of the 20 files, each wholly held out
+    assert sorted(data.train_idx + data.val_idx) == list(range(60))  # every row still used
+
+
+def test_split_files_keeps_every_label_trained_and_single_label_tables_as_they_were():
+    from pipeline.tables import TrainRow
+
+    # "b" is only ever a second label, of the file a stratified split by first label holds out.
+    rows = [TrainRow(2, "p", "a"), TrainRow(2, "p", "b"), TrainRow(3, "q", "a"), TrainRow(4, "r", "c"),
+            TrainRow(5, "s", "c")]  # fmt: skip
+    for seed in range(6):
+        train, val, note = split_files(rows, 0.5, seed)
+        assert {rows[i].label for i in train} == {"a", "b", "c"}
+        assert not {rows[i].rel_path for i in train} & {rows[i].rel_path for i in val}
+        if 0 in stratified_split(["a", "a", "c", "c"], 0.5, seed)[1]:  # files p, q, r, s by first label
+            assert "went back to training" in note  # p was held out by the file split, and came back
+    single = [TrainRow(k + 2, f"f{k}", label) for k, label in enumerate("aabbbcccc")]
+    for seed in range(3):
+        assert split_files(single, 0.3, seed) == stratified_split(list("aabbbcccc"), 0.3, seed)
 
 
 def test_drop_repeated_rows_keeps_the_first_of_each():
