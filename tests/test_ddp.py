@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -79,24 +81,11 @@ Path(sys.argv[2], "rank" + os.environ["RANK"] + ".json").write_text(json.dumps(r
 @pytest.mark.timeout(300)
 def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, tmp_path):
     """torchrun starts the processes: their number is the topology, only rank 0 writes the artifact."""
-    import sys
-    from pathlib import Path
-
     from helpers import run_in_group, venv_env
 
-    script = tmp_path / "train_script.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    params = {
-        **TINY_TRAIN,
-        "epochs": 1,
-        "data_dir": str(synthetic_data),
-        "artifact_dir": str(tmp_path / "model"),
-    }
-    reports_dir = tmp_path / "reports"
-    reports_dir.mkdir()
-    torchrun = Path(sys.executable).parent / "torchrun"
-    run = run_in_group([str(torchrun), "--standalone", "--nproc_per_node", "2", str(script), json.dumps(params),
-                        str(reports_dir)], env=venv_env(), timeout=240)  # fmt: skip
+    script_and_args, reports_dir = _torchrun_training(synthetic_data, tmp_path)
+    run = run_in_group([TORCHRUN, "--standalone", "--nproc_per_node", "2", *script_and_args], env=venv_env(),
+                       timeout=240)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     reports = [json.loads(path.read_text()) for path in sorted(reports_dir.glob("rank*.json"))]
     assert len(reports) == 2 and reports[0]["weights"] == reports[1]["weights"]
@@ -107,6 +96,25 @@ def test_the_same_code_runs_under_torchrun_without_devices_set(synthetic_data, t
     assert "[Gloo]" not in run.stdout
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
     assert provenance["strategy"] == "ddp" and provenance["devices"] == 2
+
+
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+
+
+def _torchrun_training(synthetic_data, tmp_path) -> tuple[list[str], Path]:
+    """The training script torchrun starts, its arguments (one epoch of the tiny model on the synthetic
+    folder), and the folder where each rank writes its report."""
+    script = tmp_path / "train_script.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    params = {
+        **TINY_TRAIN,
+        "epochs": 1,
+        "data_dir": str(synthetic_data),
+        "artifact_dir": str(tmp_path / "model"),
+    }
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    return [str(script), json.dumps(params), str(reports)], reports
 
 
 def _ddp_work(config):
@@ -202,36 +210,22 @@ def test_ddp_fp16_with_gradient_accumulation(synthetic_data, tmp_path):
 def test_two_nodes_under_torchrun_on_localhost(synthetic_data, tmp_path):
     """Issue 13: multi-node torchrun (here 2 "nodes" of one process each, c10d rendezvous on 127.0.0.1, gloo):
     WORLD_SIZE counts every node, each node checks only its own processes against its own hardware."""
-    import sys
-    from pathlib import Path
+    import os
+    import signal
+    import subprocess
 
     from helpers import venv_env
 
     from pipeline.devices.launch import find_free_port
 
-    script = tmp_path / "train_script.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    params = {
-        **TINY_TRAIN,
-        "epochs": 1,
-        "data_dir": str(synthetic_data),
-        "artifact_dir": str(tmp_path / "model"),
-    }
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    argv = [torchrun, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-            f"127.0.0.1:{find_free_port()}", "--rdzv-id", "two-nodes", script, json.dumps(params), str(reports)]  # fmt: skip
-    import subprocess
-
+    script_and_args, reports = _torchrun_training(synthetic_data, tmp_path)
+    argv = [TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{find_free_port()}", "--rdzv-id", "two-nodes", *script_and_args]  # fmt: skip
     nodes = [subprocess.Popen(argv, env=venv_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               start_new_session=True) for _ in range(2)]  # fmt: skip
     try:
         outputs = [node.communicate(timeout=300)[0] for node in nodes]
     finally:
-        import os
-        import signal
-
         for node in nodes:
             if node.poll() is None:
                 os.killpg(node.pid, signal.SIGKILL)
