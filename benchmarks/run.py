@@ -7,6 +7,7 @@ Sections (each fails soft: an error is recorded and the next section runs):
   training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
   loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
+  competition_layout  FSDD in Freesound's layout: probability and hidden-test submissions (competition_layout.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
@@ -38,7 +39,16 @@ from benchmarks.fsdd_accuracy import DEFAULT_SOURCE, CpuMeter
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE_FSDD_S = {"speaker": 92.0, "digit": 143.0}  # plain loop, ../shared/NOTES.md (train + infer, 2 cores)
-SECTIONS = ("inference", "training", "loader_wait", "fsdd", "cold_start", "xla_step", "scale")
+SECTIONS = (
+    "inference",
+    "training",
+    "loader_wait",
+    "fsdd",
+    "competition_layout",
+    "cold_start",
+    "xla_step",
+    "scale",
+)
 
 
 # ------------------------------------------------------------------------------------------ sections
@@ -129,6 +139,13 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
                      f"({r['vs_time_limit']:.2f}x the 180s limit{verdict})")  # fmt: skip
     results["headline"] = "; ".join(parts) or "failed"
     return results
+
+
+def section_competition_layout(quick: bool) -> dict[str, Any]:
+    from benchmarks.competition_layout import run
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(_fsdd_source(), quick=quick)
 
 
 def section_cold_start(quick: bool) -> dict[str, Any]:
@@ -231,6 +248,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "training": section_training,
     "loader_wait": section_loader_wait,
     "fsdd": section_fsdd,
+    "competition_layout": section_competition_layout,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,
