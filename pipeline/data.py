@@ -110,14 +110,6 @@ def pad_crop(samples: np.ndarray, window: int) -> tuple[np.ndarray, float]:
     return padded, samples.size / window
 
 
-def random_crop(
-    samples: np.ndarray, window: int, rng: np.random.Generator, min_short_fraction: float = 1.0
-) -> tuple[np.ndarray, float]:
-    """A training example from a clip in memory: `crop_span`, then `pad_crop`."""
-    start, stop = crop_span(samples.size, window, rng, min_short_fraction)
-    return pad_crop(samples[start:stop], window)
-
-
 def windows(samples: np.ndarray, window: int, max_windows: int) -> tuple[np.ndarray, np.ndarray]:
     """Cut a clip into inference windows: [n, window] samples and [n] relative lengths.
 
@@ -126,9 +118,8 @@ def windows(samples: np.ndarray, window: int, max_windows: int) -> tuple[np.ndar
     windows stand for the file so minutes-long audio costs a bounded amount of compute.
     """
     if samples.size <= window:
-        padded = np.zeros((1, window), dtype=np.float32)
-        padded[0, : samples.size] = samples
-        return padded, np.array([samples.size / window], dtype=np.float32)
+        padded, relative = pad_crop(samples, window)
+        return padded[None], np.array([relative], dtype=np.float32)
     count = min(math.ceil(samples.size / window), max_windows)
     starts = np.linspace(0, samples.size - window, count).round().astype(np.int64)
     stacked = np.stack([samples[s : s + window] for s in starts])

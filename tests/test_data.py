@@ -5,7 +5,7 @@ import pytest
 import soundfile as sf
 
 from pipeline.config import SAMPLE_RATE
-from pipeline.data import AudioError, load_audio, random_crop, windows
+from pipeline.data import AudioError, crop_span, load_audio, pad_crop, windows
 
 
 def write_folder(root, rows, files):
@@ -63,6 +63,12 @@ def test_resampled_tone_keeps_its_frequency(tmp_path):
     spectrum = np.abs(np.fft.rfft(samples))
     peak_hz = np.argmax(spectrum) * SAMPLE_RATE / samples.size
     assert abs(peak_hz - 440.0) < 2.0
+
+
+def random_crop(samples, window, rng, min_short_fraction=1.0):
+    """A training example from a clip in memory, as batches.crops makes one from the cache."""
+    start, stop = crop_span(samples.size, window, rng, min_short_fraction)
+    return pad_crop(samples[start:stop], window)
 
 
 def test_random_crop_pads_short_and_crops_long():
