@@ -158,7 +158,7 @@ def infer_notebook(data: Path, artifact: Path, work: Path) -> dict[str, Any]:
     files = sum(1 for _ in open(data / "test.csv")) - 1
     return {"test_files": files, "peak_private_gb": measured["peak_private_gb"],
             "wall_s": round(measured["seconds"], 1), "files_per_s_incl_start": round(files / measured["seconds"], 1),
-            "test_accuracy": round(score_submission(submission, data / "solution.csv"), 4)}  # fmt: skip
+            "test_accuracy": round(score_submission(submission, data / "solution.csv")[1], 4)}  # fmt: skip
 
 
 def host_feed_per_core(windows: int = 256) -> dict[str, float]:

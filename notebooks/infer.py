@@ -28,6 +28,15 @@ path_column = "path"
 audio_dir = None  # the test table's paths are relative to it (None: data_dir)
 test_audio_dir = None  # e.g. "test_soundscapes": every audio file under it is a test item
 test_id = "auto"  # auto | name | stem: a discovered file's id
+# Chunk rows (soundscapes: BirdCLEF scores every 5 s chunk of every test file)
+segment_seconds = None  # e.g. 5: a row per chunk; None: a row per test file
+row_id_template = "auto"  # auto: recognised from sample_submission ("{id}_{end}" for BirdCLEF)
+chunk_pooling = "max"  # mean | max | mean_max: a chunk's windows -> its scores
+window_hop_seconds = None  # between a chunk's windows (None: half a window)
+# Time: stop predicting in time (the rest gets the prior) and project the hidden set's time
+time_limit_minutes = None  # e.g. 85 for a 90-minute limit
+expected_test_files = None  # e.g. 700
+expected_file_seconds = None  # e.g. 60
 # Hardware
 device = "auto"  # auto | cuda | cpu (never TPU: code competitions do not accept TPU notebooks)
 devices = None  # GPUs to use (auto: all)

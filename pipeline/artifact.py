@@ -97,7 +97,8 @@ def save_artifact(
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
-        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples)
+        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples,
+                                   sample_rate=model.config.sample_rate)  # fmt: skip
         parts = {"embedding_model": windowed, "classifier": model.classifier}
         for part, module in parts.items():
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
@@ -234,6 +235,7 @@ mean_var_norm: !new:pipeline.model.PassThrough
 
 embedding_model: !new:pipeline.model.WindowedEncoder
     n_mels: !ref <n_mels>
+    sample_rate: !ref <sample_rate>
     window_samples: {config.window_samples}
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
     encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN

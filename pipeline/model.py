@@ -13,7 +13,6 @@ from typing import Any
 import torch
 from speechbrain.lobes.features import Fbank
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
-from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 from speechbrain.processing.features import InputNormalization
 
 from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, SAMPLE_RATE
@@ -33,6 +32,9 @@ class ModelConfig:
     window_samples: int = SAMPLE_RATE
     sample_rate: int = SAMPLE_RATE
     score_scale: float = 30.0  # the AAM scale: softmax(scale * cosine) are the class probabilities
+    # What the classifier was trained for: "aam" (one class per clip, softmax) or "bce"/"focal" (several, an
+    # independent sigmoid(scale * cosine) per class; pipeline/objectives.py).
+    objective: str = "aam"
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
@@ -43,12 +45,12 @@ class ModelConfig:
 
 
 class SpeakerClassifier(torch.nn.Module):
-    """waveforms [B, T] at 16 kHz + relative lengths [B] -> cosine scores [B, n_classes]."""
+    """waveforms [B, T] at `config.sample_rate` + relative lengths [B] -> cosine scores [B, n_classes]."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.compute_features = Fbank(n_mels=config.n_mels)
+        self.compute_features = fbank(config.n_mels, config.sample_rate)
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
         self.embedding_model = ECAPA_TDNN(
             input_size=config.n_mels,
@@ -83,13 +85,19 @@ class SpeakerClassifier(torch.nn.Module):
         return self.scores(self.embed(feats, wav_lens))
 
 
+def fbank(n_mels: int, sample_rate: int = SAMPLE_RATE) -> Fbank:
+    """SpeechBrain's Fbank at `sample_rate`: mel bands from 0 Hz to half the rate, 25 ms windows every 10 ms
+    (SpeechBrain's n_fft of 400 is 25 ms at 16 kHz; at other rates the FFT follows the window length)."""
+    return Fbank(n_mels=n_mels, sample_rate=sample_rate, n_fft=int(round(0.025 * sample_rate)))
+
+
 class Frontend(torch.nn.Module):
     """The parameter-free front end alone (Fbank + sentence mean normalisation), for computing features on
     the host. SpeakerClassifier.features runs this same code on its own identically named modules."""
 
-    def __init__(self, n_mels: int) -> None:
+    def __init__(self, n_mels: int, sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__()
-        self.compute_features = Fbank(n_mels=n_mels)
+        self.compute_features = fbank(n_mels, sample_rate)
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
@@ -111,11 +119,16 @@ class WindowedEncoder(torch.nn.Module):
     """
 
     def __init__(
-        self, encoder: ECAPA_TDNN, n_mels: int, window_samples: int, max_windows: int = MAX_WINDOWS_PER_FILE
+        self,
+        encoder: ECAPA_TDNN,
+        n_mels: int,
+        window_samples: int,
+        max_windows: int = MAX_WINDOWS_PER_FILE,
+        sample_rate: int = SAMPLE_RATE,
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.frontend = Frontend(n_mels)
+        self.frontend = Frontend(n_mels, sample_rate)
         self.window_samples, self.max_windows = window_samples, max_windows
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
@@ -183,18 +196,6 @@ def host_model(model: SpeakerClassifier, state: dict[str, torch.Tensor]) -> Spea
     copy = SpeakerClassifier(ModelConfig(**model.config.to_dict()))
     copy.load_state_dict(state)
     return copy.eval()
-
-
-def aam_loss(margin: float, scale: float) -> torch.nn.Module:
-    """Additive angular margin softmax (ArcFace), SpeechBrain's loss for ECAPA speaker models."""
-    return LogSoftmaxWrapper(AdditiveAngularMargin(margin=margin, scale=scale))
-
-
-def compute_loss(
-    loss_fn: torch.nn.Module, cosine_scores: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets.
-    return loss_fn(cosine_scores.float().unsqueeze(1), targets.unsqueeze(1))
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -16,7 +16,7 @@ Choices, and why:
   (code competition). The train notebook defaults to internet on: it needs none (the bootstrap is offline,
   the TPU image has torch_xla), but an added `pip install` cell or a hub `init_from` then works;
   `--train-internet off` turns it off.
-* Extra wheels: Kaggle's images have torch, torchaudio, numpy, scipy, tqdm, pyyaml, safetensors,
+* Extra wheels: Kaggle's images have torch, torchaudio, numpy, scipy, scikit-learn, tqdm, pyyaml, safetensors,
   huggingface_hub, joblib, packaging; speechbrain and its YAML stack are in neither image's requirements
   (Kaggle/docker-python kaggle_requirements.txt, tpu/requirements.in), and the TPU image may lack soundfile
   and sentencepiece. `kaggle package` downloads them (`pip download`, the versions installed here, Linux

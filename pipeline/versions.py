@@ -65,7 +65,8 @@ class Image:
 # Common to both images per Kaggle's published requirements (and torch's own dependencies).
 _IMAGE_COMMON: dict[str, str | None] = {
     name: None
-    for name in ("numpy", "scipy", "tqdm", "pyyaml", "safetensors", "huggingface-hub", "joblib", "packaging",
+    for name in ("numpy", "scipy", "scikit-learn", "threadpoolctl", "tqdm", "pyyaml", "safetensors",
+                 "huggingface-hub", "joblib", "packaging",
                  "requests", "cffi", "pycparser", "filelock", "typing-extensions", "sympy", "networkx",
                  "jinja2", "fsspec", "setuptools")
 }  # fmt: skip
@@ -99,7 +100,7 @@ LEGS: tuple[Leg, ...] = (
         about="lower bound of every range in pyproject.toml",
         checks=("pytest -m 'not slow'", "pytest -m xla", "train -> infer notebooks (cpu)", "SpeechBrain client"),
         extra={"numpy": "1.26.0", "scipy": "1.11.2", "safetensors": "0.4.0", "soundfile": "0.12.1",
-               "pyyaml": "6.0.1", "tqdm": "4.64.0", "packaging": "22.0"},
+               "pyyaml": "6.0.1", "tqdm": "4.64.0", "packaging": "22.0", "scikit-learn": "1.3.1"},
     ),
     Leg(
         "kaggle-tpu", KAGGLE_TPU.preinstalled["torch"], KAGGLE_TPU.preinstalled["torchaudio"],

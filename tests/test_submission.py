@@ -20,7 +20,7 @@ def read_rows(path):
 def test_score_checks_ids(tmp_path):
     (tmp_path / "sol.csv").write_text("id,label\n1,a\n2,b\n")
     (tmp_path / "sub.csv").write_text("id,label\n1,a\n2,a\n")
-    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == 0.5
+    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == ("accuracy", 0.5)
     (tmp_path / "bad.csv").write_text("id,label\n1,a\n3,b\n")
     with pytest.raises(DataError, match="1 missing"):
         score_submission(tmp_path / "bad.csv", tmp_path / "sol.csv")
@@ -33,7 +33,7 @@ def test_inference_stage_on_synthetic_data(tiny_artifact, synthetic_data, tmp_pa
     result = run_inference(config)
     ids = [r["id"] for r in read_rows(synthetic_data / "sample_submission.csv")]
     assert [r["id"] for r in read_rows(out)] == ids and result.n_fallbacks == 0
-    assert score_submission(out, synthetic_data / "solution.csv") >= 0.5  # 3-epoch tiny model, 4 speakers
+    assert score_submission(out, synthetic_data / "solution.csv")[1] >= 0.5  # 3-epoch tiny model, 4 speakers
     probs = read_rows(tmp_path / "probabilities.csv")
     assert len(probs) == len(ids)
     assert abs(sum(float(v) for k, v in probs[0].items() if k != "id") - 1.0) < 1e-3
