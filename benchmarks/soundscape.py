@@ -159,7 +159,9 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
             from pipeline.train import train
 
             with contextlib.redirect_stdout(sys.stderr):
-                train(TrainConfig(**{k: str(v) if isinstance(v, Path) else v for k, v in train_params.items()}))
+                train(
+                    TrainConfig(**{k: str(v) if isinstance(v, Path) else v for k, v in train_params.items()})
+                )
         else:
             papermill(ROOT, "train.ipynb", work, train_params)
         results["train_s"] = round(time.perf_counter() - started, 1)
@@ -228,8 +230,18 @@ def _check_format(submission: Path, data: Path, report: dict[str, Any]) -> dict[
     expected = [f"{stem}_{end}" for stem in stems for end in range(5, 61, 5)]
     ids = [row[0] for row in rows[1:]]
     values = np.array([[float(v) for v in row[1:]] for row in rows[1:]])
-    ok = rows[0] == sample_header and ids == expected and set(ids) == set(solution) and bool(((values >= 0) & (values <= 1)).all())
-    return {"rows": len(ids), "format_ok": ok, "fallbacks": len(report["fallbacks"]), "rule": report["row_rule"]}
+    ok = (
+        rows[0] == sample_header
+        and ids == expected
+        and set(ids) == set(solution)
+        and bool(((values >= 0) & (values <= 1)).all())
+    )
+    return {
+        "rows": len(ids),
+        "format_ok": ok,
+        "fallbacks": len(report["fallbacks"]),
+        "rule": report["row_rule"],
+    }
 
 
 def _parse_sets(items: list[str]) -> dict[str, Any]:
@@ -252,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], help="NAME=VALUE for the train notebook")
     parser.add_argument("--infer-set", action="append", default=[], help="NAME=VALUE for the infer notebook")
     args = parser.parse_args(argv)
-    result = run(args.source, args.quick, args.folder, args.api, _parse_sets(args.set), _parse_sets(args.infer_set))
+    result = run(
+        args.source, args.quick, args.folder, args.api, _parse_sets(args.set), _parse_sets(args.infer_set)
+    )
     print(json.dumps(result, indent=2))
     return 0
 

@@ -31,7 +31,6 @@ from .tables import (
     skip_or_stop,
 )
 
-
 # The share of files with several labels from which objective "auto" learns several labels per clip (bce):
 # BirdCLEF's focal recordings have secondary labels on a fifth to a third of the files.
 MULTI_LABEL_SHARE = 0.05
@@ -196,7 +195,9 @@ def choose_objective(objective: str, rows: list[TrainRow], labels: list[str]) ->
     several = sum(len(found) > 1 for found in labels_of.values())
     if several >= MULTI_LABEL_SHARE * len(labels_of):
         return "bce", f"auto: {several} of {plural(len(labels_of), 'file')} have several labels"
-    if several:  # a few double-labelled files in a single-label task: each label trains on the file, as before
+    if (
+        several
+    ):  # a few double-labelled files in a single-label task: each label trains on the file, as before
         return "aam", (f"auto: only {several} of {plural(len(labels_of), 'file')} have several labels (less than "
                        f"{MULTI_LABEL_SHARE:.0%}); each of their labels is trained on as a clip of its own")  # fmt: skip
     return "aam", "auto: every file has one label"
