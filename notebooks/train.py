@@ -30,6 +30,8 @@ secondary_label_weight = 1.0  # the target of a secondary label
 # What to learn and select by
 objective = "auto"  # auto | aam | bce | focal (auto: bce when files have several labels, else aam)
 metric = "auto"  # auto | accuracy | macro_roc_auc | lwlrap | padded_cmap (auto: by objective)
+val_soundscapes_table = None  # e.g. "train_soundscapes_labels.csv": validate (and select) on labelled chunks
+val_soundscapes_dir = "train_soundscapes"  # where that table's filenames are
 # Hardware
 accelerator = "auto"  # auto | tpu | cuda | cpu
 devices = None  # data-parallel devices or processes (auto: all)

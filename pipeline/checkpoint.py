@@ -48,16 +48,16 @@ class TrainingState:
         Not the validation loss: once a small validation split is (nearly) all correct, its loss differs between
         epochs by noise, and picking by it kept early epochs that scored worse on unseen recordings (FSDD digits
         0.983 instead of 0.990) than the later, lower-learning-rate ones."""
-        if "val_accuracy" not in record:
-            return True
         best = self.history[self.best_epoch - 1] if self.best_epoch else None
-        if (
-            key not in record
-            or record[key] != record[key]
-            or (best is not None and best.get(key) != best.get(key))
-        ):
+        if not _number(record.get(key)) or (best is not None and not _number(best.get(key))):
             key = "val_accuracy"
-        return best is None or record[key] >= best[key]
+        if not _number(record.get(key)) or best is None or not _number(best.get(key)):
+            return True
+        return record[key] >= best[key]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and value == value  # not None, not NaN
 
 
 def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:

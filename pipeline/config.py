@@ -62,6 +62,11 @@ class TrainConfig:
     # metric auto: accuracy for aam, macro_roc_auc otherwise; validation computes it and keeps the best epoch.
     objective: str = "auto"  # auto | aam | bce | focal
     metric: str = "auto"  # auto | accuracy | macro_roc_auc | lwlrap | padded_cmap
+    # Labelled soundscapes, the test's own domain (BirdCLEF 2026's train_soundscapes_labels.csv: filename,
+    # start, end, primary_label "a;b"; filenames relative to val_soundscapes_dir): their chunks are scored as the
+    # infer stage scores chunks, and their metric selects the kept epoch. They are left out of noise_dir.
+    val_soundscapes_table: str | None = None
+    val_soundscapes_dir: str | None = "train_soundscapes"
     # Model
     model_size: str = "auto"  # auto: "voxceleb" on TPU/GPU, "small" on CPU, "tiny" on the XLA CPU stand-in
     # Audio is resampled to this rate for training and inference; the Fbank spans 0 to half of it. 16 kHz keeps

@@ -27,6 +27,7 @@ from .tables import (
     TrainTable,
     audio_root,
     label_list,
+    read_labelled_chunks,
     read_train_table,
     skip_or_stop,
 )
@@ -35,6 +36,18 @@ from .tables import (
 # BirdCLEF's focal recordings have secondary labels on a fifth to a third of the files.
 MULTI_LABEL_SHARE = 0.05
 MAX_CROPS_PER_FILE = 8  # crops per file and epoch, for files of many windows (TrainingData.epoch_rows)
+
+
+@dataclass
+class LabelledSoundscapes:
+    """Chunks of labelled soundscapes to validate on (val_soundscapes_table), their audio in a cache."""
+
+    store: AudioStore
+    items: np.ndarray  # the cache index of each chunk's file
+    starts: np.ndarray  # seconds
+    ends: np.ndarray
+    truth: np.ndarray  # [chunks, classes] 0/1
+    files: list[str]  # the soundscapes, relative to the data folder
 
 
 @dataclass
@@ -55,6 +68,7 @@ class TrainingData:
     # Multi-label objectives: one row per file, its target of every class (1 for its labels, the secondary
     # label weight for its secondary labels); None for aam, whose rows are (file, label) pairs.
     multi_hot: np.ndarray | None = None
+    soundscapes: LabelledSoundscapes | None = None  # validation chunks in the test's domain
 
     def truth(self, rows: list[int] | np.ndarray) -> np.ndarray:
         """[len(rows), classes] targets of `rows` (one-hot for aam): what validation metrics compare with."""
@@ -157,18 +171,57 @@ def load_training_data(config: TrainConfig, log: Callable[[str], object] = print
     if split_note:
         log(split_note)
         notes.append(split_note)
-    noise = load_noise(config, log) if config.noise_dir else None
+    soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
+    held_out = set(soundscapes.files) if soundscapes else set()
+    noise = load_noise(config, log, exclude=held_out) if config.noise_dir else None
     return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
-                        objective=objective, noise=noise, multi_hot=multi_hot)  # fmt: skip
+                        objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes)  # fmt: skip
 
 
-def load_noise(config: TrainConfig, log: Callable[[str], object] = print) -> AudioStore:
-    """The background recordings under `noise_dir` (every audio file, nested folders included), cached like
-    the training audio. Unreadable ones are left out and said; none usable is an error naming the folder."""
+def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Callable[[str], object] = print
+                              ) -> LabelledSoundscapes:  # fmt: skip
+    """The labelled chunks of val_soundscapes_table, their soundscapes cached. Labels that are no class of the
+    training table are left out (and said); a soundscape that cannot be read stops with its name."""
+    chunks = read_labelled_chunks(config.data_dir, config.val_soundscapes_table, config.val_soundscapes_dir)
+    files = sorted({chunk.rel_path for chunk in chunks})
+    store = open_or_build(source_files(Path(config.data_dir), files), config.cache_dir or default_cache_dir(),
+                          sample_rate=config.sample_rate, log=log, progress=config.progress,
+                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
+    if store.failures:
+        index, why = next(iter(store.failures.items()))
+        raise DataError(f"{config.val_soundscapes_table}: soundscape {files[index]!r} cannot be used ({why}); "
+                        "fix it or remove its rows")  # fmt: skip
+    class_of = {label: k for k, label in enumerate(labels)}
+    truth = np.zeros((len(chunks), len(labels)), dtype=np.float32)
+    unknown: set[str] = set()
+    for row, chunk in enumerate(chunks):
+        for label in chunk.labels:
+            if label in class_of:
+                truth[row, class_of[label]] = 1.0
+            else:
+                unknown.add(label)
+    position = {path: k for k, path in enumerate(files)}
+    log(f"validation soundscapes: {plural(len(chunks), 'labelled chunk')} of {plural(len(files), 'soundscape')}"
+        + (f"; {plural(len(unknown), 'label')} no class of the training table is left out: "
+           f"{', '.join(repr(u) for u in sorted(unknown)[:10])}" if unknown else ""))  # fmt: skip
+    return LabelledSoundscapes(store, np.array([position[c.rel_path] for c in chunks], dtype=np.int64),
+                               np.array([c.start for c in chunks]), np.array([c.end for c in chunks]), truth, files)  # fmt: skip
+
+
+def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclude: set[str] = frozenset()
+               ) -> AudioStore:  # fmt: skip
+    """The background recordings under `noise_dir` (every audio file, nested folders included, but those in
+    `exclude`: validation soundscapes), cached like the training audio. Unreadable ones are left out and said;
+    none usable is an error naming the folder."""
     data_dir = Path(config.data_dir)
     root, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
     found = sorted(p.relative_to(data_dir.resolve()).as_posix() for p in root.rglob("*")
                    if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
+    if exclude & set(found):
+        log(
+            f"noise_dir: {plural(len(exclude & set(found)), 'validation soundscape')} left out of the background"
+        )
+        found = [f for f in found if f not in exclude]
     store = open_or_build(source_files(data_dir, found), config.cache_dir or default_cache_dir(),
                           sample_rate=config.sample_rate, log=log, progress=config.progress,
                           keep_apart={"data_dir": config.data_dir})  # fmt: skip

@@ -57,6 +57,11 @@ class Span:
     end: float | None = None
 
 
+def chunk_hop(window: int, hop_seconds: float | None, sample_rate: int) -> int:
+    """Samples between a chunk's windows: `hop_seconds`, or by default half a window."""
+    return int(round(hop_seconds * sample_rate)) if hop_seconds else max(1, window // 2)
+
+
 @dataclass(frozen=True)
 class WindowPlan:
     """How spans are cut into windows and batched."""

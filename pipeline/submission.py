@@ -36,6 +36,7 @@ from .inference import (
     DeviceSettings,
     SpanPredictions,
     WindowPlan,
+    chunk_hop,
     predict_on_devices,
     run_windows,
     span_windows,
@@ -182,10 +183,9 @@ def _header_seconds(data_dir: Path, rel_path: str) -> float | None:
 def window_plan(config: InferConfig, artifact: Artifact) -> WindowPlan:
     """The artifact's windows; a chunk's windows `window_hop_seconds` apart (default: half a window)."""
     model = artifact.model.config
-    hop = config.window_hop_seconds
-    hop_samples = int(round(hop * model.sample_rate)) if hop else max(1, model.window_samples // 2)
+    hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
     return WindowPlan(model.window_samples, model.sample_rate, config.batch_windows or 0,
-                      config.max_windows_per_file, hop_samples)  # fmt: skip
+                      config.max_windows_per_file, hop)  # fmt: skip
 
 
 def _devices(config: InferConfig) -> DeviceSettings:

@@ -261,6 +261,57 @@ def skip_or_stop(
     skipped.append({"line": str(line), "path": path, "reason": reason})
 
 
+@dataclass(frozen=True)
+class LabelledChunk:
+    """A row of a labelled-soundscapes table: seconds [start, end) of a file and the labels heard in it."""
+
+    line: int
+    rel_path: str  # relative to the data folder
+    start: float
+    end: float
+    labels: tuple[str, ...]
+
+
+SOUNDSCAPE_COLUMNS = (
+    "filename",
+    "start",
+    "end",
+    "primary_label",
+)  # BirdCLEF 2026's train_soundscapes_labels.csv
+
+
+def read_labelled_chunks(data_dir: str | Path, table: str, folder: str | None) -> list[LabelledChunk]:
+    """The rows of a labelled-soundscapes table (filename relative to `folder`, start and end in seconds or as
+    H:MM:SS, labels separated by ";"); an unusable row stops with its line and what to fix."""
+    data_dir = Path(data_dir)
+    csv_path = data_dir / table
+    root, prefix = audio_root(data_dir, folder, "val_soundscapes_dir")
+    locator = AudioLocator(root)
+    hint = f"A labelled-soundscapes table has the columns {', '.join(SOUNDSCAPE_COLUMNS)} (BirdCLEF 2026's form)."
+    chunks = []
+    for line, row in read_csv(csv_path, SOUNDSCAPE_COLUMNS, hint):
+        try:
+            start, end = _seconds(row["start"]), _seconds(row["end"])
+        except ValueError:
+            raise DataError(f"{csv_path} line {line}: start {row['start']!r} / end {row['end']!r} are not seconds "
+                            "(5, 5.0 or 0:00:05)") from None  # fmt: skip
+        if not row["filename"] or end <= start:
+            raise DataError(
+                f"{csv_path} line {line}: needs a filename and an end after its start; fix or remove it"
+            )
+        rel = locator.locate(row["filename"])
+        labels = tuple(label.strip() for label in row["primary_label"].split(";") if label.strip())
+        chunks.append(LabelledChunk(line, f"{prefix}/{rel}" if prefix else rel, start, end, labels))
+    if not chunks:
+        raise DataError(f"{csv_path}: no rows. {hint}")
+    return chunks
+
+
+def _seconds(text: str) -> float:
+    parts = [float(part) for part in text.strip().split(":")]
+    return sum(value * 60**power for power, value in enumerate(reversed(parts)))
+
+
 def label_list(labels: Iterable[str]) -> list[str]:
     """The class order of a model: sorted unique labels (stable across runs and machines)."""
     return sorted(set(labels))

@@ -319,7 +319,7 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
     if compiles_before is not None:  # XLA, so far in the run: neither may grow after the first epoch
         record.update(xla_compiles_before_validation=compiles_before, xla_compiles=strategy.compile_count())
     state.history.append(record)
-    if state.is_better(record, f"val_{run.metric}"):
+    if state.is_better(record, selection_key(run)):
         state.best_state = {k: v.detach().to("cpu").clone() for k, v in kept.state_dict().items()}
         state.best_epoch = epoch + 1
         state.best_predictions = None if result is None else result.predictions
@@ -344,7 +344,7 @@ def finish(run: Run) -> TrainResult:
         best_val_accuracy=best.get("val_accuracy"),
         objective=data.objective,
         metric=run.metric,
-        best_val_metric=best.get(f"val_{run.metric}"),
+        best_val_metric=best.get(selection_key(run), best.get(f"val_{run.metric}")),
         train_files=len({data.rows[i].rel_path for i in data.train_idx}),
         best_epoch=state.best_epoch,
         seconds=time.monotonic() - run.started,
@@ -422,6 +422,12 @@ def train_step(
     return total
 
 
+def selection_key(run: Run) -> str:
+    """The history entry that picks the kept epoch: the metric on labelled soundscapes (the test's domain)
+    when there are any, else on the held-out files."""
+    return f"val_soundscape_{run.metric}" if run.data.soundscapes is not None else f"val_{run.metric}"
+
+
 def _checkpoint_due(run: Run) -> bool:
     return time.monotonic() - run.last_checkpoint > run.config.checkpoint_every_minutes * 60
 
@@ -447,6 +453,8 @@ def format_epoch(record: dict[str, float], epochs: int, metric: str = "accuracy"
         parts += [f"val_acc {record['val_accuracy']:.4f}", f"val_loss {record['val_loss']:.3f}"]
     if f"val_{metric}" in record and metric != "accuracy":
         parts.append(f"val_{metric} {record[f'val_{metric}']:.4f}")
+    if f"val_soundscape_{metric}" in record:
+        parts.append(f"soundscapes {metric} {record[f'val_soundscape_{metric}']:.4f}")
     parts += [f"lr {record['lr']:.2e}", f"{record.get('samples_per_s', 0):.0f} samples/s",
               f"data wait {record.get('data_wait_share', 0):.1%}", f"{record['seconds']:.0f}s"]  # fmt: skip
     return " | ".join(parts)

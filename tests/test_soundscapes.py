@@ -146,3 +146,29 @@ def test_broken_soundscapes_keep_their_rows_and_a_short_time_limit_still_writes_
     late = json.loads((tmp_path / "late" / "submission_report.json").read_text())
     assert "time limit" in (late["stopped"] or "") and late["rows"] == 4 * len(scapes)
     assert len(read_rows(tmp_path / "late" / "submission.csv")) == late["rows"] == len(late["fallbacks"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_labelled_soundscapes_validate_and_select_the_kept_epoch(species, tmp_path, capsys):
+    from pipeline.config import TrainConfig
+    from pipeline.train import train
+
+    data = make_soundscape_competition(tmp_path / "data", species, focal_per_class=8, test_soundscapes=0,
+                                       train_soundscapes=2, labelled_soundscapes=2, soundscape_seconds=SCAPE_SECONDS)  # fmt: skip
+    labelled = read_rows(data / "train_soundscapes_labels.csv")
+    assert labelled and {"filename", "start", "end", "primary_label"} <= set(labelled[0])
+    result = train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "model"), **LAYOUT,
+                               noise_dir="train_soundscapes", val_soundscapes_table="train_soundscapes_labels.csv",
+                               **{**TINY_TRAIN, "epochs": 3}))  # fmt: skip
+    said = capsys.readouterr().out
+    files = len({row["filename"] for row in labelled})  # a soundscape with no call has no labelled row
+    assert (
+        f"validation soundscapes: {len(labelled)} labelled chunk{'s' if len(labelled) > 1 else ''} of {files}"
+        in said
+    )
+    assert f"{files} validation soundscape{'s' if files > 1 else ''} left out of the background" in said
+    values = [epoch["val_soundscape_macro_roc_auc"] for epoch in result.history]
+    assert all(0.0 <= v <= 1.0 for v in values)
+    best = max(range(3), key=lambda k: (values[k], k))  # the highest, the later one on a tie
+    assert result.best_epoch == best + 1 and result.best_val_metric == values[best]
