@@ -13,8 +13,8 @@ test audio appears only in the scoring rerun has) one row per test file sorted b
 A file's chunk count comes from its header: a trailing part of at least half a segment is a chunk of its own
 (scored on the audio it has), a shorter one has no row, as competitions' solution files have none. Soundscape
 sets have one length (BirdCLEF: 1 min, 4 min in 2024): a file whose header cannot be read, or says it is
-shorter than the set's usual length -- truncated audio -- still gets the usual number of rows (the usual
-length: `usual_seconds` when given, else the chunk count most files share, when at least half do). Rows whose
+shorter than the set's usual length -- truncated audio -- still gets the usual number of rows (the chunk count
+at least half of the readable files share; with none readable, that of `usual_seconds`, when given). Rows whose
 audio turns out unusable or missing get the prior (pipeline/submission.py); the plan only says where to look.
 """
 
@@ -154,16 +154,20 @@ def plan_chunk_rows(
 def usual_chunks(
     seconds: Sequence[float | None], segment: float, usual_seconds: float | None
 ) -> tuple[int | None, str]:
-    """The chunk count a file of this set should have, and why: from `usual_seconds`, or the count at least
-    half of the readable headers give; None when the set has no usual length."""
-    if usual_seconds:
-        return chunk_count(usual_seconds, segment), f"expected_file_seconds={usual_seconds:g}"
+    """The chunk count a file of this set should have, and why: the count at least half of the readable
+    headers give; with no readable header, that of `usual_seconds` (the expected length, if the user gave one).
+    None when the set has no usual length."""
     counts = Counter(chunk_count(s, segment) for s in seconds if s is not None)
     if counts:
         count, files = counts.most_common(1)[0]
         if files >= 0.5 * sum(counts.values()):
             return count, f"the length {files} of {sum(counts.values())} readable files have"
-    return None, "no usual length among the readable files"
+        return None, "no usual length among the readable files"
+    if usual_seconds:
+        return chunk_count(
+            usual_seconds, segment
+        ), f"no readable header; expected_file_seconds={usual_seconds:g}"
+    return None, "no readable header and no expected length"
 
 
 def _choose(
