@@ -8,6 +8,7 @@ Sections (each fails soft: an error is recorded and the next section runs):
   loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
   competition_layout  FSDD in Freesound's layout: probability and hidden-test submissions (competition_layout.py)
+  soundscape    FSDD in BirdCLEF's layout: chunk rows, macro ROC-AUC, CPU rate, 32 vs 16 kHz (soundscape.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
@@ -45,6 +46,7 @@ SECTIONS = (
     "loader_wait",
     "fsdd",
     "competition_layout",
+    "soundscape",
     "cold_start",
     "xla_step",
     "scale",
@@ -143,6 +145,13 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
 
 def section_competition_layout(quick: bool) -> dict[str, Any]:
     from benchmarks.competition_layout import run
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(_fsdd_source(), quick=quick)
+
+
+def section_soundscape(quick: bool) -> dict[str, Any]:
+    from benchmarks.soundscape import run
 
     with contextlib.redirect_stdout(sys.stderr):
         return run(_fsdd_source(), quick=quick)
@@ -249,6 +258,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "loader_wait": section_loader_wait,
     "fsdd": section_fsdd,
     "competition_layout": section_competition_layout,
+    "soundscape": section_soundscape,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,

@@ -136,6 +136,48 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
     return out
 
 
+def decode_rates(folder: Path) -> dict[str, Any]:
+    """Seconds to decode an hour of the hidden soundscapes (32 kHz Ogg/Vorbis) to the model's 16 kHz and to
+    32 kHz, one process: what a DataLoader decode worker spends per hour of audio."""
+    from pipeline.data import load_audio
+
+    files = sorted((folder / "test_soundscapes").iterdir())
+    out = {}
+    for rate in (16000, 32000):
+        started, audio = time.perf_counter(), 0.0
+        for path in files:
+            samples, _ = load_audio(path, sample_rate=rate)
+            audio += len(samples) / rate
+        out[f"seconds_per_audio_hour_to_{rate // 1000}khz"] = round(
+            (time.perf_counter() - started) / audio * 3600, 1
+        )
+    return out
+
+
+def high_band(work: Path, quick: bool) -> dict[str, Any]:
+    """pipeline.synthetic's classes that differ only above 8 kHz, trained and scored at 16 and 32 kHz with the
+    defaults: the sample rate parameter at work."""
+    from pipeline.config import InferConfig, TrainConfig
+    from pipeline.submission import run_inference, score_submission
+    from pipeline.synthetic import make_high_band_competition
+    from pipeline.train import train
+
+    data = make_high_band_competition(work / "high_band", train_per_class=8 if quick else 24,
+                                      test_per_class=6 if quick else 20)  # fmt: skip
+    out = {}
+    for rate in (16000, 32000):
+        model = work / f"high_band_model_{rate}"
+        with contextlib.redirect_stdout(sys.stderr):
+            train(TrainConfig(data_dir=str(data), artifact_dir=str(model), sample_rate=rate, progress=False,
+                              cache_dir=str(work / "cache"), **({"epochs": 3} if quick else {})))  # fmt: skip
+            run_inference(InferConfig(data_dir=str(data), artifact_dir=str(model), progress=False,
+                                      submission_path=str(work / f"high_band_{rate}.csv")))  # fmt: skip
+        out[f"accuracy_{rate // 1000}khz"] = round(score_submission(work / f"high_band_{rate}.csv",
+                                                                    data / "solution.csv")[1], 4)  # fmt: skip
+    out["chance"] = round(1 / 3, 4)
+    return out
+
+
 def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None = None, api: bool = False,
         train_set: dict[str, Any] | None = None, infer_set: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     from benchmarks.scale import papermill
@@ -205,6 +247,8 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
             results["public_copy"] = {"ran": True, "rows": len(rows) - 1, "same_header": rows[0] == sample_header,
                                       "projection_printed": "projected for 700 files" in out["output"]}  # fmt: skip
         results["speed"] = infer_rates(artifact)
+        results["decode"] = decode_rates(data)
+        results["sample_rate"] = high_band(work, quick)
     hidden = results["hidden"]
     best = max(((p, s) for hop in results["poolings_by_hop"].values() for p, s in hop.items() if p != "audio_s_per_s"),
                key=lambda item: item[1])  # fmt: skip
@@ -215,7 +259,10 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
         f"{'met' if hidden['macro_roc_auc'] >= TARGET_AUC else 'MISSED'}; best pooling here {best[0]} {best[1]:.4f}); "
         f"CPU rate {speed['default']['audio_s_per_s_2_threads']:.0f} s/s (default model) and "
         f"{speed['voxceleb']['audio_s_per_s_2_threads']:.0f} s/s (voxceleb) on 2 threads; 700 x 60 s on 4 cores: "
-        f"{speed['default']['projected_minutes_700x60_4_cores']:.1f} / {speed['voxceleb']['projected_minutes_700x60_4_cores']:.1f} min"
+        f"{speed['default']['projected_minutes_700x60_4_cores']:.1f} / {speed['voxceleb']['projected_minutes_700x60_4_cores']:.1f} min; "
+        f"decoding 32 kHz Ogg: {results['decode']['seconds_per_audio_hour_to_16khz']:.0f} s per audio hour; classes above "
+        f"8 kHz: accuracy {results['sample_rate']['accuracy_32khz']:.2f} at 32 kHz, "
+        f"{results['sample_rate']['accuracy_16khz']:.2f} at 16 kHz (chance 0.33)"
     )
     return results
 
