@@ -27,7 +27,6 @@ so this module imports where they are not installed.
 from __future__ import annotations
 
 import contextlib
-import copy
 import importlib.util
 import logging
 import tempfile
@@ -42,7 +41,7 @@ import numpy as np
 import torch
 
 from .devices.threads import available_cores
-from .model import SpeakerClassifier
+from .model import ModelConfig, SpeakerClassifier
 from .staging import staged_file
 
 # Artifact file names (phase 2 writes them beside embedding_model.ckpt; SpeechBrain's loader ignores them).
@@ -109,13 +108,13 @@ def example_inputs(
 
 def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: int = OPSET) -> ExportReport:
     """Write `model.embedding_model` as ONNX to `path` (atomically), dynamic in batch and time, checked
-    against torch at another batch and time. The model is left as it was (a CPU eval copy is exported).
+    against torch at another batch and time. `model` itself is not touched (see pristine_encoder).
     ExportError when the exporter is missing, tracing or conversion fails, or the check fails."""
     missing = exporter_missing() or onnxruntime_missing()
     if missing:
         raise ExportError(f"cannot export the embedding model: {missing}")
     started = time.perf_counter()
-    encoder = copy.deepcopy(model.embedding_model).cpu().float().eval()
+    encoder = pristine_encoder(model)
     frames = model.config.window_samples // 160 + 1  # Fbank's 10 ms hop: the frames of one window
     example = example_inputs(model, 2, frames)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
@@ -134,6 +133,17 @@ def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: in
         onnx_program.save(str(staging))
         diff = check_export(encoder, model, staging)
     return ExportReport(target, time.perf_counter() - started, diff, torch.__version__, opset)
+
+
+def pristine_encoder(model: SpeakerClassifier) -> torch.nn.Module:
+    """A new CPU fp32 eval ECAPA_TDNN of `model`'s config with its weights: SpeechBrain's own forward, free of
+    any patch on `model` (inference's fast reflect padding becomes slices and concats that ONNX Runtime's
+    symbolic shape inference, run before quantisation, cannot follow; ONNX's Pad is the native op)."""
+    fresh = SpeakerClassifier(ModelConfig(**model.config.to_dict())).embedding_model
+    state = {name: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
+             for name, value in model.embedding_model.state_dict().items()}  # fmt: skip
+    fresh.load_state_dict(state)
+    return fresh.eval()
 
 
 def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str | Path) -> float:
@@ -214,11 +224,13 @@ def quantize_embedding_model(
             for i in range(0, len(wavs), batch)
         ]  # fmt: skip
     reader = _Calibration(batches)
-    target = Path(int8_path)
-    with tempfile.TemporaryDirectory(prefix="onnx-quant-") as tmp, _quiet_exporter():
+    target, source = Path(int8_path).resolve(), Path(fp32_path).resolve()
+    # In a folder of its own: when its symbolic shape inference fails, onnxruntime saves a debugging copy of
+    # the model into the working directory.
+    with tempfile.TemporaryDirectory(prefix="onnx-quant-") as tmp, contextlib.chdir(tmp), _quiet_exporter():
         prepared = Path(tmp) / "prepared.onnx"
         # Shape inference and ONNX Runtime's basic fusions first, as onnxruntime.quantization recommends.
-        quant_pre_process(str(fp32_path), str(prepared))
+        quant_pre_process(str(source), str(prepared))
         with staged_file(target) as staging:
             quantize_static(
                 str(prepared), str(staging), reader, quant_format=QuantFormat.QDQ, per_channel=True,
