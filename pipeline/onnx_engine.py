@@ -263,8 +263,9 @@ def session_options(threads: int, spin: bool = False) -> Any:
     physical core of the host, whatever the container may use), one inter-op thread (ECAPA is a chain of
     operators: nothing to run side by side), every graph optimisation. `spin`: idle pool threads busy-wait
     for the next operator. Off by default: between two ONNX Runtime calls torch computes the features with
-    its own threads, and spinning pool threads take their cores (measured on 2 shared cores, voxceleb
-    preset: spinning off was as fast or faster at 4, 8 and 16 windows per batch, fp32 and int8)."""
+    its own threads, and spinning pool threads take their cores (measured on 2 busy shared cores, voxceleb
+    preset, 2 threads, median of 3: spinning off faster in 5 of 6 cases of 4, 8 or 16 windows per batch, fp32
+    or int8, by 9-77%; 7% slower in the sixth, within that run's spread)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
