@@ -27,6 +27,7 @@ so this module imports where they are not installed.
 from __future__ import annotations
 
 import contextlib
+import copy
 import importlib.util
 import logging
 import tempfile
@@ -39,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
 
 from .devices.threads import available_cores
 from .model import ModelConfig, SpeakerClassifier
@@ -61,6 +63,10 @@ INT8_MAX_ACCURACY_DROP = 0.005  # 0.5 points of held-out accuracy
 # Only the matrix products are quantised: they are the compute. ECAPA's BatchNorms follow a ReLU, so they are
 # not folded into a convolution, and quantising them per channel breaks them (rank-1 weights).
 INT8_OPERATORS = ("Conv", "MatMul", "Gemm")
+# Left in fp32 by default: the squeeze-excitation convolutions and the final linear layer. They run on one
+# pooled vector per window (a negligible share of the FLOPs) and scale or make the embedding directly, which
+# is where quantisation error is known to hurt ECAPA most. Matched against each operator's weight name.
+INT8_KEEP_FP32 = (".se_block.", "fc.")
 # The frame range the export admits: 8 frames (80 ms) keeps every reflect padding of ECAPA valid.
 MIN_FRAMES, MAX_FRAMES, MAX_BATCH = 8, 1 << 20, 1 << 16
 
@@ -136,12 +142,16 @@ def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: in
 
 
 def pristine_encoder(model: SpeakerClassifier) -> torch.nn.Module:
-    """A new CPU fp32 eval ECAPA_TDNN of `model`'s config with its weights: SpeechBrain's own forward, free of
-    any patch on `model` (inference's fast reflect padding becomes slices and concats that ONNX Runtime's
-    symbolic shape inference, run before quantisation, cannot follow; ONNX's Pad is the native op)."""
+    """What to export, on the CPU in fp32 and eval mode, `model` untouched. SpeechBrain's ECAPA_TDNN is rebuilt
+    from `model`'s config with its weights: SpeechBrain's own forward, free of any patch on `model`
+    (inference's fast reflect padding is slices and concats that ONNX Runtime's symbolic shape inference,
+    run before quantisation, cannot follow; ONNX's Pad is the native op). Any other module is copied as is."""
+    encoder = model.embedding_model
+    if type(encoder) is not ECAPA_TDNN:
+        return copy.deepcopy(encoder).cpu().float().eval()
     fresh = SpeakerClassifier(ModelConfig(**model.config.to_dict())).embedding_model
     state = {name: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
-             for name, value in model.embedding_model.state_dict().items()}  # fmt: skip
+             for name, value in encoder.state_dict().items()}  # fmt: skip
     fresh.load_state_dict(state)
     return fresh.eval()
 
@@ -207,10 +217,13 @@ def quantize_embedding_model(
     wavs: torch.Tensor,
     lens: torch.Tensor,
     batch: int = 16,
+    keep_fp32: tuple[str, ...] = INT8_KEEP_FP32,
 ) -> Path:
     """Static int8 (QDQ, per-channel) of the exported fp32 model at `fp32_path`, written to `int8_path`,
     calibrated on the windows `wavs` [N, window_samples] with relative lengths `lens` [N] (real audio: the
-    activation ranges are what matter). Needs onnxruntime and onnx."""
+    activation ranges are what matter). Operators whose weight name contains a `keep_fp32` string (one
+    starting with it, for a string ending in ".") stay fp32. Needs onnxruntime and onnx."""
+    import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
@@ -231,13 +244,22 @@ def quantize_embedding_model(
         prepared = Path(tmp) / "prepared.onnx"
         # Shape inference and ONNX Runtime's basic fusions first, as onnxruntime.quantization recommends.
         quant_pre_process(str(source), str(prepared))
+        kept = [node.name for node in onnx.load(str(prepared), load_external_data=False).graph.node
+                if node.op_type in INT8_OPERATORS and len(node.input) > 1 and _matches(node.input[1], keep_fp32)]  # fmt: skip
         with staged_file(target) as staging:
             quantize_static(
                 str(prepared), str(staging), reader, quant_format=QuantFormat.QDQ, per_channel=True,
                 activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=list(INT8_OPERATORS),
+                nodes_to_exclude=kept,
             )  # fmt: skip
     return target
+
+
+def _matches(weight: str, patterns: tuple[str, ...]) -> bool:
+    return any(
+        weight.startswith(p) if p.endswith(".") and not p.startswith(".") else p in weight for p in patterns
+    )
 
 
 class _Calibration:
