@@ -67,8 +67,10 @@ INT8_OPERATORS = ("Conv", "MatMul", "Gemm")
 # pooled vector per window (a negligible share of the FLOPs) and scale or make the embedding directly, which
 # is where quantisation error is known to hurt ECAPA most. Matched against each operator's weight name.
 INT8_KEEP_FP32 = (".se_block.", "fc.")
-# The frame range the export admits: 8 frames (80 ms) keeps every reflect padding of ECAPA valid.
-MIN_FRAMES, MAX_FRAMES, MAX_BATCH = 8, 1 << 20, 1 << 16
+# The frame range the export admits: 8 frames (80 ms) keeps every reflect padding of ECAPA valid; 2^15
+# (5.5 minutes per window, inference's windows are seconds) keeps frames x channels within int32, which
+# torch 2.10 asserts (2^20 failed there at the voxceleb size: "frames <= 2147483647/9216").
+MIN_FRAMES, MAX_FRAMES, MAX_BATCH = 8, 1 << 15, 1 << 16
 
 
 class ExportError(RuntimeError):

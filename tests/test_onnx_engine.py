@@ -214,3 +214,11 @@ def test_the_int8_rule():
     assert int8_acceptable(0.990, 0.985) and int8_acceptable(0.990, 0.995)
     assert not int8_acceptable(0.990, 0.984)
     assert importlib.util.find_spec("onnxruntime.quantization") is not None
+
+
+def test_the_exported_frame_range_keeps_every_preset_within_int32():
+    """torch 2.10 refuses a voxceleb-size export whose frames x (3 x widest channels) may pass 2^31."""
+    from pipeline.config import MODEL_PRESETS
+
+    for preset, sizes in MODEL_PRESETS.items():
+        assert onnx_engine.MAX_FRAMES * 3 * sizes["channels"][-1] < 2**31, preset
