@@ -12,7 +12,7 @@ same windows; a figure is the median over rounds, and `vs_torch` the median of t
 neighbour's burst of load hits the engines of a round alike). Torch runs with the project's fast reflect
 padding (pipeline.inference.use_fast_reflect_padding), as inference runs it today.
 
-Accuracy: a 'small' model trained with default settings (what a CPU session trains) on FSDD recordings with
+Accuracy: a 'small' model trained with default settings but 4 epochs (a CPU session's size) on FSDD recordings with
 index < 40, then scored on everything it never saw -- the competition folder's test split and every
 recording with index >= 40 -- by torch, ONNX Runtime fp32 and int8 (calibrated on 256 training windows; the
 default keeps the squeeze-excitation and final layers fp32, `onnx-int8-every-conv` quantises those too), each
