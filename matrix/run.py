@@ -13,10 +13,12 @@ admit the pins. The legs then run their checks from the repository root with the
   floor          also pytest -m xla (torch_xla 2.7 beside torch 2.7.1)
   kaggle-tpu     pytest -m xla; the train notebook on 8 XLA CPU devices writes the handoff artifact
                  (.matrix/handoff: artifact + competition folder + the versions that trained it)
+                 and torch 2.8's exporter writes its embedding model as ONNX (fp32, int8) beside it
   kaggle-gpu     a kernel under the offline guard (tests/offline_guard.py: no network, no torch_xla) cannot
                  import torch_xla; the infer notebook on the handoff (copied read-only to another path, as
                  Kaggle mounts inputs) under that guard writes a row for every sample_submission id, in order;
-                 SpeechBrain's client on the same artifact, under the same guard, agrees with it
+                 SpeechBrain's client on the same artifact, under the same guard, agrees with it; ONNX Runtime
+                 runs the handoff's ONNX files and one exported by torch 2.10 with torch's labels (matrix/onnx_check.py)
 
 Why uv and not pip or nox: a leg is about 7 GB of CUDA wheels (PyPI's Linux torch). uv downloads in parallel
 into one cache and hardlinks installed files out of it, so a venv costs seconds and almost no disk once its
@@ -414,6 +416,38 @@ def speechbrain_handoff(leg: Leg) -> str:
     return speechbrain_client(leg, artifact, data, leg.work / "out" / "submission.csv")
 
 
+def onnx_export_handoff(leg: Leg) -> str:
+    """kaggle-tpu: this leg's torch exports the handoff artifact's embedding model (fp32, and int8 calibrated on
+    its training audio) into .matrix/handoff/onnx, as training is to write them into the artifact."""
+    out = HANDOFF / "onnx"
+    remove(out)
+    output = leg.run("onnx-export", [leg.python, "-m", "matrix.onnx_check", "export", HANDOFF / "model",
+                                     HANDOFF / "data", out])  # fmt: skip
+    found = json.loads(output.strip().splitlines()[-1])
+    return (f"torch {found['torch']}: fp32 {found['fp32_mb']} MB in {found['export_s']} s (max |ONNX - torch| "
+            f"{found['max_abs_diff']:.1e}), int8 {found['int8_mb']} MB")  # fmt: skip
+
+
+def onnx_engine_handoff(leg: Leg) -> str:
+    """kaggle-gpu, under the offline guard: ONNX Runtime runs kaggle-tpu's fp32 and int8 files and an export made
+    here, each through make_embedder(engine='onnx'), and the fp32 ones give torch's labels and scores."""
+    artifact, data = handoff_input(leg)
+    onnx_dir = artifact.parent / "onnx"
+    if not (onnx_dir / "embedding_model.onnx").is_file():
+        raise CheckFailed(
+            f"no ONNX export in {onnx_dir}: rerun leg kaggle-tpu (its ONNX export check writes it)"
+        )
+    guard_log = leg.work / "guard-onnx.log"
+    output = leg.run("onnx-engine", [leg.python, "-m", "matrix.onnx_check", "compare", artifact, data, onnx_dir],
+                     env=leg.guarded_env(guard_log))  # fmt: skip
+    blocked = [line for line in read_text(guard_log).splitlines() if " blocked " in line]
+    if blocked:
+        raise CheckFailed(f"the ONNX engine tried the network or torch_xla: {blocked[:3]}")
+    found = json.loads(output.strip().splitlines()[-1])
+    return "; ".join(f"{name}: {r['engine']}, {r['labels_agree']}/{found['files']} labels as torch, scores "
+                     f"within {r['max_abs_score_diff']:.0e}" for name, r in found["engines"].items())  # fmt: skip
+
+
 CHECKS: dict[str, Callable[[Leg], str]] = {
     "pytest -m 'not slow'": pytest_check("not slow"),
     "pytest -m xla": pytest_check("xla"),
@@ -423,6 +457,8 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     "no torch_xla in the kernel": no_torch_xla_in_kernel,
     "infer notebook offline on the kaggle-tpu artifact": infer_offline_handoff,
     "SpeechBrain client agrees with the submission": speechbrain_handoff,
+    "ONNX export of the artifact's embedding model (fp32, int8)": onnx_export_handoff,
+    "ONNX engine on the kaggle-tpu export agrees with torch": onnx_engine_handoff,
 }
 
 
