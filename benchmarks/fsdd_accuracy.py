@@ -92,7 +92,8 @@ def run(
     """
     from pipeline.config import InferConfig, TrainConfig, from_params
     from pipeline.fsdd import make_fsdd_competition
-    from pipeline.submission import run_inference, score_submission
+    from pipeline.scoring import score_submission
+    from pipeline.submission import run_inference
     from pipeline.train import train
 
     source = Path(source) if source else DEFAULT_SOURCE

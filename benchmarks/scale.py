@@ -150,7 +150,7 @@ def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int
 
 def infer_notebook(data: Path, artifact: Path, work: Path) -> dict[str, Any]:
     """Predict the folder's test set through the infer notebook and score it exactly against solution.csv."""
-    from pipeline.submission import score_submission
+    from pipeline.scoring import score_submission
 
     submission = work / f"submission-{time.time_ns()}.csv"
     params = {"data_dir": data, "artifact_dir": artifact, "submission_path": submission, "progress": False}

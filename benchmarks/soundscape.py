@@ -158,7 +158,8 @@ def high_band(work: Path, quick: bool) -> dict[str, Any]:
     """pipeline.synthetic's classes that differ only above 8 kHz, trained and scored at 16 and 32 kHz with the
     defaults: the sample rate parameter at work."""
     from pipeline.config import InferConfig, TrainConfig
-    from pipeline.submission import run_inference, score_submission
+    from pipeline.scoring import score_submission
+    from pipeline.submission import run_inference
     from pipeline.synthetic import make_high_band_competition
     from pipeline.train import train
 
@@ -181,7 +182,7 @@ def high_band(work: Path, quick: bool) -> dict[str, Any]:
 def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None = None, api: bool = False,
         train_set: dict[str, Any] | None = None, infer_set: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     from benchmarks.scale import papermill
-    from pipeline.submission import score_submission
+    from pipeline.scoring import score_submission
 
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: FSDD recordings not found (see ../shared/fsdd/README)")

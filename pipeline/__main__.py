@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote soundscape competition folder {out}")
     elif args.command == "score":
-        from .submission import score_submission
+        from .scoring import score_submission
         from .tables import DataError
 
         try:

@@ -293,7 +293,7 @@ def _draw_bars(ranked: list[tuple[str, int]], names: list[str], label_counts: Ma
     axis.barh(names, counts, color="tab:blue")
     for y, count in enumerate(counts):
         axis.text(count, y, f" {count}", va="center", fontsize=8)
-    axis.set(title=f"Predicted labels ({sum(label_counts.values())} test files)", xlabel="files")
+    axis.set(title=f"Most probable labels ({sum(label_counts.values())} rows)", xlabel="rows")
     axis.margins(x=0.12)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")

@@ -1,4 +1,4 @@
-"""The infer stage: artifact + competition folder -> submission.csv (+ report), and scoring.
+"""The infer stage: artifact + competition folder -> submission.csv (+ report).
 
 One way through, whatever the competition (`run_inference`):
 
@@ -28,12 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import metrics
+from . import objectives
 from .artifact import Artifact, load_artifact
 from .config import InferConfig
 from .data import audio_seconds
 from .inference import (
     DeviceSettings,
+    FileWindows,
     SpanPredictions,
     WindowPlan,
     chunk_hop,
@@ -49,7 +50,6 @@ from .tables import (
     SampleSubmission,
     TestItems,
     TestLayout,
-    read_csv,
     read_sample_submission,
     read_test_items,
     resolve_inside,
@@ -261,8 +261,6 @@ def probe_rate(artifact: Artifact, windows: WindowPlan, segment: float | None) -
     else:
         spans, count = [(0, 0.0, None)], 1
     started = time.perf_counter()
-    from .inference import FileWindows
-
     item = FileWindows(0, *span_windows(noise, spans, windows))
     run_windows(model, iter([item]), count, batch, device)
     return RATE_PROBE_SECONDS, time.perf_counter() - started
@@ -324,9 +322,10 @@ def write_submission(
 
 
 def probabilities(cosines: np.ndarray, scale: float, independent: bool) -> np.ndarray:
-    """Class probabilities from cosine scores: independent sigmoids, or a softmax over these classes."""
-    logits = torch.from_numpy(np.asarray(cosines, dtype=np.float64)) * scale
-    return (torch.sigmoid(logits) if independent else torch.softmax(logits, dim=-1)).numpy()
+    """Class probabilities from cosine scores (objectives.probabilities, in float64 on numpy arrays)."""
+    return objectives.probabilities(
+        torch.from_numpy(np.asarray(cosines, dtype=np.float64)), scale, independent
+    ).numpy()
 
 
 def class_notes(sample: SampleSubmission, labels: list[str], shared: np.ndarray) -> list[str]:
@@ -379,88 +378,3 @@ def _write_extras(submission_path, config, artifact, plan, scores, predictions, 
     if config.write_embeddings:
         with staged_file(submission_path.with_name("embeddings.npz")) as staging:
             np.savez(staging, ids=ids, embeddings=predictions.embeddings[spans], ok=predictions.ok[spans])
-
-
-# ------------------------------------------------------------------------------------------ scoring
-
-
-def score_submission(
-    submission_path: str | Path, solution_path: str | Path, metric: str = "auto"
-) -> tuple[str, float]:
-    """(metric, value) of a submission against a solution with the same ids, compared exactly as written.
-
-    A solution is `id,label` (one true class per row) or `id` + one 0/1 column per class (several per row, as
-    BirdCLEF's). `metric` auto: accuracy for the first, macro_roc_auc for the second. A label submission is
-    scored as one-hot rows; a probability submission by its columns (accuracy: its most probable class)."""
-    solution_sample = read_sample_submission(Path(solution_path))
-    classes = solution_sample.value_columns if solution_sample.probabilities else None
-    if metric == "auto":
-        metric = "macro_roc_auc" if classes else "accuracy"
-    if metric not in metrics.METRICS:
-        raise DataError(f"metric {metric!r} is not one of {list(metrics.METRICS)}")
-    truth_rows = _rows_by_id(Path(solution_path), "solution")
-    submitted = _rows_by_id(Path(submission_path), "submission")
-    missing = truth_rows.keys() - submitted.keys()
-    extra = submitted.keys() - truth_rows.keys()
-    if missing or extra:
-        raise DataError(f"{submission_path}: ids differ from {solution_path}: {len(missing)} missing "
-                        f"(e.g. {sorted(missing)[:3]}), {len(extra)} unexpected (e.g. {sorted(extra)[:3]})")  # fmt: skip
-    if not truth_rows:
-        raise DataError(f"{solution_path}: no rows to score")
-    ids = list(truth_rows)
-    if classes is None:  # id,label
-        classes = sorted({truth_rows[i][solution_sample.value_columns[0]] for i in ids})
-    submission_sample = read_sample_submission(Path(submission_path))
-    if not submission_sample.probabilities:  # a submitted label the solution never uses is a class of its own
-        column = submission_sample.value_columns[0]
-        classes = classes + sorted({submitted[i][column] for i in ids} - set(classes))
-    truth = _matrix(truth_rows, ids, classes, solution_sample, solution_path, absent_ok=True)
-    scores = _matrix(submitted, ids, classes, submission_sample, submission_path)
-    try:
-        return metric, metrics.score(metric, truth, scores)
-    except metrics.MetricError as error:
-        raise DataError(f"{solution_path}: {error}") from error
-
-
-def _rows_by_id(path: Path, what: str) -> dict[str, dict[str, str]]:
-    sample = read_sample_submission(path)  # the same reading: first column the id
-    hint = f"A {what} file has an id column, then a label column or one column per class."
-    rows: dict[str, dict[str, str]] = {}
-    for line, row in read_csv(path, [sample.id_column, *sample.value_columns], hint):
-        item_id = row[sample.id_column]
-        if item_id in rows:
-            raise DataError(f"{path} line {line}: duplicate id {item_id!r}; every id must appear once")
-        rows[item_id] = row
-    return rows
-
-
-def _matrix(
-    rows: dict[str, dict[str, str]], ids: list[str], classes: list[str], sample: SampleSubmission, path,
-    absent_ok: bool = False,
-) -> np.ndarray:  # fmt: skip
-    """[ids, classes] values of a label file (one-hot) or a class-column file (its numbers; a class it has no
-    column for is an error, or with `absent_ok` a column of zeros)."""
-    matrix = np.zeros((len(ids), len(classes)))
-    if not sample.probabilities:
-        column = {c: k for k, c in enumerate(classes)}
-        for r, item_id in enumerate(ids):
-            label = rows[item_id][sample.value_columns[0]]
-            if label in column:
-                matrix[r, column[label]] = 1.0
-        return matrix
-    absent = [c for c in classes if c not in set(sample.value_columns)]
-    if absent and not absent_ok:
-        raise DataError(f"{path}: no column for class(es) {absent[:5]} of the solution; a submission has "
-                        "sample_submission's header")  # fmt: skip
-    for r, item_id in enumerate(ids):
-        for k, name in enumerate(classes):
-            if name in absent:
-                continue
-            text = rows[item_id][name]
-            try:
-                matrix[r, k] = float(text)
-            except ValueError:
-                raise DataError(
-                    f"{path}: id {item_id!r}, column {name!r}: {text!r} is not a number"
-                ) from None
-    return matrix

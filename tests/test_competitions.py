@@ -13,7 +13,8 @@ from conftest import TINY_TRAIN
 from helpers import run_papermill
 
 from pipeline.config import InferConfig
-from pipeline.submission import run_inference, score_submission
+from pipeline.scoring import score_submission
+from pipeline.submission import run_inference
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

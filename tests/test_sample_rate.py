@@ -8,7 +8,8 @@ from conftest import TINY_TRAIN
 
 from pipeline.config import InferConfig, TrainConfig
 from pipeline.model import fbank
-from pipeline.submission import run_inference, score_submission
+from pipeline.scoring import score_submission
+from pipeline.submission import run_inference
 from pipeline.synthetic import make_high_band_competition
 from pipeline.train import train
 
