@@ -219,3 +219,19 @@ def test_a_secondary_label_cell_that_is_no_list_names_its_line(tmp_path, cell):
             label_column="primary_label",
             secondary_labels_column="secondary_labels",
         )
+
+
+def test_an_epoch_crops_long_files_once_per_window_of_their_audio(tmp_path):
+    lengths = {"short.wav": 0.4, "one.wav": 1.2, "six.wav": 6.1, "long.wav": 30.0}  # seconds
+    root = write_folder(tmp_path / "d", [(name, "x") for name in lengths],
+                        {name: tone(seconds=s) for name, s in lengths.items()})  # fmt: skip
+    data = load(root, val_fraction=0)
+    counts = Counter(data.rows[i].rel_path for i in data.epoch_rows(SAMPLE_RATE))
+    assert counts == {
+        "short.wav": 1,
+        "one.wav": 1,
+        "six.wav": 6,
+        "long.wav": 8,
+    }  # capped at MAX_CROPS_PER_FILE
+    fixed = Counter(data.rows[i].rel_path for i in data.epoch_rows(SAMPLE_RATE, crops_per_file=2))
+    assert set(fixed.values()) == {2}
