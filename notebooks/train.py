@@ -56,6 +56,7 @@ noise_probability = 0.5
 noise_snr_db_low = 0.0
 noise_snr_db_high = 15.0
 mix_probability = 0.0  # a second crop added, labels united (multi-label objectives)
+background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
 init_from = None  # a SpeechBrain pretrained folder to fine-tune

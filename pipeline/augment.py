@@ -7,6 +7,8 @@ soundscapes (far, noisy, several birds or none). Each augmentation here narrows 
                at a random SNR -- SpeechBrain's AddNoise does the mixing
     mix        a second training crop added at a random level, the batch row then has the union of both
                crops' labels (multi-label objectives only: one class per clip cannot hold two)
+    background a crop replaced by background alone, with no label (multi-label objectives only): most of a
+               soundscape is no call at all, and a model that only ever saw calls scores some class on it
     time mask  SpeechBrain's DropChunk: short stretches set to silence
     freq mask  SpeechBrain's DropFreq: narrow frequency bands notched out
 
@@ -35,14 +37,15 @@ class Augmentation:
     noise_probability: float = 0.0
     noise_snr_db: tuple[float, float] = (0.0, 15.0)
     mix_probability: float = 0.0
+    background_probability: float = 0.0
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
 
     @property
     def active(self) -> bool:
         return bool(
-            (self.noise is not None and self.noise_probability) or self.mix_probability
-            or self.time_mask_probability or self.freq_mask_probability
+            (self.noise is not None and (self.noise_probability or self.background_probability))
+            or self.mix_probability or self.time_mask_probability or self.freq_mask_probability
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -52,6 +55,8 @@ class Augmentation:
                          f"SNR {self.noise_snr_db[0]:g}-{self.noise_snr_db[1]:g} dB)")  # fmt: skip
         if self.mix_probability:
             parts.append(f"two crops mixed on {self.mix_probability:.0%}")
+        if self.noise is not None and self.background_probability:
+            parts.append(f"{self.background_probability:.0%} of crops background alone, with no label")
         if self.time_mask_probability:
             parts.append(f"time masks on {self.time_mask_probability:.0%}")
         if self.freq_mask_probability:
@@ -70,6 +75,12 @@ def augment(
         torch.manual_seed(int(rng.integers(2**31)))
         if plan.mix_probability and labels.ndim == 2:
             wavs, lens, labels = _mix(wavs, lens, labels, rng, plan.mix_probability)
+        if plan.noise is not None and plan.background_probability and labels.ndim == 2:
+            rows = _chosen(rng, len(wavs), plan.background_probability)
+            if len(rows):
+                wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
+                wavs[rows] = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
+                lens[rows], labels[rows] = 1.0, 0.0
         if plan.noise is not None and plan.noise_probability:
             rows = _chosen(rng, len(wavs), plan.noise_probability)
             if len(rows):

@@ -88,12 +88,14 @@ class TrainConfig:
     # Augmentation of training crops (pipeline/augment.py). noise_dir: a folder of background recordings in
     # data_dir (BirdCLEF: "train_soundscapes"), mixed into noise_probability of the crops at a random SNR;
     # mix_probability: a second crop added, with the union of the labels (multi-label objectives only);
+    # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
     # time/frequency masks: SpeechBrain's DropChunk and DropFreq.
     noise_dir: str | None = None
     noise_probability: float = 0.5
     noise_snr_db_low: float = 0.0
     noise_snr_db_high: float = 15.0
     mix_probability: float = 0.0
+    background_probability: float = 0.0
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
@@ -148,6 +150,7 @@ class TrainConfig:
         for name in (
             "noise_probability",
             "mix_probability",
+            "background_probability",
             "time_mask_probability",
             "freq_mask_probability",
         ):

@@ -191,6 +191,7 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
         noise=data.noise, noise_probability=config.noise_probability,
         noise_snr_db=(config.noise_snr_db_low, config.noise_snr_db_high),
         mix_probability=config.mix_probability if data.multi_hot is not None else 0.0,
+        background_probability=config.background_probability if data.multi_hot is not None else 0.0,
         time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
     )  # fmt: skip
     log(augmentation.describe() + (" (no crop mixing: the aam objective learns one class per clip)"

@@ -108,3 +108,21 @@ def test_the_cache_records_each_files_loudness(noise_store):
     samples = noise_store.read(0)
     rms = np.sqrt(np.mean(samples[: noise_store.envelope_frame] ** 2))
     assert envelope[0] == pytest.approx(rms, rel=1e-3)
+
+
+def test_background_crops_carry_no_label_and_only_for_several_labels_per_clip(noise_store):
+    wavs, lens, labels = batch()
+    plan = Augmentation(noise_store, background_probability=1.0)
+    out, out_lens, out_labels = augment(wavs.clone(), lens * 0.5, labels, np.random.default_rng(0), plan)
+    assert (out_labels == 0).all() and (out_lens == 1).all()
+    assert all(
+        any(
+            torch.equal(row, torch.from_numpy(noise_store.read(k, s, s + RATE)))
+            for k in range(3)
+            for s in range(0, 2 * RATE + 1)
+        )
+        for row in out[:1]
+    )  # a stretch of a background recording
+    single = torch.arange(8)  # aam: a crop must keep its one class
+    _, _, kept = augment(wavs.clone(), lens, single, np.random.default_rng(0), plan)
+    assert torch.equal(kept, single)
