@@ -290,7 +290,9 @@ def default_batching(model_config: dict[str, Any], base) -> tuple[int, int]:
     from pipeline.devices.inference_devices import batching_for
     from pipeline.model import ModelConfig
 
-    return batching_for(base, ModelConfig(**model_config), torch.device("cpu"))
+    return batching_for(
+        base.batch_windows, base.num_workers, ModelConfig(**model_config), torch.device("cpu")
+    )
 
 
 def model_flops(artifact: Path) -> tuple[float, float]:
