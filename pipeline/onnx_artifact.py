@@ -170,11 +170,13 @@ class HostScoring:
         return self.embed(wavs, lens)
 
 
-def reserve_seconds(model_config: ModelConfig, data: TrainingData, config: TrainConfig) -> float:
+def reserve_seconds(
+    model_config: ModelConfig, data: TrainingData, config: TrainConfig, per_window: float | None = None
+) -> float:
     """Time to keep back from the training budget for export_for_artifact: EXPORT_FIXED_SECONDS, plus ONNX
-    Runtime passes over the calibration windows and (fp32 and int8) the validation windows, at the seconds
-    per window torch eager takes on this host (ONNX Runtime's fp32 measured 0.9-1.0x that, int8 0.5x: an upper
-    bound), times 1.5."""
+    Runtime passes over the calibration windows and (fp32 and int8) the validation windows at `per_window`
+    seconds each (default: what torch eager takes on this host, cpu_seconds_per_window; ONNX Runtime's fp32
+    measured 0.9-1.0x that, int8 0.5x: an upper bound), times 1.5."""
     if not config.export_onnx:
         return 0.0
     window = config.window_samples
@@ -185,11 +187,17 @@ def reserve_seconds(model_config: ModelConfig, data: TrainingData, config: Train
         val_windows += 3 * len(
             data.soundscapes.items
         )  # a 5 s chunk: about 9 half-overlapping 1 s windows / 3
+    if per_window is None:
+        per_window = cpu_seconds_per_window(model_config, window)
+    return EXPORT_FIXED_SECONDS + 1.5 * per_window * (CALIBRATION_WINDOWS + 2 * val_windows)
+
+
+def cpu_seconds_per_window(model_config: ModelConfig, window: int) -> float:
+    """Seconds torch eager takes per window of this model on this host's CPU (a batch of 4, after a warm-up)."""
     probe = SpeakerClassifier(model_config).eval()
     wavs, lens = 0.05 * torch.randn(4, window), torch.ones(4)
     with torch.inference_mode():
-        probe.embed(probe.features(wavs, lens), lens)  # warm-up
+        probe.embed(probe.features(wavs, lens), lens)
         started = time.perf_counter()
         probe.embed(probe.features(wavs, lens), lens)
-        per_window = (time.perf_counter() - started) / 4
-    return EXPORT_FIXED_SECONDS + 1.5 * per_window * (CALIBRATION_WINDOWS + 2 * val_windows)
+        return (time.perf_counter() - started) / 4

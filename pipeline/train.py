@@ -398,9 +398,11 @@ def _onnx_files(run: Run, final: torch.nn.Module):
         yield OnnxFiles(record={"skipped": "export_onnx=False"})
         return
     with tempfile.TemporaryDirectory(prefix="onnx-export-") as folder:
-        started = time.monotonic()
+        started, compiles = time.monotonic(), run.strategy.compile_count()
         onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
         onnx.record["seconds"] = round(time.monotonic() - started, 1)
+        if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
+            onnx.record["xla_compiles_during_export"] = run.strategy.compile_count() - compiles
         yield onnx
 
 
