@@ -18,7 +18,7 @@ recording with index >= 40 -- by torch, ONNX Runtime fp32 and int8 (calibrated o
 default keeps the squeeze-excitation and final layers fp32, `onnx-int8-every-conv` quantises those too), each
 through inference.run_windows. The int8 rule (onnx_engine.int8_acceptable): within 0.5 points of fp32.
 
-Not in benchmarks/run.py's SECTIONS yet; `run(quick)` returns the section's dict with its headline.
+The `engines` section of benchmarks/run.py (`make bench`); `run(quick)` returns its dict with a headline.
 """
 
 from __future__ import annotations
