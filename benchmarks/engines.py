@@ -18,7 +18,7 @@ recording with index >= 40 -- by torch, ONNX Runtime fp32 and int8 (calibrated o
 default keeps the squeeze-excitation and final layers fp32, `onnx-int8-every-conv` quantises those too), each
 through inference.run_windows. The int8 rule (onnx_engine.int8_acceptable): within 0.5 points of fp32.
 
-Not in benchmarks/run.py's SECTIONS yet; `run(quick)` returns the section's dict with its headline.
+The `engines` section of benchmarks/run.py (`make bench`); `run(quick)` returns its dict with a headline.
 """
 
 from __future__ import annotations
@@ -75,7 +75,6 @@ def speed(
     preset: str, threads: list[int], batches: list[int], rounds: int, windows: int, work: Path
 ) -> dict[str, Any]:
     """Audio s/s of every engine at every thread count and batch size, plus export and quantisation times."""
-    from pipeline.config import InferConfig
     from pipeline.devices.inference_devices import batching_for
     from pipeline.inference import use_fast_reflect_padding
     from pipeline.model import ModelConfig, SpeakerClassifier
@@ -97,7 +96,7 @@ def speed(
         model, exported.path, work / f"{preset}.int8.onnx", audio[:64], lens[:64]
     )
     quantize_s = time.perf_counter() - started
-    default_batch = batching_for(InferConfig(), model.config, torch.device("cpu"))[0]
+    default_batch = batching_for(None, None, model.config, torch.device("cpu"))[0]
     result: dict[str, Any] = {
         "preset": preset,
         "windows": windows,
@@ -164,7 +163,7 @@ def accuracy(
     from pipeline.config import TrainConfig
     from pipeline.data import load_audio, windows
     from pipeline.fsdd import make_fsdd_competition
-    from pipeline.inference import FileWindows, run_windows, use_fast_reflect_padding
+    from pipeline.inference import WindowPlan, clip_items, run_windows, use_fast_reflect_padding
     from pipeline.onnx_engine import (
         OnnxEmbedder,
         TorchEmbedder,
@@ -180,7 +179,8 @@ def accuracy(
     started = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
         epochs = 2 if quick else (epochs or TrainConfig.epochs)
-        train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), progress=False, epochs=epochs))
+        settings = dict(progress=False, epochs=epochs, export_onnx=False)  # exported below, with variants
+        train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), **settings))
     train_s = time.perf_counter() - started
     loaded = load_artifact(artifact)
     model, labels = loaded.model, loaded.labels
@@ -221,7 +221,7 @@ def accuracy(
     scores: dict[str, dict[str, np.ndarray]] = {}
     for engine, embed in engines.items():
         for name, found in clips.items():
-            items = (FileWindows(i, *windows(clip, window, 64)) for i, clip in enumerate(found))
+            items = clip_items(found, WindowPlan(window, model.config.sample_rate, 32))
             scores.setdefault(engine, {})[name] = run_windows(model, items, len(found), 32, torch.device("cpu"),
                                                               embed=embed).scores  # fmt: skip
     truth = {name: np.array([label for _, label in found]) for name, found in sets.items()}

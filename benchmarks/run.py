@@ -3,7 +3,8 @@
     python -m benchmarks.run [--quick] [--only SECTION ... [--merge]] [--out DIR]
 
 Sections (each fails soft: an error is recorded and the next section runs):
-  inference     naive one-file-at-a-time loop vs the project's batched inference  (benchmarks/inference.py)
+  inference     naive one-file loop, today's torch path and the default (ONNX + length buckets) (inference.py)
+  engines       CPU engines per preset and threads: torch, ONNX Runtime fp32, int8; int8's accuracy (engines.py)
   training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
   loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
@@ -42,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE_FSDD_S = {"speaker": 92.0, "digit": 143.0}  # plain loop, ../shared/NOTES.md (train + infer, 2 cores)
 SECTIONS = (
     "inference",
+    "engines",
     "training",
     "loader_wait",
     "fsdd",
@@ -58,6 +60,10 @@ SECTIONS = (
 
 def section_inference(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.inference", quick)
+
+
+def section_engines(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.engines", quick)
 
 
 def section_training(quick: bool) -> dict[str, Any]:
@@ -254,6 +260,7 @@ class NotAvailable(RuntimeError):
 
 RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "inference": section_inference,
+    "engines": section_engines,
     "training": section_training,
     "loader_wait": section_loader_wait,
     "fsdd": section_fsdd,

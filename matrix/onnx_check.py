@@ -58,7 +58,9 @@ def compare(artifact: Path, data: Path, onnx_dir: Path) -> tuple[dict, list[str]
     wavs, lens = windows_of(data, "test.csv", model.config.window_samples, limit=10_000)
 
     def predict(embed=None) -> np.ndarray:
-        items = (FileWindows(i, w, r) for i, (w, r) in enumerate(zip(wavs, lens, strict=True)))
+        items = (
+            FileWindows(i, w, r, np.full(len(w), i)) for i, (w, r) in enumerate(zip(wavs, lens, strict=True))
+        )
         return run_windows(model, items, len(wavs), 8, torch.device("cpu"), embed=embed).scores
 
     reference = predict()

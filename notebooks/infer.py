@@ -43,7 +43,10 @@ devices = None  # GPUs to use (auto: all)
 batch_windows = None  # windows per forward pass (auto: sized for the device)
 max_windows_per_file = 64  # longer files are covered by this many evenly spaced windows
 num_workers = None  # DataLoader decode workers (auto: 0 on CPU, 1 per GPU)
-num_threads = None
+num_threads = None  # CPU compute threads, torch's and ONNX Runtime's (auto: the session's cores)
+engine = "auto"  # auto | torch | onnx: the CPU engine (auto: ONNX Runtime if faster; GPUs run torch fp16)
+onnx_precision = "auto"  # auto | fp32 | int8 (auto: int8 only if it passed its accuracy rule at training)
+length_buckets = 4  # short windows run at the shortest of this many lengths that holds them (1: full)
 # Outputs
 write_probabilities = False  # probabilities.csv: every class of the model, beside the submission
 write_embeddings = False  # embeddings.npz beside the submission

@@ -80,6 +80,7 @@ time_budget_minutes = None  # stop in time to save (auto on Kaggle)
 checkpoint_every_minutes = 10.0
 checkpoint_dir = None  # auto: beside the artifact (/kaggle/working/checkpoints on Kaggle)
 progress = True
+export_onnx = True  # ONNX fp32 + int8 (gated on validation) in the artifact, for fast CPU inference
 
 # %%
 # Kaggle bootstrap: install this project offline from the attached code dataset (written by

@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from .buckets import DEFAULT_COUNT
 from .config import MAX_WINDOWS_PER_FILE
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 from .staging import check_output_dir, staged_directory
@@ -63,6 +64,11 @@ class Artifact:
     @property
     def window_samples(self) -> int:
         return int(self.manifest["model_config"]["window_samples"])
+
+    def listed_file(self, name: str) -> Path | None:
+        """The path of an optional file (e.g. the ONNX engine's) if the manifest lists it -- and so verified
+        it at load -- else None."""
+        return self.path / name if name in self.manifest.get("files", {}) else None
 
 
 def is_artifact(folder: Path) -> bool:
@@ -238,6 +244,7 @@ embedding_model: !new:pipeline.model.WindowedEncoder
     sample_rate: !ref <sample_rate>
     window_samples: {config.window_samples}
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
+    length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
     encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
         input_size: !ref <n_mels>
         channels: {list(config.channels)}

@@ -138,6 +138,12 @@ class TrainConfig:
     checkpoint_every_minutes: float = 10.0
     checkpoint_dir: str | None = None  # default: <artifact_dir>.checkpoints
     progress: bool = True
+    # The CPU inference engine's files (pipeline/onnx_engine.py): the embedding model exported to ONNX (fp32) and
+    # quantised to int8 on training windows, written into the artifact, with whether int8 kept the validation
+    # metric within 0.5 points of fp32 (the infer stage runs int8 only then). Takes ~20 s plus a CPU pass over
+    # the validation split per precision, counted in time_budget_minutes. False: no ONNX files (the infer
+    # stage exports the fp32 file itself when it needs one).
+    export_onnx: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("model_size", self.model_size, ["auto", *MODEL_PRESETS])
@@ -241,11 +247,26 @@ class InferConfig:
     write_probabilities: bool = False
     write_embeddings: bool = False
     fallback_label: str | None = None  # default: the most frequent training label (papermill: -r for text)
-    num_threads: int | None = None
+    num_threads: int | None = (
+        None  # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
+    )
     progress: bool = True
+    # CPU inference engine (pipeline/onnx_engine.py): auto runs ONNX Runtime when it is installed, agrees with
+    # torch and is faster on a probe batch, else torch; torch | onnx force one (any ONNX failure still falls
+    # back to torch). GPUs run torch fp16 whatever it says. onnx_precision auto runs the artifact's int8 file
+    # only if it kept the validation metric within 0.5 points of fp32 at training; fp32 | int8 force one.
+    engine: str = "auto"
+    onnx_precision: str = "auto"
+    # Windows shorter than the model's (clips shorter than a window) run at the shortest of this many tensor
+    # lengths that holds their audio (pipeline/buckets.py: no compute on padding; scores within 1e-5 of the full
+    # window's, measured); 1: every window at full length, as training pads them.
+    length_buckets: int = 4
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, ["auto", "cuda", "cpu"])
+        _check_choice("engine", self.engine, ["auto", "torch", "onnx"])
+        _check_choice("onnx_precision", self.onnx_precision, ["auto", "fp32", "int8"])
+        _check_positive("length_buckets", self.length_buckets)
         _check_choice("test_id", self.test_id, ["auto", "name", "stem"])
         _check_choice("chunk_pooling", self.chunk_pooling, ["mean", "max", "mean_max"])
         for name in ("batch_windows", "max_windows_per_file", "segment_seconds", "window_hop_seconds",

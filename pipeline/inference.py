@@ -20,8 +20,8 @@ stops before the measured rate says the next file would overrun it. This module 
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import tempfile
 import time
 import types
@@ -33,9 +33,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from .buckets import Buckets
 from .config import MAX_WINDOWS_PER_FILE
 from .data import AudioError, load_audio, windows
 from .devices.launch import heartbeat
+from .devices.threads import available_cores, plan_threads
 from .model import SpeakerClassifier, add_windows
 from .progress import progress_bar
 from .tables import DataError, resolve_inside
@@ -71,6 +73,16 @@ class WindowPlan:
     batch_windows: int
     max_windows: int = MAX_WINDOWS_PER_FILE  # per whole-file span
     hop: int | None = None  # samples between the windows of a chunk span (None: as many as cover it)
+    # Windows shorter than `window` run at the shortest of this many tensor lengths that holds them
+    # (pipeline/buckets.py); 1: every window at full length, as training pads it.
+    length_buckets: int = 1
+
+    def buckets(self) -> Buckets | None:
+        return (
+            Buckets.plan(self.window, self.sample_rate, self.length_buckets)
+            if self.length_buckets > 1
+            else None
+        )
 
 
 @dataclass
@@ -98,6 +110,11 @@ class SpanPredictions:
     seconds: float = 0.0  # time spent predicting it
     stopped: str | None = None  # why prediction stopped before every file (the deadline)
     seen: set[int] = field(default_factory=set)  # the files taken or found unusable before any stop
+    engines: dict[str, str] = field(default_factory=dict)  # device -> the engine that computed its batches
+    engine_notes: list[str] = field(default_factory=list)  # the engine choice's printed lines, for the report
+    threads: dict[str, int] = field(default_factory=dict)  # device -> compute threads (CPU processes)
+    # The embedder of a single-process run, for measuring the rate the same way (submission.probe_rate).
+    embedder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def scores(self) -> np.ndarray:
@@ -168,14 +185,19 @@ def run_windows(
     embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     n_files: int | None = None,
     deadline: float | None = None,
+    buckets: Buckets | None = None,
 ) -> SpanPredictions:
     """Consume per-file windows, batch them densely, and pool window embeddings back to their spans.
 
     `embed(wavs, lens)` computes a batch's window embeddings on the host (default: `embed_windows` on
-    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA). With a
-    `deadline` (time.time()), a file is taken only while the measured seconds per window say that it and the
-    windows already waiting finish before it (with DEADLINE_SAFETY); the files left have no predictions."""
+    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA). With
+    `buckets`, a window shorter than the model's runs at its bucket's tensor length, batched with windows of
+    that length (as many windows per batch as keep the batch's samples at `batch_windows` full windows); the
+    pooling still weighs every window by its valid share of a full window. With a `deadline` (time.time()), a
+    file is taken only while the measured seconds per window say that it and the windows already waiting
+    finish before it (with DEADLINE_SAFETY); the files left have no predictions."""
     embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
+    window = model.config.window_samples
     # CUDA: every batch is staged in one page-locked buffer, so the copy to the GPU is a DMA that needs no
     # pageable bounce (batches are assembled here from several files' windows, so pinning each file's
     # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
@@ -184,41 +206,54 @@ def run_windows(
     pooling = SpanPooling(n_spans, model.config.lin_neurons, model.classifier.weight)
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
-    pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # tensor length -> windows
     started = time.perf_counter()
     computed = {"windows": 0, "seconds": 0.0}
     audio_seconds = 0.0
     stopped = None
     seen: set[int] = set()
 
-    def flush(limit: int | None) -> None:
-        """Run full batches (or everything when limit is None) from the pending windows."""
-        nonlocal pending, staging
-        if not pending:
+    def batch_size(length: int) -> int:
+        return max(1, batch_windows * window // length)
+
+    def flush(length: int, full_only: bool) -> None:
+        """Run full batches (or everything) of the pending windows of one tensor length."""
+        nonlocal staging
+        if not pending.get(length):
             return
-        wavs, lens, owner = (np.concatenate(part) for part in zip(*pending, strict=True))
-        stop = len(wavs) if limit is None else (len(wavs) // limit) * limit
-        for start in range(0, stop, batch_windows):
-            end = min(start + batch_windows, stop)
+        wavs, lens, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
+        size = batch_size(length)
+        stop = (len(wavs) // size) * size if full_only else len(wavs)
+        for start in range(0, stop, size):
+            end = min(start + size, stop)
             began = time.perf_counter()
-            batch_lens, batch = torch.from_numpy(lens[start:end]), torch.from_numpy(wavs[start:end])
+            batch_lens = torch.from_numpy(lens[start:end])
+            model_lens = (
+                batch_lens
+                if buckets is None
+                else torch.from_numpy(buckets.relative_at(lens[start:end], length))
+            )
+            batch = torch.from_numpy(wavs[start:end])
             if device.type == "cuda":
                 if staging is None:
-                    staging = torch.empty((batch_windows, wavs.shape[1]), pin_memory=True)
-                batch = staging[: end - start].copy_(batch)
-            pooling.add(embed(batch, batch_lens), batch_lens, torch.from_numpy(owner[start:end]))
+                    staging = torch.empty(batch_windows * window, pin_memory=True)
+                batch = staging[: batch.numel()].view(batch.shape).copy_(batch)
+            # Pooled by the valid share of a full window, whatever length the window ran at.
+            pooling.add(embed(batch, model_lens), batch_lens, torch.from_numpy(owner[start:end]))
             computed["windows"] += end - start
             computed["seconds"] += time.perf_counter() - began
             heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
-        pending = [(wavs[stop:], lens[stop:], owner[stop:])]
+        pending[length] = [(wavs[stop:], lens[stop:], owner[stop:])]
+
+    def waiting() -> int:
+        return sum(len(part[0]) for parts in pending.values() for part in parts)
 
     bar = progress_bar(n_files if n_files is not None else n_spans, "infer", "file", progress)
-    buffered = 0
     for item in items:
         if item.windows is None:
             problems[item.index] = item.problem or "unusable"
             seen.add(item.index)
-        elif deadline is not None and not _fits(deadline, buffered + len(item.windows), computed, started):
+        elif deadline is not None and not _fits(deadline, waiting() + len(item.windows), computed, started):
             stopped = (f"time limit: stopped before the file's windows would end after the deadline "
                        f"({computed['windows']} windows predicted at "
                        f"{computed['seconds'] / max(1, computed['windows']) * 1000:.1f} ms each)")  # fmt: skip
@@ -228,15 +263,15 @@ def run_windows(
             seen.add(item.index)
             if item.repairs:
                 repairs[item.index] = item.repairs
-            pending.append((np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)))
             audio_seconds += item.seconds
-            buffered += len(item.windows)
-            if buffered >= batch_windows:
-                flush(batch_windows)
-                buffered = len(pending[0][0])
+            for length, part in _by_length(item, buckets, window):
+                pending.setdefault(length, []).append(part)
+                if sum(len(p[0]) for p in pending[length]) >= batch_size(length):
+                    flush(length, full_only=True)
         if bar is not None:
             bar.update(1)
-    flush(None)
+    for length in sorted(pending, reverse=True):
+        flush(length, full_only=False)
     if bar is not None:
         bar.close()
     pooled, embeddings, ok = pooling.result()
@@ -252,6 +287,20 @@ def run_windows(
         stopped=stopped,
         seen=seen,
     )
+
+
+def _by_length(
+    item: FileWindows, buckets: Buckets | None, window: int
+) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], lens, owner))."""
+    wavs, lens, owner = np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)
+    if buckets is None or bool((lens >= 1.0).all()):
+        yield window, (wavs, lens, owner)
+        return
+    lengths = buckets.length_of(lens)
+    for length in np.unique(lengths):
+        chosen = lengths == length
+        yield int(length), (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], owner[chosen])
 
 
 def _fits(deadline: float, windows: int, computed: dict[str, float], started: float) -> bool:
@@ -293,16 +342,19 @@ def classify_clips(
     batch_windows: int = 64,
     max_windows: int = MAX_WINDOWS_PER_FILE,
     device: torch.device | None = None,
+    length_buckets: int = 1,
 ) -> SpanPredictions:
     """Whole-file predictions for clips already in memory (one span per clip)."""
     device = device or next(model.parameters()).device
-    plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows)
+    plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows, None, length_buckets)
+    items = clip_items(clips, plan)
+    return run_windows(model, items, len(clips), batch_windows, device, buckets=plan.buckets())
 
-    def items() -> Iterator[FileWindows]:
-        for i, clip in enumerate(clips):
-            yield FileWindows(i, *span_windows(clip, [(i, 0.0, None)], plan))
 
-    return run_windows(model, items(), len(clips), batch_windows, device)
+def clip_items(clips: Sequence[np.ndarray], plan: WindowPlan) -> Iterator[FileWindows]:
+    """The windows of decoded clips, one whole-file span each (span k is clip k)."""
+    for i, clip in enumerate(clips):
+        yield FileWindows(i, *span_windows(clip, [(i, 0.0, None)], plan))
 
 
 class SpanWindows(Dataset):
@@ -379,9 +431,13 @@ def predict_spans(
     num_workers: int,
     progress: bool = False,
     deadline: float | None = None,
+    engine: EngineSettings | None = None,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
 ) -> SpanPredictions:
     """Predict the spans of `files[order]` (paths relative to `data_dir`) on one device; the spans of other
-    files are neither ok nor problems here."""
+    files are neither ok nor problems here. `engine`: what computes CPU batches (default torch); `threads`:
+    the CPU compute threads of this process (torch's and ONNX Runtime's; None: leave torch's setting)."""
     dataset = SpanWindows(data_dir, files, spans_by_file(spans, len(files)), plan)
     wanted = [i for i in order if dataset.spans_of[i]]  # a file with no span to predict is not decoded
     loader = DataLoader(
@@ -395,12 +451,98 @@ def predict_spans(
     )
     model = model.to(device).eval()
     use_fast_reflect_padding(model)
-    result = run_windows(model, iter(loader), len(spans), plan.batch_windows, device, progress,
-                         n_files=len(wanted), deadline=deadline)  # fmt: skip
+    if threads and device.type == "cpu":
+        torch.set_num_threads(threads)
+    notes: list[str] = []
+
+    def note(line: str) -> None:
+        notes.append(line)
+        log(line)
+
+    embed = make_engine(model, device, engine or EngineSettings(), threads or torch.get_num_threads(),
+                        plan.batch_windows, note)  # fmt: skip
+    result = run_windows(model, iter(loader), len(spans), plan.batch_windows, device, progress, embed=embed,
+                         n_files=len(wanted), deadline=deadline, buckets=plan.buckets())  # fmt: skip
     if result.stopped:  # the files the deadline left: every one is named in the report
         result.problems.update({i: "time limit: not predicted" for i in wanted if i not in result.seen})
     result.device_counts = {str(device): len(wanted)}
+    result.engines, result.engine_notes, result.embedder = {str(device): engine_label(embed)}, notes, embed
+    if device.type == "cpu":
+        result.threads = {str(device): torch.get_num_threads()}
     return result
+
+
+# ----------------------------------------------------------------------- engines
+
+Embed = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ENGINES = ("auto", "torch", "onnx")
+ONNX_PRECISIONS = ("auto", "fp32", "int8")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What computes CPU batches (InferConfig's `engine`, `onnx_precision`) and the artifact's ONNX files (None
+    where it has none: they are then exported here, see onnx_engine.make_embedder). GPUs run torch in fp16."""
+
+    engine: str = "torch"  # auto | torch | onnx
+    precision: str = "auto"  # auto | fp32 | int8
+    fp32_path: str | None = None
+    int8_path: str | None = None
+    int8_passed: bool = False  # the int8 file kept the validation metric within the rule at training
+
+    def files(self) -> tuple[str | None, str | None, str]:
+        """(fp32 file, int8 file to run or None, why) -- make_embedder runs the int8 file when given one."""
+        if self.precision == "int8" and self.int8_path:
+            return self.fp32_path, self.int8_path, "onnx_precision='int8'"
+        if self.precision == "int8":
+            return self.fp32_path, None, "onnx_precision='int8', but the artifact has no int8 file: fp32"
+        if self.precision == "fp32" or not self.int8_path:
+            return self.fp32_path, None, f"onnx_precision={self.precision!r}"
+        if self.int8_passed:
+            return self.fp32_path, self.int8_path, "auto: int8 passed its accuracy rule at training"
+        return self.fp32_path, None, "auto: fp32, the artifact's int8 did not pass its accuracy rule"
+
+
+class DeviceEmbedder:
+    """PyTorch on `device` (embed_windows: fp16 autocast on CUDA, fp32 on the CPU)."""
+
+    def __init__(self, model: SpeakerClassifier, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.engine = "torch-fp16" if device.type == "cuda" else "torch"
+
+    def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        return embed_windows(self.model, wavs, lens, self.device)
+
+
+def make_engine(
+    model: SpeakerClassifier, device: torch.device, settings: EngineSettings, threads: int, batch_windows: int,
+    log: Callable[[str], None] = print,
+) -> Embed:  # fmt: skip
+    """The `embed(wavs, lens)` of this process, announced in one printed line. On a GPU: torch fp16 (ONNX
+    Runtime here is its CPU build). On the CPU: `settings.engine` through onnx_engine.make_embedder (imported
+    only then: the torch path needs no onnxruntime), which falls back to torch on any ONNX problem."""
+    torch_embed = DeviceEmbedder(model, device)
+    if device.type != "cpu":
+        aside = f" (engine={settings.engine!r} chooses the CPU engine)" if settings.engine != "auto" else ""
+        log(f"inference engine: torch fp16 on {device}{aside}")
+        return torch_embed
+    if settings.engine == "torch":
+        log("inference engine: torch (engine='torch')")
+        return torch_embed
+    from .onnx_engine import make_embedder
+
+    fp32, int8, why = settings.files()
+    return make_embedder(model, settings.engine, onnx_path=fp32, int8_path=int8, threads=threads,
+                         batch_windows=batch_windows, torch_embed=torch_embed,
+                         log=lambda line: log(f"{line} [{why}]"))  # fmt: skip
+
+
+def engine_label(embed: Embed) -> str:
+    """What computed the batches: the engine's name, and the fallback if a batch failed mid-run."""
+    primary = getattr(getattr(embed, "primary", None), "engine", None)
+    if getattr(embed, "failure", None) and primary:
+        return f"{primary}, then torch (a batch failed)"
+    return str(getattr(embed, "engine", "torch"))
 
 
 def use_fast_reflect_padding(model: torch.nn.Module) -> int:
@@ -451,6 +593,8 @@ class DeviceSettings:
     batch_windows: int | None = None
     num_workers: int | None = None
     progress: bool = False
+    num_threads: int | None = None  # CPU compute threads per process (None: the cores the workers leave)
+    engine: EngineSettings = EngineSettings()
 
 
 def predict_on_devices(
@@ -464,7 +608,7 @@ def predict_on_devices(
     deadline: float | None = None,
 ) -> SpanPredictions:
     """Every span's scores, on the session's devices (several GPUs: a spawned process each)."""
-    from .devices.inference_devices import batching_for, choose_devices
+    from .devices.inference_devices import choose_devices
 
     devices = choose_devices(settings.device, settings.devices)
     order = file_order(data_dir, files, seconds)
@@ -479,15 +623,30 @@ def predict_on_devices(
             if isinstance(error, LaunchTimeout):
                 devices = [torch.device("cpu")]
             print(f"multi-device inference failed ({error}); predicting on {devices[0]} in this process")
-    batch_windows, num_workers = batching_for(
-        settings.batch_windows, settings.num_workers, model.config, devices[0]
+    return _predict_here(
+        model, data_dir, files, spans, order, devices[0], settings, plan, deadline, available_cores()
     )
-    return predict_spans(model, data_dir, files, spans, order, devices[0],
-                         _with_batch(plan, batch_windows), num_workers, settings.progress, deadline)  # fmt: skip
+
+
+def _predict_here(
+    model, data_dir, files, spans, order, device, settings: DeviceSettings, plan: WindowPlan, deadline, cores: int,
+    log: Callable[[str], None] = print,
+) -> SpanPredictions:  # fmt: skip
+    """predict_spans in this process with `cores` CPU cores: batch, decode workers and compute threads from
+    them (devices/threads.plan_threads: workers and threads together never ask for more than the cores)."""
+    from .devices.inference_devices import batching_for
+
+    batch_windows, num_workers = batching_for(settings.batch_windows, settings.num_workers, model.config, device,
+                                              cores)  # fmt: skip
+    threads = None
+    if device.type == "cpu" or settings.num_threads:
+        threads = plan_threads(cores, num_workers, settings.num_threads).compute_threads
+    return predict_spans(model, data_dir, files, spans, order, device, _with_batch(plan, batch_windows),
+                         num_workers, settings.progress, deadline, settings.engine, threads, log)  # fmt: skip
 
 
 def _with_batch(plan: WindowPlan, batch_windows: int) -> WindowPlan:
-    return WindowPlan(plan.window, plan.sample_rate, batch_windows, plan.max_windows, plan.hop)
+    return dataclasses.replace(plan, batch_windows=batch_windows)
 
 
 def _predict_multi_gpu(
@@ -498,6 +657,7 @@ def _predict_multi_gpu(
 
     shards = shard_indices(order, len(devices))
     with tempfile.TemporaryDirectory(prefix="infer-shards-") as tmp:
+        settings = _exported_once(model, settings, devices, Path(tmp))
         launch(
             gpu_inference_worker,
             nprocs=len(devices),
@@ -524,7 +684,7 @@ def _predict_multi_gpu(
     ok = np.zeros(len(spans), dtype=bool)
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
-    counts, stopped = {}, None
+    counts, engines, threads, stopped = {}, {}, {}, None
     for rank, (part, shard) in enumerate(zip(parts, shards, strict=True)):
         mine = np.isin(file_of_span, shard)
         for name in POOLINGS:
@@ -535,9 +695,31 @@ def _predict_multi_gpu(
         repairs.update({int(i): done for i, done in notes[rank]["repairs"].items()})
         stopped = stopped or notes[rank]["stopped"]
         counts[f"{devices[rank]}#{rank}"] = len(shard)
+        engines[f"{devices[rank]}#{rank}"] = notes[rank]["engine"]
+        if notes[rank]["threads"]:
+            threads[f"{devices[rank]}#{rank}"] = notes[rank]["threads"]
     return SpanPredictions(pooled, embeddings, ok, problems, dict(sorted(repairs.items())), counts,
                            audio_seconds=sum(n["audio_seconds"] for n in notes),
-                           seconds=max(n["seconds"] for n in notes), stopped=stopped)  # fmt: skip
+                           seconds=max(n["seconds"] for n in notes), stopped=stopped, engines=engines,
+                           engine_notes=notes[0]["engine_notes"], threads=threads)  # fmt: skip
+
+
+def _exported_once(
+    model: SpeakerClassifier, settings: DeviceSettings, devices: list[torch.device], folder: Path
+) -> DeviceSettings:
+    """Several CPU processes and an ONNX engine but no ONNX file in the artifact: export it here once, not
+    in every process. If that fails, the processes run torch (the export would fail there too)."""
+    engine = settings.engine
+    if engine.engine == "torch" or engine.fp32_path or any(d.type != "cpu" for d in devices):
+        return settings
+    from .onnx_engine import ONNX_FP32, ExportError, export_embedding_model
+
+    try:
+        path = export_embedding_model(model, folder / ONNX_FP32).path
+    except ExportError as error:
+        print(f"inference engine: torch in every process ({error})")
+        return dataclasses.replace(settings, engine=dataclasses.replace(engine, engine="torch"))
+    return dataclasses.replace(settings, engine=dataclasses.replace(engine, fp32_path=str(path)))
 
 
 def gpu_inference_worker(
@@ -555,23 +737,20 @@ def gpu_inference_worker(
     out_dir,
 ) -> int:
     """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard of the
-    files with the weights the parent read from the artifact."""
-    from .devices.inference_devices import batching_for
-
+    files with the weights the parent read from the artifact. CPU processes share the session's cores."""
     device = torch.device(devices[rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)  # allocations, streams and kernels of this process go to its own GPU
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    batch_windows, num_workers = batching_for(
-        settings.batch_windows, settings.num_workers, model.config, device
-    )
-    result = predict_spans(model.eval(), Path(data_dir), files, spans, shards[rank], device,
-                           _with_batch(plan, batch_windows), num_workers, settings.progress and rank == 0,
-                           deadline)  # fmt: skip
+    cores = max(1, available_cores() // world_size)
+    log = print if rank == 0 else (lambda _: None)  # one set of engine lines, not one per process
+    result = _predict_here(model.eval(), Path(data_dir), files, spans, shards[rank], device,
+                           dataclasses.replace(settings, progress=settings.progress and rank == 0), plan,
+                           deadline, cores, log)  # fmt: skip
     np.savez(Path(out_dir) / f"rank{rank}.npz", embeddings=result.embeddings, ok=result.ok, **result.pooled)
     # Why files fell back, what was repaired and how fast it went travel with the scores: the report needs them.
     notes = {"problems": result.problems, "repairs": result.repairs, "stopped": result.stopped,
-             "audio_seconds": result.audio_seconds, "seconds": result.seconds}  # fmt: skip
+             "audio_seconds": result.audio_seconds, "seconds": result.seconds,
+             "engine": result.engines[str(device)], "engine_notes": result.engine_notes,
+             "threads": result.threads.get(str(device))}  # fmt: skip
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(notes))
     return int(result.ok.sum())

@@ -10,11 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from speechbrain.lobes.features import Fbank
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
 from speechbrain.processing.features import InputNormalization
 
+from .buckets import Buckets
 from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, SAMPLE_RATE
 from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
@@ -125,11 +127,16 @@ class WindowedEncoder(torch.nn.Module):
         window_samples: int,
         max_windows: int = MAX_WINDOWS_PER_FILE,
         sample_rate: int = SAMPLE_RATE,
+        length_buckets: int = 1,
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.frontend = Frontend(n_mels, sample_rate)
         self.window_samples, self.max_windows = window_samples, max_windows
+        # Short windows at shorter lengths, as the infer stage runs them (pipeline/buckets.py; 1: full windows).
+        self.buckets = (
+            Buckets.plan(window_samples, sample_rate, length_buckets) if length_buckets > 1 else None
+        )
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         chunks, lens, owners = [], [], []
@@ -138,13 +145,29 @@ class WindowedEncoder(torch.nn.Module):
             cut, rel = windows(
                 wavs[index, :valid].detach().cpu().numpy(), self.window_samples, self.max_windows
             )
-            chunks.append(torch.from_numpy(cut))
-            lens.append(torch.from_numpy(rel))
+            chunks.append(cut)
+            lens.append(rel)
             owners += [index] * len(cut)
-        batch, rel = torch.cat(chunks).to(wavs.device), torch.cat(lens).to(wavs.device)
-        embeddings = self.encoder(self.frontend(batch, rel), rel).squeeze(1)
+        batch, rel = np.concatenate(chunks), np.concatenate(lens)
+        embeddings = self._embed(batch, rel, wavs.device)
         owner = torch.tensor(owners, device=wavs.device)
-        return file_embeddings(embeddings, rel, owner, wavs.shape[0]).unsqueeze(1)
+        weights = torch.from_numpy(rel).to(wavs.device)
+        return file_embeddings(embeddings, weights, owner, wavs.shape[0]).unsqueeze(1)
+
+    def _embed(self, batch: np.ndarray, rel: np.ndarray, device: torch.device) -> torch.Tensor:
+        """Window embeddings [n, D], each window at its bucket's length (all at full length without buckets)."""
+        lengths = self.buckets.length_of(rel) if self.buckets else np.full(len(rel), self.window_samples)
+        parts: list[tuple[np.ndarray, torch.Tensor]] = []
+        for length in np.unique(lengths):
+            chosen = np.flatnonzero(lengths == length)
+            rel_at = self.buckets.relative_at(rel[chosen], int(length)) if self.buckets else rel[chosen]
+            wavs = torch.from_numpy(np.ascontiguousarray(batch[chosen, :length])).to(device)
+            lens = torch.from_numpy(rel_at).to(device)
+            parts.append((chosen, self.encoder(self.frontend(wavs, lens), lens).squeeze(1)))
+        out = torch.empty(len(rel), parts[0][1].shape[1], device=device, dtype=parts[0][1].dtype)
+        for chosen, embeddings in parts:
+            out[torch.from_numpy(chosen).to(device)] = embeddings
+        return out
 
 
 class PassThrough(torch.nn.Module):

@@ -337,6 +337,9 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
         waits = [r["data_wait_share"] for r in timed]
         rows.insert(4, ("input pipeline", f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
                         f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time"))  # fmt: skip
+    onnx = getattr(result, "onnx", None)
+    if onnx:
+        rows.append(("ONNX files", onnx_summary(onnx)))
     if getattr(result, "stopped_early", None):
         rows.append(("stopped early", str(result.stopped_early)))
     if getattr(result, "skipped_rows", None):
@@ -344,6 +347,21 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
     for note in getattr(result, "data_notes", None) or []:
         rows.append(("data", note))
     return rows
+
+
+def onnx_summary(record: dict[str, Any]) -> str:
+    """One line for provenance["onnx"]: which files training wrote and whether int8 passed its rule."""
+    if "skipped" in record or "error" in record:
+        return f"none ({record.get('skipped') or record.get('error')})"
+    int8 = record.get("int8") or {}
+    if "error" in int8:
+        verdict = f"fp32 only (int8: {int8['error'][:120]})"
+    elif int8.get("passed"):
+        verdict = "fp32 and int8 (int8 passed its accuracy rule: the infer stage runs it)"
+    else:
+        why = int8.get("reason") or "it failed its accuracy rule"
+        verdict = f"fp32 and int8 (auto inference runs fp32: {why})"
+    return f"{verdict}, written in {record.get('seconds', '?')} s"
 
 
 def inference_summary(result: Any) -> list[tuple[str, str]]:
@@ -362,6 +380,13 @@ def inference_summary(result: Any) -> list[tuple[str, str]]:
     if chunks:
         rows.insert(2, ("chunks", f"{chunks['segment_seconds']:g} s, ids {chunks['template']!r}, windows pooled by "
                                   f"{chunks['pooling']}"))  # fmt: skip
+    engine = report.get("engine")
+    if engine:
+        ran = engine["ran"] if isinstance(engine["ran"], str) else ", ".join(engine["ran"])
+        threads = sorted(set((engine.get("threads") or {}).values()))
+        rows.append(("engine", f"{ran} ({'/'.join(engine['precision'])})"
+                               + (f", {'/'.join(map(str, threads))} compute thread(s) per process" if threads else "")
+                               + f"; length buckets {engine.get('length_buckets')}"))  # fmt: skip
     speed = report.get("speed") or {}
     if speed:
         projected = speed.get("projected_seconds")

@@ -21,6 +21,7 @@ import json
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from .config import InferConfig
 from .data import audio_seconds
 from .inference import (
     DeviceSettings,
+    EngineSettings,
     FileWindows,
     SpanPredictions,
     WindowPlan,
@@ -83,8 +85,6 @@ class InferenceResult:
 def run_inference(config: InferConfig) -> InferenceResult:
     """Load the artifact, plan the rows, predict their audio, write the submission and its report."""
     started = time.perf_counter()
-    if config.num_threads:
-        torch.set_num_threads(config.num_threads)
     artifact = load_artifact(config.artifact_dir)  # an invalid artifact is the one thing that stops the run
     data_dir = Path(config.data_dir)
     layout = TestLayout.of(config)
@@ -96,8 +96,8 @@ def run_inference(config: InferConfig) -> InferenceResult:
         print(note)
     windows = window_plan(config, artifact)
     deadline = _deadline(config, len(plan.ids), len(sample.value_columns))
-    predictions = predict_on_devices(artifact.model, data_dir, plan.files, plan.spans, _devices(config),
-                                     windows, plan.seconds, deadline)  # fmt: skip
+    predictions = predict_on_devices(artifact.model, data_dir, plan.files, plan.spans,
+                                     _devices(config, artifact), windows, plan.seconds, deadline)  # fmt: skip
     if predictions.stopped:
         notes.append(predictions.stopped)
         print(predictions.stopped)
@@ -136,6 +136,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
         "fallbacks": fallbacks,
         "repaired": [{"id": items.rows[i].id, "repairs": r} for i, r in sorted(predictions.repairs.items())],
         "files_per_device": predictions.device_counts,
+        "engine": engine_report(config, artifact, predictions),
         "speed": {k: v for k, v in speed.items() if k != "line"},
         "time_limit_minutes": config.time_limit_minutes,
         "stopped": predictions.stopped,
@@ -185,13 +186,43 @@ def window_plan(config: InferConfig, artifact: Artifact) -> WindowPlan:
     model = artifact.model.config
     hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
     return WindowPlan(model.window_samples, model.sample_rate, config.batch_windows or 0,
-                      config.max_windows_per_file, hop)  # fmt: skip
+                      config.max_windows_per_file, hop, config.length_buckets)  # fmt: skip
 
 
-def _devices(config: InferConfig) -> DeviceSettings:
-    return DeviceSettings(
-        config.device, config.devices, config.batch_windows, config.num_workers, config.progress
-    )
+def _devices(config: InferConfig, artifact: Artifact) -> DeviceSettings:
+    return DeviceSettings(config.device, config.devices, config.batch_windows, config.num_workers, config.progress,
+                          config.num_threads, engine_settings(config, artifact))  # fmt: skip
+
+
+def engine_settings(config: InferConfig, artifact: Artifact) -> EngineSettings:
+    """The engine parameters with the artifact's ONNX files (written and gated at training, verified at load)."""
+    from .onnx_engine import ONNX_FP32, ONNX_INT8
+
+    record = artifact.manifest.get("provenance", {}).get("onnx") or {}
+    fp32, int8 = artifact.listed_file(ONNX_FP32), artifact.listed_file(ONNX_INT8)
+    return EngineSettings(config.engine, config.onnx_precision, str(fp32) if fp32 else None,
+                          str(int8) if int8 else None, bool((record.get("int8") or {}).get("passed")))  # fmt: skip
+
+
+def engine_report(config: InferConfig, artifact: Artifact, predictions: SpanPredictions) -> dict[str, Any]:
+    """Which engine and precision computed the batches, per device process, and why (the printed lines)."""
+    engines = predictions.engines
+    names = sorted(set(engines.values()))
+    return {
+        "asked": {"engine": config.engine, "onnx_precision": config.onnx_precision},
+        "ran": names[0] if len(names) == 1 else names,
+        "precision": sorted({engine_precision(name) for name in names}),
+        "per_device": engines,
+        "threads": predictions.threads,
+        "length_buckets": config.length_buckets,
+        "artifact_onnx": artifact.manifest.get("provenance", {}).get("onnx"),
+        "lines": predictions.engine_notes,
+    }
+
+
+def engine_precision(engine: str) -> str:
+    """The arithmetic an engine label stands for: int8, fp16 (CUDA autocast) or fp32."""
+    return "int8" if "int8" in engine.split(",")[0] else "fp16" if "fp16" in engine else "fp32"
 
 
 def _deadline(config: InferConfig, rows: int, columns: int) -> float | None:
@@ -226,15 +257,15 @@ def speed_report(
     measured_on = "the test files"
     audio, seconds = predictions.audio_seconds, predictions.seconds
     if audio < RATE_PROBE_SECONDS:
-        audio, seconds = probe_rate(artifact, windows, config.segment_seconds)
+        audio, seconds = probe_rate(artifact, windows, config.segment_seconds, predictions.embedder)
         measured_on = f"{audio:.0f} s of generated audio (the test set has less)"
     rate = audio / seconds if seconds > 0 else float("nan")
+    engines = ", ".join(sorted(set(predictions.engines.values()))) or "torch"
     speed: dict[str, Any] = {"audio_seconds": round(audio, 1), "seconds": round(seconds, 2),
                              "audio_seconds_per_second": round(rate, 1), "measured_on": measured_on,
-                             "threads": torch.get_num_threads()}  # fmt: skip
-    line = (
-        f"rate: {rate:.1f} s of audio per second ({measured_on}, {plural(torch.get_num_threads(), 'thread')})"
-    )
+                             "threads": torch.get_num_threads(), "engine": engines}  # fmt: skip
+    line = (f"rate: {rate:.1f} s of audio per second ({measured_on}, {engines}, "
+            f"{plural(torch.get_num_threads(), 'thread')})")  # fmt: skip
     if config.expected_test_files and config.expected_file_seconds:
         hidden = config.expected_test_files * config.expected_file_seconds
         speed["projected_seconds"] = round(hidden / rate, 1)
@@ -246,8 +277,11 @@ def speed_report(
     return speed
 
 
-def probe_rate(artifact: Artifact, windows: WindowPlan, segment: float | None) -> tuple[float, float]:
-    """(audio seconds, seconds) of predicting RATE_PROBE_SECONDS of noise in this run's windows and chunks."""
+def probe_rate(
+    artifact: Artifact, windows: WindowPlan, segment: float | None, embed: Callable | None = None
+) -> tuple[float, float]:
+    """(audio seconds, seconds) of predicting RATE_PROBE_SECONDS of noise in this run's windows and chunks, with
+    this run's `embed` (the engine that predicted; None: torch)."""
     from .devices.inference_devices import batching_for
 
     model = artifact.model
@@ -262,7 +296,7 @@ def probe_rate(artifact: Artifact, windows: WindowPlan, segment: float | None) -
         spans, count = [(0, 0.0, None)], 1
     started = time.perf_counter()
     item = FileWindows(0, *span_windows(noise, spans, windows))
-    run_windows(model, iter([item]), count, batch, device)
+    run_windows(model, iter([item]), count, batch, device, embed=embed, buckets=windows.buckets())
     return RATE_PROBE_SECONDS, time.perf_counter() - started
 
 

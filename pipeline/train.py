@@ -78,6 +78,7 @@ class TrainResult:
     metric: str = "accuracy"  # what validation selected by
     best_val_metric: float | None = None
     train_files: int = 0
+    onnx: dict[str, Any] = field(default_factory=dict)  # the artifact's ONNX files: provenance["onnx"]
 
     def summary(self) -> str:
         value = "n/a" if self.best_val_metric is None else f"{self.best_val_metric:.4f}"
@@ -139,6 +140,7 @@ class Run:
     stopped_early: str | None = None
     last_checkpoint: float = 0.0
     first_step_of_session: bool = True
+    export_reserve_s: float = 0.0  # kept back from the time budget for the ONNX files (rank 0 writes them)
 
     def save_checkpoint(self) -> None:
         ckpt.save(self.checkpoint_dir, self.fingerprint, self.model, self.optimizer, self.scheduler,
@@ -162,6 +164,7 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
     epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
     schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
     model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
+    export_reserve = _export_reserve(strategy, model, data, config)
     log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}', {count_parameters(model) / 1e6:.2f}M "
         f"parameters; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
     # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
@@ -211,7 +214,7 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
         strategy, config, plan, data, schedule, model, average, optimizer, scheduler, state, fingerprint,
         checkpoint_dir, calibration_windows(data.store, data.items, data.train_idx, config),
         strategy.device_batches(iter(loader)), log, started, selection_metric(config.metric, data.objective),
-        resumed, last_checkpoint=time.monotonic(),
+        resumed, last_checkpoint=time.monotonic(), export_reserve_s=export_reserve,
     )  # fmt: skip
 
 
@@ -365,10 +368,15 @@ def finish(run: Run) -> TrainResult:
         return result  # no collective follows: the other ranks leave while rank 0 saves
     provenance = build_provenance(config, run.plan, strategy, result)
     truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
-    with _figures(
-        state.history, truth, state.best_predictions, data.labels, state.best_epoch, run.metric
-    ) as figures:
-        result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance, extra_files=figures,
+    with (
+        _figures(
+            state.history, truth, state.best_predictions, data.labels, state.best_epoch, run.metric
+        ) as figures,
+        _onnx_files(run, final) as onnx,
+    ):
+        provenance["onnx"] = result.onnx = onnx.record
+        result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
+                                            extra_files={**figures, **onnx.files},
                                             fallback_label=data.labels[int(np.bincount(data.targets).argmax())])  # fmt: skip
     if run.stopped_early:
         run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
@@ -377,6 +385,35 @@ def finish(run: Run) -> TrainResult:
         ckpt.remove(run.checkpoint_dir, run.fingerprint)
     run.log(result.summary())
     return result
+
+
+@contextlib.contextmanager
+def _onnx_files(run: Run, final: torch.nn.Module):
+    """The ONNX Runtime files of the kept weights (on the host CPU copy, so never on the training device) in a
+    temporary folder, with their provenance record; none with export_onnx=False."""
+    import tempfile
+
+    from .onnx_artifact import OnnxFiles, export_for_artifact
+
+    if not run.config.export_onnx:
+        yield OnnxFiles(record={"skipped": "export_onnx=False"})
+        return
+    with tempfile.TemporaryDirectory(prefix="onnx-export-") as folder:
+        started, compiles = time.monotonic(), run.strategy.compile_count()
+        onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
+        onnx.record["seconds"] = round(time.monotonic() - started, 1)
+        if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
+            onnx.record["xla_compiles_during_export"] = run.strategy.compile_count() - compiles
+        yield onnx
+
+
+def _export_reserve(strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> float:
+    """Seconds the ONNX files will take after the last step (rank 0 decides when to stop; 0 without a budget)."""
+    if not (strategy.is_main and config.export_onnx and config.time_budget_minutes):
+        return 0.0
+    from .onnx_artifact import reserve_seconds as onnx_reserve
+
+    return onnx_reserve(model.config, data, config)
 
 
 @contextlib.contextmanager
@@ -436,7 +473,8 @@ def _checkpoint_due(run: Run) -> bool:
 def _out_of_time(run: Run) -> bool:
     if run.config.time_budget_minutes is None:
         return False
-    return time.monotonic() - run.started > run.config.time_budget_minutes * 60 - reserve_seconds(run.state)
+    reserve = reserve_seconds(run.state) + run.export_reserve_s
+    return time.monotonic() - run.started > run.config.time_budget_minutes * 60 - reserve
 
 
 def reserve_seconds(state: ckpt.TrainingState) -> float:

@@ -61,10 +61,14 @@ def test_batching_is_sized_for_the_device_unless_set():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     base = ModelConfig.from_preset("base", n_classes=3)
     small = ModelConfig.from_preset("small", n_classes=3)
-    assert batching_for(None, None, base, cpu) == (8, 0)  # measured best on 2 cores
-    assert batching_for(None, None, ModelConfig.from_preset("voxceleb", n_classes=3), cpu) == (4, 0)
-    assert batching_for(None, None, small, cpu) == (32, 0)
-    assert batching_for(None, None, ModelConfig.from_preset("tiny", n_classes=3), cpu) == (64, 0)  # capped
+    assert batching_for(None, None, base, cpu, cores=2) == (8, 0)  # measured best on 2 cores
+    assert batching_for(None, None, ModelConfig.from_preset("voxceleb", n_classes=3), cpu, cores=2) == (4, 0)
+    assert batching_for(None, None, small, cpu, cores=2) == (32, 0)
+    tiny = ModelConfig.from_preset("tiny", n_classes=3)
+    assert batching_for(None, None, tiny, cpu, cores=2) == (64, 0)  # capped
+    # Decoding workers from the session's cores, as threads.plan_threads shares them: one per 4 cores.
+    assert batching_for(None, None, base, cpu, cores=4) == (8, 1)
+    assert batching_for(None, None, base, cpu, cores=16) == (8, 4)
     half_second = ModelConfig.from_preset("base", n_classes=3, window_samples=8000)
     assert batching_for(None, None, half_second, cpu)[0] == 15  # shorter windows: more of them per batch
     assert batching_for(None, None, base, gpu) == (64, 1)

@@ -16,7 +16,7 @@ import torch
 from pipeline import onnx_engine
 from pipeline.artifact import load_artifact
 from pipeline.data import load_audio, windows
-from pipeline.inference import FileWindows, host_scores, run_windows
+from pipeline.inference import FileWindows, WindowPlan, clip_items, cosine_scores, run_windows
 from pipeline.onnx_engine import (
     GuardedEmbedder,
     OnnxEmbedder,
@@ -70,13 +70,14 @@ def test_onnx_embeddings_and_scores_equal_torchs(model, exported, seconds):
     found = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")(wavs, lens)
     assert found.shape == expected.shape == (len(seconds), model.config.lin_neurons)
     assert float((found - expected).abs().max()) < 1e-4
-    scores = [host_scores(model, e.numpy()) for e in (expected, found)]
+    unit_classes = torch.nn.functional.normalize(model.classifier.weight.detach(), dim=1)
+    scores = [cosine_scores(e, unit_classes).numpy() for e in (expected, found)]
     np.testing.assert_allclose(scores[1], scores[0], atol=1e-4)
     assert (scores[1].argmax(1) == scores[0].argmax(1)).all()
 
 
 def file_items(clips: list[np.ndarray], window: int) -> list[FileWindows]:
-    return [FileWindows(i, *windows(clip, window, 64)) for i, clip in enumerate(clips)]
+    return list(clip_items(clips, WindowPlan(window, 16000, 8)))
 
 
 def test_run_windows_with_the_onnx_engine_predicts_torchs_labels(model, exported, synthetic_data):
