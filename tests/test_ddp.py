@@ -176,11 +176,12 @@ def test_ranks_agree_on_stopping_without_a_broadcast_every_step(synthetic_data, 
     from launch_fixtures.workers import fit_counting_broadcasts
 
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
-                         **{**TINY_TRAIN, "epochs": 2, "devices": 2, "per_device_batch_size": 2})  # fmt: skip
+                         **{**TINY_TRAIN, "epochs": 2, "devices": 2, "per_device_batch_size": 2,
+                            "crops_per_file": 1})  # fmt: skip
     plan, work = _ddp_work(config)
     counts = launch(ddp_entry, nprocs=2, args=(fit_counting_broadcasts, work, plan.topology, "fp32", 120.0),
                     timeout=240)  # fmt: skip
-    assert counts[0]["steps"] == 20  # 43 training files / 4 per step, 2 epochs
+    assert counts[0]["steps"] == 20  # 43 training files, one crop each / 4 per step, 2 epochs
     # The first step of the session and the last of each epoch (and every 25th): 3 here, not 2 x 20.
     assert counts[0]["broadcasts"] == counts[1]["broadcasts"] == 3
 
