@@ -26,7 +26,7 @@ label_column = "label"
 audio_dir = None  # None: data_dir itself
 label_separator = None  # e.g. "," when one cell names several labels
 secondary_labels_column = None  # e.g. "secondary_labels" (BirdCLEF: "['a', 'b']"): more labels per file
-secondary_label_weight = 1.0  # the target of a secondary label
+secondary_label_weight = 0.5  # the target of a secondary label
 # What to learn and select by
 objective = "auto"  # auto | aam | bce | focal (auto: bce when files have several labels, else aam)
 metric = "auto"  # auto | accuracy | macro_roc_auc | lwlrap | padded_cmap (auto: by objective)
@@ -52,10 +52,10 @@ crop_on_sound = True  # crops of long clips land where the clip is loud
 crops_per_file = None  # crops per file and epoch (auto: one per window of audio, up to 8)
 # Augmentation of the training crops
 noise_dir = None  # e.g. "train_soundscapes": background recordings mixed into the crops
-noise_probability = 0.5
-noise_snr_db_low = 0.0
+noise_probability = 0.8
+noise_snr_db_low = -5.0
 noise_snr_db_high = 15.0
-mix_probability = 0.0  # a second crop added, labels united (multi-label objectives)
+mix_probability = 0.5  # a second crop added, labels united (multi-label objectives)
 background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
