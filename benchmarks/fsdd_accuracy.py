@@ -92,7 +92,8 @@ def run(
     """
     from pipeline.config import InferConfig, TrainConfig, from_params
     from pipeline.fsdd import make_fsdd_competition
-    from pipeline.submission import run_inference, score_submission
+    from pipeline.scoring import score_submission
+    from pipeline.submission import run_inference
     from pipeline.train import train
 
     source = Path(source) if source else DEFAULT_SOURCE
@@ -117,7 +118,7 @@ def run(
                 InferConfig(data_dir=str(data), artifact_dir=str(artifact), submission_path=str(submission))
             )
             t2 = time.perf_counter()
-        accuracy = score_submission(submission, data / "solution.csv")
+        _, accuracy = score_submission(submission, data / "solution.csv")
         n_train = sum(1 for _ in open(data / "train.csv")) - 1
         n_test = inferred.n_rows
         heldout_result = {}
@@ -128,7 +129,7 @@ def run(
             heldout_result = {
                 "heldout_index_from": holdout_index,
                 "heldout_files": held.n_rows,
-                "heldout_accuracy": round(score_submission(held_submission, heldout / "solution.csv"), 4),
+                "heldout_accuracy": round(score_submission(held_submission, heldout / "solution.csv")[1], 4),
             }
     total = t2 - t0
     # Time-to-accuracy inside training: the first epoch whose validation accuracy reached the target.

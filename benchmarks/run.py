@@ -3,11 +3,13 @@
     python -m benchmarks.run [--quick] [--only SECTION ... [--merge]] [--out DIR]
 
 Sections (each fails soft: an error is recorded and the next section runs):
-  inference     naive one-file-at-a-time loop vs the project's batched inference  (benchmarks/inference.py)
+  inference     naive one-file loop, today's torch path and the default (ONNX + length buckets) (inference.py)
+  engines       CPU engines per preset and threads: torch, ONNX Runtime fp32, int8; int8's accuracy (engines.py)
   training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
   loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
   competition_layout  FSDD in Freesound's layout: probability and hidden-test submissions (competition_layout.py)
+  soundscape    FSDD in BirdCLEF's layout: chunk rows, macro ROC-AUC, CPU rate, 32 vs 16 kHz (soundscape.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
@@ -41,10 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 BASELINE_FSDD_S = {"speaker": 92.0, "digit": 143.0}  # plain loop, ../shared/NOTES.md (train + infer, 2 cores)
 SECTIONS = (
     "inference",
+    "engines",
     "training",
     "loader_wait",
     "fsdd",
     "competition_layout",
+    "soundscape",
     "cold_start",
     "xla_step",
     "scale",
@@ -56,6 +60,10 @@ SECTIONS = (
 
 def section_inference(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.inference", quick)
+
+
+def section_engines(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.engines", quick)
 
 
 def section_training(quick: bool) -> dict[str, Any]:
@@ -143,6 +151,13 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
 
 def section_competition_layout(quick: bool) -> dict[str, Any]:
     from benchmarks.competition_layout import run
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(_fsdd_source(), quick=quick)
+
+
+def section_soundscape(quick: bool) -> dict[str, Any]:
+    from benchmarks.soundscape import run
 
     with contextlib.redirect_stdout(sys.stderr):
         return run(_fsdd_source(), quick=quick)
@@ -245,10 +260,12 @@ class NotAvailable(RuntimeError):
 
 RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "inference": section_inference,
+    "engines": section_engines,
     "training": section_training,
     "loader_wait": section_loader_wait,
     "fsdd": section_fsdd,
     "competition_layout": section_competition_layout,
+    "soundscape": section_soundscape,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,

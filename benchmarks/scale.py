@@ -150,7 +150,7 @@ def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int
 
 def infer_notebook(data: Path, artifact: Path, work: Path) -> dict[str, Any]:
     """Predict the folder's test set through the infer notebook and score it exactly against solution.csv."""
-    from pipeline.submission import score_submission
+    from pipeline.scoring import score_submission
 
     submission = work / f"submission-{time.time_ns()}.csv"
     params = {"data_dir": data, "artifact_dir": artifact, "submission_path": submission, "progress": False}
@@ -158,7 +158,7 @@ def infer_notebook(data: Path, artifact: Path, work: Path) -> dict[str, Any]:
     files = sum(1 for _ in open(data / "test.csv")) - 1
     return {"test_files": files, "peak_private_gb": measured["peak_private_gb"],
             "wall_s": round(measured["seconds"], 1), "files_per_s_incl_start": round(files / measured["seconds"], 1),
-            "test_accuracy": round(score_submission(submission, data / "solution.csv"), 4)}  # fmt: skip
+            "test_accuracy": round(score_submission(submission, data / "solution.csv")[1], 4)}  # fmt: skip
 
 
 def host_feed_per_core(windows: int = 256) -> dict[str, float]:

@@ -48,15 +48,16 @@ def _host_batch(rows: int, settings: dict[str, Any], seed: int) -> dict[str, tor
 
 def _time_steps(strategy, settings: dict[str, Any], rows: int) -> dict[str, Any]:
     """Warm up (compiles on XLA), then time steady-state optimizer steps."""
-    from pipeline.model import Frontend, aam_loss
+    from pipeline.model import Frontend
+    from pipeline.objectives import make_loss
     from pipeline.train import train_step
 
     model = strategy.setup_model(_make_model(settings))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    loss_fn = aam_loss(0.2, 30.0)
+    loss_fn = make_loss("aam", 0.2, 30.0)
     total = settings["warmup"] + settings["steps"]
 
-    frontend = Frontend(settings["n_mels"]) if strategy.features_on_host else None
+    frontend = Frontend(settings["n_mels"], 16000) if strategy.features_on_host else None
 
     def host_batches():  # on XLA the Fbank features are made on the host, as the training workers do
         for i in range(total):

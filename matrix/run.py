@@ -12,11 +12,15 @@ admit the pins. The legs then run their checks from the repository root with the
                  SpeechBrain's EncoderClassifier on that artifact agrees with the submission (offline guard)
   floor          also pytest -m xla (torch_xla 2.7 beside torch 2.7.1)
   kaggle-tpu     pytest -m xla; the train notebook on 8 XLA CPU devices writes the handoff artifact
-                 (.matrix/handoff: artifact + competition folder + the versions that trained it)
+                 (.matrix/handoff: artifact, with the ONNX files its training exported, + competition folder +
+                 the versions that trained it)
+                 and torch 2.8's exporter writes its embedding model as ONNX (fp32, int8) beside it
   kaggle-gpu     a kernel under the offline guard (tests/offline_guard.py: no network, no torch_xla) cannot
                  import torch_xla; the infer notebook on the handoff (copied read-only to another path, as
-                 Kaggle mounts inputs) under that guard writes a row for every sample_submission id, in order;
-                 SpeechBrain's client on the same artifact, under the same guard, agrees with it
+                 Kaggle mounts inputs) under that guard, engine='onnx' on the artifact's ONNX files, writes a
+                 row for every sample_submission id, in order;
+                 SpeechBrain's client on the same artifact, under the same guard, agrees with it; ONNX Runtime
+                 runs the handoff's ONNX files and one exported by torch 2.10 with torch's labels (matrix/onnx_check.py)
 
 Why uv and not pip or nox: a leg is about 7 GB of CUDA wheels (PyPI's Linux torch). uv downloads in parallel
 into one cache and hardlinks installed files out of it, so a venv costs seconds and almost no disk once its
@@ -325,7 +329,10 @@ def train_xla_handoff(leg: Leg) -> str:
                                                      "accelerator": "tpu", **TINY}, env=env)  # fmt: skip
     if "TPU: 8 XLA devices (XLA SPMD" not in log:
         raise CheckFailed("the train notebook did not report 'TPU: 8 XLA devices (XLA SPMD'")
-    provenance = json.loads((artifact / "manifest.json").read_text())["provenance"]
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    provenance = manifest["provenance"]
+    if not {"embedding_model.onnx", "embedding_model.int8.onnx"} <= set(manifest["files"]):
+        raise CheckFailed(f"the artifact has no ONNX files (training's export: {provenance.get('onnx')})")
     found = (provenance.get("devices"), provenance.get("strategy"), provenance["versions"].get("torch_xla"))
     if found != (8, "xla-spmd", leg.spec.torch_xla):
         raise CheckFailed(f"artifact provenance (devices, strategy, torch_xla) = {found}, expected "
@@ -333,7 +340,8 @@ def train_xla_handoff(leg: Leg) -> str:
     (HANDOFF / "trained-by.json").write_text(
         json.dumps({"leg": leg.spec.name, **provenance["versions"]}) + "\n"
     )
-    return f"8 XLA devices, {provenance.get('xla_compile_count')} compilation(s), torch_xla {found[2]}"
+    return (f"8 XLA devices, {provenance.get('xla_compile_count')} compilation(s), torch_xla {found[2]}; ONNX files "
+            f"in {provenance['onnx'].get('seconds')} s, int8 passed: {provenance['onnx'].get('int8', {}).get('passed')}")  # fmt: skip
 
 
 NO_XLA_PROBE = """\
@@ -396,9 +404,17 @@ def infer_offline_handoff(leg: Leg) -> str:
     artifact, data = handoff_input(leg)
     guard_log = leg.work / "guard-infer.log"
     submission = leg.work / "out" / "submission.csv"
+    # engine='onnx': the ONNX files kaggle-tpu's training wrote into the artifact (torch 2.8 + torch_xla's
+    # exporter), run by this leg's ONNX Runtime; auto could pick torch for a tiny model on a busy machine.
     leg.papermill("infer-offline", "infer.ipynb", {"data_dir": data, "artifact_dir": artifact,
-                  "submission_path": submission, "progress": False}, env=leg.guarded_env(guard_log))  # fmt: skip
+                  "submission_path": submission, "progress": False, "engine": "onnx"},
+                  env=leg.guarded_env(guard_log))  # fmt: skip
     assert_submission(data, submission)
+    engine = json.loads((submission.parent / "submission_report.json").read_text())["engine"]
+    if not str(engine["ran"]).startswith("onnx-"):
+        raise CheckFailed(
+            f"the infer notebook ran {engine['ran']!r}, not the artifact's ONNX files: {engine['lines']}"
+        )
     lines = read_text(guard_log).splitlines()
     if not any(" loaded " in line and "ipykernel" in line for line in lines):
         raise CheckFailed(f"the guard log {guard_log} shows no kernel loading it: the notebook ran unguarded")
@@ -406,12 +422,45 @@ def infer_offline_handoff(leg: Leg) -> str:
     if blocked:
         raise CheckFailed(f"the submission path tried the network or torch_xla: {blocked[:3]}")
     trained = json.loads(read_text(HANDOFF / "trained-by.json") or "{}")
-    return f"{score(leg, data, submission)}; artifact trained with torch {trained.get('torch')}"
+    return (f"{score(leg, data, submission)}; artifact trained with torch {trained.get('torch')}; engine "
+            f"{engine['ran']}")  # fmt: skip
 
 
 def speechbrain_handoff(leg: Leg) -> str:
     artifact, data = handoff_input(leg)
     return speechbrain_client(leg, artifact, data, leg.work / "out" / "submission.csv")
+
+
+def onnx_export_handoff(leg: Leg) -> str:
+    """kaggle-tpu: this leg's torch exports the handoff artifact's embedding model (fp32, and int8 calibrated on
+    its training audio) into .matrix/handoff/onnx, as training is to write them into the artifact."""
+    out = HANDOFF / "onnx"
+    remove(out)
+    output = leg.run("onnx-export", [leg.python, "-m", "matrix.onnx_check", "export", HANDOFF / "model",
+                                     HANDOFF / "data", out])  # fmt: skip
+    found = json.loads(output.strip().splitlines()[-1])
+    return (f"torch {found['torch']}: fp32 {found['fp32_mb']} MB in {found['export_s']} s (max |ONNX - torch| "
+            f"{found['max_abs_diff']:.1e}), int8 {found['int8_mb']} MB")  # fmt: skip
+
+
+def onnx_engine_handoff(leg: Leg) -> str:
+    """kaggle-gpu, under the offline guard: ONNX Runtime runs kaggle-tpu's fp32 and int8 files and an export made
+    here, each through make_embedder(engine='onnx'), and the fp32 ones give torch's labels and scores."""
+    artifact, data = handoff_input(leg)
+    onnx_dir = artifact.parent / "onnx"
+    if not (onnx_dir / "embedding_model.onnx").is_file():
+        raise CheckFailed(
+            f"no ONNX export in {onnx_dir}: rerun leg kaggle-tpu (its ONNX export check writes it)"
+        )
+    guard_log = leg.work / "guard-onnx.log"
+    output = leg.run("onnx-engine", [leg.python, "-m", "matrix.onnx_check", "compare", artifact, data, onnx_dir],
+                     env=leg.guarded_env(guard_log))  # fmt: skip
+    blocked = [line for line in read_text(guard_log).splitlines() if " blocked " in line]
+    if blocked:
+        raise CheckFailed(f"the ONNX engine tried the network or torch_xla: {blocked[:3]}")
+    found = json.loads(output.strip().splitlines()[-1])
+    return "; ".join(f"{name}: {r['engine']}, {r['labels_agree']}/{found['files']} labels as torch, scores "
+                     f"within {r['max_abs_score_diff']:.0e}" for name, r in found["engines"].items())  # fmt: skip
 
 
 CHECKS: dict[str, Callable[[Leg], str]] = {
@@ -423,6 +472,8 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     "no torch_xla in the kernel": no_torch_xla_in_kernel,
     "infer notebook offline on the kaggle-tpu artifact": infer_offline_handoff,
     "SpeechBrain client agrees with the submission": speechbrain_handoff,
+    "ONNX export of the artifact's embedding model (fp32, int8)": onnx_export_handoff,
+    "ONNX engine on the kaggle-tpu export agrees with torch": onnx_engine_handoff,
 }
 
 

@@ -28,13 +28,25 @@ path_column = "path"
 audio_dir = None  # the test table's paths are relative to it (None: data_dir)
 test_audio_dir = None  # e.g. "test_soundscapes": every audio file under it is a test item
 test_id = "auto"  # auto | name | stem: a discovered file's id
+# Chunk rows (soundscapes: BirdCLEF scores every 5 s chunk of every test file)
+segment_seconds = None  # e.g. 5: a row per chunk; None: a row per test file
+row_id_template = "auto"  # auto: recognised from sample_submission ("{id}_{end}" for BirdCLEF)
+chunk_pooling = "max"  # mean | max | mean_max: a chunk's windows -> its scores
+window_hop_seconds = None  # between a chunk's windows (None: half a window)
+# Time: stop predicting in time (the rest gets the prior) and project the hidden set's time
+time_limit_minutes = None  # e.g. 85 for a 90-minute limit
+expected_test_files = None  # e.g. 700
+expected_file_seconds = None  # e.g. 60
 # Hardware
 device = "auto"  # auto | cuda | cpu (never TPU: code competitions do not accept TPU notebooks)
 devices = None  # GPUs to use (auto: all)
 batch_windows = None  # windows per forward pass (auto: sized for the device)
 max_windows_per_file = 64  # longer files are covered by this many evenly spaced windows
 num_workers = None  # DataLoader decode workers (auto: 0 on CPU, 1 per GPU)
-num_threads = None
+num_threads = None  # CPU compute threads, torch's and ONNX Runtime's (auto: the session's cores)
+engine = "auto"  # auto | torch | onnx: the CPU engine (auto: ONNX Runtime if faster; GPUs run torch fp16)
+onnx_precision = "auto"  # auto | fp32 | int8 (auto: int8 only if it passed its accuracy rule at training)
+length_buckets = 4  # short windows run at the shortest of this many lengths that holds them (1: full)
 # Outputs
 write_probabilities = False  # probabilities.csv: every class of the model, beside the submission
 write_embeddings = False  # embeddings.npz beside the submission

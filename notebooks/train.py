@@ -25,6 +25,13 @@ path_column = "path"
 label_column = "label"
 audio_dir = None  # None: data_dir itself
 label_separator = None  # e.g. "," when one cell names several labels
+secondary_labels_column = None  # e.g. "secondary_labels" (BirdCLEF: "['a', 'b']"): more labels per file
+secondary_label_weight = 1.0  # the target of a secondary label
+# What to learn and select by
+objective = "auto"  # auto | aam | bce | focal (auto: bce when files have several labels, else aam)
+metric = "auto"  # auto | accuracy | macro_roc_auc | lwlrap | padded_cmap (auto: by objective)
+val_soundscapes_table = None  # e.g. "train_soundscapes_labels.csv": validate (and select) on labelled chunks
+val_soundscapes_dir = "train_soundscapes"  # where that table's filenames are
 # Hardware
 accelerator = "auto"  # auto | tpu | cuda | cpu
 devices = None  # data-parallel devices or processes (auto: all)
@@ -35,11 +42,23 @@ cache_dir = None  # decoded-audio cache (auto: /kaggle/tmp on Kaggle, else ~/.ca
 collective_timeout_minutes = 30.0  # DDP ranks give up on a collective after this long
 # Model
 model_size = "auto"  # auto | tiny | small | base | voxceleb (auto: by hardware)
+sample_rate = 16000  # audio is resampled to this (32000 for birds: calls above 8 kHz)
 n_mels = 80
 window_seconds = 1.0  # training crop and inference window
 aam_margin = 0.2
 aam_scale = 30.0
 min_short_fraction = 0.7  # half the short clips are cut to at least this part of their length
+crop_on_sound = True  # crops of long clips land where the clip is loud
+crops_per_file = None  # crops per file and epoch (auto: one per window of audio, up to 8)
+# Augmentation of the training crops
+noise_dir = None  # e.g. "train_soundscapes": background recordings mixed into the crops
+noise_probability = 0.5
+noise_snr_db_low = 0.0
+noise_snr_db_high = 15.0
+mix_probability = 0.0  # a second crop added, labels united (multi-label objectives)
+background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
+time_mask_probability = 0.0
+freq_mask_probability = 0.0
 init_from = None  # a SpeechBrain pretrained folder to fine-tune
 freeze_encoder = False  # train only the classifier (needs init_from)
 # Optimisation: global batch is per_device_batch_size x devices x grad_accum
@@ -61,6 +80,7 @@ time_budget_minutes = None  # stop in time to save (auto on Kaggle)
 checkpoint_every_minutes = 10.0
 checkpoint_dir = None  # auto: beside the artifact (/kaggle/working/checkpoints on Kaggle)
 progress = True
+export_onnx = True  # ONNX fp32 + int8 (gated on validation) in the artifact, for fast CPU inference
 
 # %%
 # Kaggle bootstrap: install this project offline from the attached code dataset (written by

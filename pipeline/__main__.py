@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .metrics import METRICS
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -41,9 +43,27 @@ def main(argv: list[str] | None = None) -> int:
     fsdd.add_argument("--max-per-cell", type=int, default=None, help="keep N files per (digit, speaker)")
     fsdd.add_argument("--overwrite", action="store_true")
 
-    score = commands.add_parser("score", help="accuracy of a submission against a solution file")
+    scapes = data.add_parser(
+        "soundscapes", help="a BirdCLEF-layout folder: focal recordings, hidden soundscapes"
+    )
+    scapes.add_argument("--out", required=True)
+    scapes.add_argument("--fsdd", dest="recordings", help="FSDD recordings folder: speakers as species "
+                        "(default: synthetic voices, no download)")  # fmt: skip
+    scapes.add_argument("--species", type=int, default=6)
+    scapes.add_argument("--focal-per-class", type=int, default=75)
+    scapes.add_argument("--test-soundscapes", type=int, default=40)
+    scapes.add_argument(
+        "--labelled-soundscapes", type=int, default=0, help="train_soundscapes_labels.csv rows"
+    )
+    scapes.add_argument("--public", action="store_true", help="the public copy: an empty test_soundscapes/")
+    scapes.add_argument("--seed", type=int, default=0)
+    scapes.add_argument("--overwrite", action="store_true")
+
+    score = commands.add_parser("score", help="a submission's metric against a solution file")
     score.add_argument("--submission", required=True)
     score.add_argument("--solution", required=True)
+    score.add_argument("--metric", default="auto", choices=["auto", *METRICS],
+                       help="auto: accuracy for an id,label solution, macro_roc_auc for one with class columns")  # fmt: skip
 
     commands.add_parser("check-safety", help="static submission-safety check of a notebook (see --help)")
 
@@ -88,12 +108,27 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
         print(f"wrote FSDD {args.task} competition folder {out}")
+    elif args.command == "data" and args.source == "soundscapes":
+        from .fsdd import FSDDError
+        from .soundscapes import make_soundscape_competition, species_from_fsdd, species_from_synthetic
+
+        try:
+            species = (species_from_fsdd(args.recordings, args.species) if args.recordings
+                       else species_from_synthetic(args.species, seed=args.seed))  # fmt: skip
+            out = make_soundscape_competition(args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
+                                              test_soundscapes=args.test_soundscapes, public=args.public,
+                                              labelled_soundscapes=args.labelled_soundscapes, overwrite=args.overwrite)  # fmt: skip
+        except (FSDDError, FileExistsError, ValueError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        print(f"wrote soundscape competition folder {out}")
     elif args.command == "score":
-        from .submission import score_submission
+        from .scoring import score_submission
         from .tables import DataError
 
         try:
-            print(f"accuracy={score_submission(args.submission, args.solution):.4f}")
+            metric, value = score_submission(args.submission, args.solution, args.metric)
+            print(f"{metric}={value:.4f}")
         except (DataError, ValueError, OSError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2

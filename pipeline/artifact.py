@@ -28,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from .buckets import DEFAULT_COUNT
 from .config import MAX_WINDOWS_PER_FILE
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 from .staging import check_output_dir, staged_directory
@@ -64,6 +65,11 @@ class Artifact:
     def window_samples(self) -> int:
         return int(self.manifest["model_config"]["window_samples"])
 
+    def listed_file(self, name: str) -> Path | None:
+        """The path of an optional file (e.g. the ONNX engine's) if the manifest lists it -- and so verified
+        it at load -- else None."""
+        return self.path / name if name in self.manifest.get("files", {}) else None
+
 
 def is_artifact(folder: Path) -> bool:
     """True if `folder` holds an artifact of this project (of any format version): one a new one may replace."""
@@ -97,7 +103,8 @@ def save_artifact(
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
-        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples)
+        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples,
+                                   sample_rate=model.config.sample_rate)  # fmt: skip
         parts = {"embedding_model": windowed, "classifier": model.classifier}
         for part, module in parts.items():
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
@@ -234,8 +241,10 @@ mean_var_norm: !new:pipeline.model.PassThrough
 
 embedding_model: !new:pipeline.model.WindowedEncoder
     n_mels: !ref <n_mels>
+    sample_rate: !ref <sample_rate>
     window_samples: {config.window_samples}
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
+    length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
     encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
         input_size: !ref <n_mels>
         channels: {list(config.channels)}

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from .augment import Augmentation, augment
 from .data import crop_span, pad_crop
 from .devices.launch import helper_spawn_context
 from .store import AudioStore
@@ -41,7 +42,7 @@ class BatchRecipe:
 
     store: AudioStore
     items: np.ndarray  # the cache index of each row of the training table
-    targets: np.ndarray  # the class of each row
+    targets: np.ndarray  # the class of each row, or (multi-label objectives) its [classes] targets
     rows: list[int]  # the rows this process trains on (its shard of the training split)
     rows_per_batch: int  # one micro-batch of this process (SPMD: of all devices)
     batches_per_epoch: int  # micro-batches: optimizer steps x gradient accumulation
@@ -50,6 +51,8 @@ class BatchRecipe:
     rank: int = 0
     min_short_fraction: float = 1.0
     host_features_mels: int | None = None  # XLA: Fbank features with this many mel bands, made here
+    crop_on_sound: bool = False  # crops of long clips drawn by loudness (data.crop_span)
+    augmentation: Augmentation | None = None
 
 
 class TrainingBatches(Dataset):
@@ -77,15 +80,20 @@ class TrainingBatches(Dataset):
         start = index * r.rows_per_batch
         rows = self.order(epoch)[start : start + r.rows_per_batch]
         wavs, lens = crops(r.store, r.items[rows], r.window, np.random.default_rng([r.seed, epoch, r.rank, start]),
-                           r.min_short_fraction)  # fmt: skip
+                           r.min_short_fraction, r.crop_on_sound)  # fmt: skip
+        labels = torch.from_numpy(r.targets[rows])
+        labels = labels.float() if labels.ndim == 2 else labels.long()
+        if r.augmentation is not None and r.augmentation.active:
+            rng = np.random.default_rng([r.seed, epoch, r.rank, start, 1])
+            wavs, lens, labels = augment(wavs, lens, labels, rng, r.augmentation)
         inputs = self.features(wavs, lens) if r.host_features_mels else wavs
-        return {"inputs": inputs, "lens": lens, "labels": torch.from_numpy(r.targets[rows]).long()}
+        return {"inputs": inputs, "lens": lens, "labels": labels}
 
     def features(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self._frontend is None:
             from .model import Frontend  # SpeechBrain's Fbank: only the XLA path's workers need it
 
-            self._frontend = Frontend(self.recipe.host_features_mels)
+            self._frontend = Frontend(self.recipe.host_features_mels, self.recipe.store.sample_rate)
         with torch.no_grad():
             return self._frontend(wavs, lens)
 
@@ -96,12 +104,15 @@ def crops(
     window: int,
     rng: np.random.Generator,
     min_short_fraction: float = 1.0,
+    on_sound: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One random crop of each cached file `items` ([n, window] waveforms, [n] relative lengths): only the
-    cropped samples are read from the cache."""
+    cropped samples are read from the cache. `on_sound`: long clips are cropped where they are loud."""
     wavs, lens = np.zeros((len(items), window), dtype=np.float32), np.zeros(len(items), dtype=np.float32)
     for k, item in enumerate(items):
-        start, stop = crop_span(int(store.lengths[item]), window, rng, min_short_fraction)
+        loudness = store.envelope(int(item)) if on_sound else None
+        start, stop = crop_span(int(store.lengths[item]), window, rng, min_short_fraction, loudness,
+                                store.envelope_frame)  # fmt: skip
         wavs[k], lens[k] = pad_crop(store.read(int(item), start, stop), window)
     return torch.from_numpy(wavs), torch.from_numpy(lens)
 

@@ -41,16 +41,23 @@ class TrainingState:
     best_epoch: int = 0  # 1-based epoch of best_state in history; 0: none yet
     best_predictions: np.ndarray | None = None  # the best epoch's predicted class per validation file
 
-    def is_better(self, record: dict[str, float]) -> bool:
-        """Higher validation accuracy wins; at equal accuracy the later epoch does (no validation: latest wins).
+    def is_better(self, record: dict[str, float], key: str = "val_accuracy") -> bool:
+        """A higher validation metric `key` wins; at an equal value the later epoch does (no validation: latest
+        wins). A metric that could not be computed (NaN) gives way to accuracy.
 
         Not the validation loss: once a small validation split is (nearly) all correct, its loss differs between
         epochs by noise, and picking by it kept early epochs that scored worse on unseen recordings (FSDD digits
         0.983 instead of 0.990) than the later, lower-learning-rate ones."""
-        if "val_accuracy" not in record:
+        best = self.history[self.best_epoch - 1] if self.best_epoch else None
+        if not _number(record.get(key)) or (best is not None and not _number(best.get(key))):
+            key = "val_accuracy"
+        if not _number(record.get(key)) or best is None or not _number(best.get(key)):
             return True
-        best = self.history[self.best_epoch - 1]["val_accuracy"] if self.best_epoch else -1.0
-        return record["val_accuracy"] >= best
+        return record[key] >= best[key]
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and value == value  # not None, not NaN
 
 
 def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:

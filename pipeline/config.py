@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import string
 import types
 import typing
 from dataclasses import dataclass
@@ -25,10 +26,14 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "voxceleb": {"channels": [1024, 1024, 1024, 1024, 3072], "lin_neurons": 192, "attention_channels": 128,
                  "se_channels": 128},
 }  # fmt: skip
-SAMPLE_RATE = 16_000
+SAMPLE_RATE = 16_000  # the default: SpeechBrain's speaker convention (TrainConfig.sample_rate changes it)
 # Inference covers a longer file with this many evenly spaced windows; the artifact's SpeechBrain yaml
 # repeats the value, so EncoderClassifier and the project agree on long files.
 MAX_WINDOWS_PER_FILE = 64
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 96_000
+# Chunk ids (InferConfig.row_id_template): the test item's id, its file's stem or name, the chunk's seconds.
+TEMPLATE_FIELDS = ("id", "stem", "name", "start", "end")
+DEFAULT_TEMPLATE = "{id}_{end}"  # BirdCLEF 2021-2026: soundscape_12345_20 is 0:15-0:20
 
 
 class ConfigError(ValueError):
@@ -48,8 +53,25 @@ class TrainConfig:
     label_column: str = "label"
     audio_dir: str | None = None
     label_separator: str | None = None
+    # Several labels per clip: a column of further labels present in each file (BirdCLEF: "secondary_labels",
+    # "['a', 'b']"), each a target of this weight beside the file's own label(s).
+    secondary_labels_column: str | None = None
+    secondary_label_weight: float = 1.0
+    # What to learn and how to select (pipeline/objectives.py, pipeline/metrics.py). objective auto: "bce" (an
+    # independent sigmoid per class) when some file has several labels, else "aam" (one class per clip).
+    # metric auto: accuracy for aam, macro_roc_auc otherwise; validation computes it and keeps the best epoch.
+    objective: str = "auto"  # auto | aam | bce | focal
+    metric: str = "auto"  # auto | accuracy | macro_roc_auc | lwlrap | padded_cmap
+    # Labelled soundscapes, the test's own domain (BirdCLEF 2026's train_soundscapes_labels.csv: filename,
+    # start, end, primary_label "a;b"; filenames relative to val_soundscapes_dir): their chunks are scored as the
+    # infer stage scores chunks, and their metric selects the kept epoch. They are left out of noise_dir.
+    val_soundscapes_table: str | None = None
+    val_soundscapes_dir: str | None = "train_soundscapes"
     # Model
     model_size: str = "auto"  # auto: "voxceleb" on TPU/GPU, "small" on CPU, "tiny" on the XLA CPU stand-in
+    # Audio is resampled to this rate for training and inference; the Fbank spans 0 to half of it. 16 kHz keeps
+    # what speech needs; birds sing above 8 kHz (BirdCLEF's audio is 32 kHz): use 32000 there.
+    sample_rate: int = SAMPLE_RATE
     n_mels: int = 80
     window_seconds: float = 1.0  # training crop = inference window (see inference.py for why they must match)
     aam_margin: float = 0.2
@@ -57,6 +79,25 @@ class TrainConfig:
     # their length (1.0: off). Tightly trimmed recordings cut some words short ("sev-" for seven); seeing
     # partial words in training made FSDD digits more robust (held-out mean 0.986 -> 0.991 over 3 seeds).
     min_short_fraction: float = 0.7
+    # Crops of clips longer than a window are drawn where the clip is loud (not on the pauses of a long
+    # focal recording); False: anywhere with equal chance.
+    crop_on_sound: bool = True
+    # Crops per file and epoch: None gives one per window of audio (up to 8), so long recordings are not seen
+    # through one crop an epoch; clips up to a window long are seen once either way.
+    crops_per_file: int | None = None
+    # Augmentation of training crops (pipeline/augment.py). noise_dir: a folder of background recordings in
+    # data_dir (BirdCLEF: "train_soundscapes"), mixed into noise_probability of the crops at a random SNR;
+    # mix_probability: a second crop added, with the union of the labels (multi-label objectives only);
+    # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
+    # time/frequency masks: SpeechBrain's DropChunk and DropFreq.
+    noise_dir: str | None = None
+    noise_probability: float = 0.5
+    noise_snr_db_low: float = 0.0
+    noise_snr_db_high: float = 15.0
+    mix_probability: float = 0.0
+    background_probability: float = 0.0
+    time_mask_probability: float = 0.0
+    freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
@@ -97,6 +138,12 @@ class TrainConfig:
     checkpoint_every_minutes: float = 10.0
     checkpoint_dir: str | None = None  # default: <artifact_dir>.checkpoints
     progress: bool = True
+    # The CPU inference engine's files (pipeline/onnx_engine.py): the embedding model exported to ONNX (fp32) and
+    # quantised to int8 on training windows, written into the artifact, with whether int8 kept the validation
+    # metric within 0.5 points of fp32 (the infer stage runs int8 only then). Takes ~20 s plus a CPU pass over
+    # the validation split per precision, counted in time_budget_minutes. False: no ONNX files (the infer
+    # stage exports the fp32 file itself when it needs one).
+    export_onnx: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("model_size", self.model_size, ["auto", *MODEL_PRESETS])
@@ -104,8 +151,28 @@ class TrainConfig:
         _check_choice("accelerator", self.accelerator, ["auto", "tpu", "cuda", "cpu"])
         _check_choice("precision", self.precision, ["auto", "fp32", "bf16", "fp16"])
         _check_choice("on_bad_row", self.on_bad_row, ["error", "skip"])
+        _check_choice("objective", self.objective, ["auto", "aam", "bce", "focal"])
+        _check_choice("metric", self.metric, ["auto", "accuracy", "macro_roc_auc", "lwlrap", "padded_cmap"])
+        for name in (
+            "noise_probability",
+            "mix_probability",
+            "background_probability",
+            "time_mask_probability",
+            "freq_mask_probability",
+        ):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a probability in [0, 1]")
+        if self.noise_snr_db_low > self.noise_snr_db_high:
+            raise ConfigError(f"parameters noise_snr_db_low={self.noise_snr_db_low!r} > noise_snr_db_high="
+                              f"{self.noise_snr_db_high!r}: the range is low..high dB")  # fmt: skip
+        if not 0.0 < self.secondary_label_weight <= 1.0:
+            raise ConfigError(f"parameter secondary_label_weight={self.secondary_label_weight!r}: use a target in "
+                              "(0, 1] (1: a secondary label counts as much as the file's own)")  # fmt: skip
         for name in ("epochs", "base_batch_size", "grad_accum", "n_mels"):
             _check_positive(name, getattr(self, name))
+        if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
+            raise ConfigError(f"parameter sample_rate={self.sample_rate!r}: use a rate in Hz between "
+                              f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} (16000 for speech, 32000 for birds)")  # fmt: skip
         for name in (
             "window_seconds",
             "base_lr",
@@ -116,6 +183,8 @@ class TrainConfig:
             _check_positive(name, getattr(self, name))
         if self.per_device_batch_size is not None:
             _check_positive("per_device_batch_size", self.per_device_batch_size)
+        if self.crops_per_file is not None:
+            _check_positive("crops_per_file", self.crops_per_file)
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(
                 f"num_workers={self.num_workers!r}: use 0 (crops made in the training process) or more"
@@ -136,7 +205,7 @@ class TrainConfig:
 
     @property
     def window_samples(self) -> int:
-        return int(round(self.window_seconds * SAMPLE_RATE))
+        return int(round(self.window_seconds * self.sample_rate))
 
 
 @dataclass
@@ -156,6 +225,19 @@ class InferConfig:
     audio_dir: str | None = None
     test_audio_dir: str | None = None
     test_id: str = "auto"
+    # Chunk rows (soundscape competitions: BirdCLEF scores a row per 5 s chunk of every test file; see rows.py).
+    # None: a row per test file. The id template is recognised from sample_submission's ids ("auto"), e.g.
+    # "{id}_{end}": soundscape_123_5, ..._10. A chunk's windows lie `window_hop_seconds` apart (None: half a
+    # window) and are pooled into its scores by `chunk_pooling` (mean | max | mean_max, see inference.py).
+    segment_seconds: float | None = None
+    row_id_template: str = "auto"
+    chunk_pooling: str = "max"
+    window_hop_seconds: float | None = None
+    # Time: prediction stops in time for the notebook to end within time_limit_minutes (counted from the
+    # kernel's start; the rows left get the prior). The hidden set's size, if given, gives a projected time.
+    time_limit_minutes: float | None = None
+    expected_test_files: int | None = None
+    expected_file_seconds: float | None = None
     device: str = "auto"  # auto | cuda | cpu
     devices: int | None = None  # GPUs to use (auto: all)
     batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 64 on GPU)
@@ -165,19 +247,54 @@ class InferConfig:
     write_probabilities: bool = False
     write_embeddings: bool = False
     fallback_label: str | None = None  # default: the most frequent training label (papermill: -r for text)
-    num_threads: int | None = None
+    num_threads: int | None = (
+        None  # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
+    )
     progress: bool = True
+    # CPU inference engine (pipeline/onnx_engine.py): auto runs ONNX Runtime when it is installed, agrees with
+    # torch and is faster on a probe batch, else torch; torch | onnx force one (any ONNX failure still falls
+    # back to torch). GPUs run torch fp16 whatever it says. onnx_precision auto runs the artifact's int8 file
+    # only if it kept the validation metric within 0.5 points of fp32 at training; fp32 | int8 force one.
+    engine: str = "auto"
+    onnx_precision: str = "auto"
+    # Windows shorter than the model's (clips shorter than a window) run at the shortest of this many tensor
+    # lengths that holds their audio (pipeline/buckets.py: no compute on padding; scores within 1e-5 of the full
+    # window's, measured); 1: every window at full length, as training pads them.
+    length_buckets: int = 4
 
     def __post_init__(self) -> None:
         _check_choice("device", self.device, ["auto", "cuda", "cpu"])
+        _check_choice("engine", self.engine, ["auto", "torch", "onnx"])
+        _check_choice("onnx_precision", self.onnx_precision, ["auto", "fp32", "int8"])
+        _check_positive("length_buckets", self.length_buckets)
         _check_choice("test_id", self.test_id, ["auto", "name", "stem"])
-        for name in ("batch_windows", "max_windows_per_file"):
+        _check_choice("chunk_pooling", self.chunk_pooling, ["mean", "max", "mean_max"])
+        for name in ("batch_windows", "max_windows_per_file", "segment_seconds", "window_hop_seconds",
+                     "time_limit_minutes", "expected_test_files", "expected_file_seconds"):  # fmt: skip
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
+        if self.row_id_template != "auto":
+            check_template(self.row_id_template)
         if self.devices is not None:
             _check_positive("devices", self.devices)
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"num_workers={self.num_workers!r}: use 0 (load in the main process) or more")
+
+
+def check_template(template: str) -> None:
+    """ConfigError unless a chunk-id template names the file ({id}, {stem} or {name}) and the chunk ({start} or
+    {end}), and nothing else (pipeline/rows.py formats it)."""
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as error:
+        raise ConfigError(
+            f"parameter row_id_template={template!r} is not a format string ({error})"
+        ) from None
+    unknown = names - set(TEMPLATE_FIELDS)
+    if unknown or not names & {"id", "stem", "name"} or not names & {"start", "end"}:
+        raise ConfigError(f"parameter row_id_template={template!r}: use {{id}}, {{stem}} or {{name}} for the file "
+                          f"and {{start}} or {{end}} for the chunk's seconds, e.g. {DEFAULT_TEMPLATE!r}"
+                          + (f" (unknown: {sorted(unknown)})" if unknown else ""))  # fmt: skip
 
 
 def _check_choice(name: str, value: Any, allowed: list[str]) -> None:

@@ -1,19 +1,27 @@
-"""Inference: every test id gets a prediction, fast, on whatever the submission session has.
+"""Inference: the scores of time spans of audio files, fast, on whatever the submission session has.
 
-How a file becomes a prediction: decode (DataLoader workers, overlapped with compute) -> 16 kHz mono ->
-fixed-length windows exactly like the training crops -> batches of `batch_windows` windows (every batch the
-same shape, so no padding is wasted and GPU kernels are reused) -> window embeddings -> their
-length-weighted mean per file -> cosine scores -> label. Feeding whole variable-length files instead cost a measured 40 accuracy
-points on FSDD digits (../shared/NOTES.md): the model only knows windows.
+This module knows files and spans, nothing of tables or submissions (pipeline/rows.py plans which span every
+row of the submission needs; pipeline/submission.py writes it). A span is a whole file or a part of one (a 5 s
+chunk of a soundscape). How a span becomes scores: decode its file (DataLoader workers, overlapped with
+compute) -> mono at the model's rate -> fixed-length windows exactly like the training crops -> batches of
+`batch_windows` windows from any files (every batch the same shape, so GPU kernels are reused) -> window
+embeddings -> pooled per span:
 
-A file that cannot be read gets the fallback label and a line in the report; the run fails only when the
-artifact itself is invalid. This module never imports torch_xla.
+    mean      the valid-length-weighted mean of the windows' unit embeddings, scored by the cosine classifier
+              (a file's prediction: it is what SpeechBrain's EncoderClassifier computes from an artifact)
+    max       the highest cosine score of each class over the span's windows (a call anywhere in the chunk)
+    mean_max  the average of the windows' mean cosine score and their maximum, per class
+
+Feeding whole variable-length files instead of windows cost a measured 40 accuracy points on FSDD digits
+(../shared/NOTES.md): the model only knows windows. A file that cannot be read leaves its spans without scores
+(`ok` False) and says why; the run fails only when the artifact itself is invalid. With a deadline, prediction
+stops before the measured rate says the next file would overrun it. This module never imports torch_xla.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import tempfile
 import time
 import types
@@ -25,36 +33,93 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from .artifact import Artifact
-from .config import MAX_WINDOWS_PER_FILE, InferConfig
+from .buckets import Buckets
+from .config import MAX_WINDOWS_PER_FILE
 from .data import AudioError, load_audio, windows
 from .devices.launch import heartbeat
+from .devices.threads import available_cores, plan_threads
 from .model import SpeakerClassifier, add_windows
 from .progress import progress_bar
-from .tables import DataError, TestRow, resolve_inside
+from .tables import DataError, resolve_inside
 
-# Files longer than this are only decoded up to it: max_windows_per_file windows cover it anyway.
+POOLINGS = ("mean", "max", "mean_max")
+# A whole file (a span with no end) is decoded only up to this: max_windows_per_file windows cover it anyway.
 MAX_DECODE_SECONDS = 600.0
+# The deadline is kept with this margin over the measured cost of what is still to compute.
+DEADLINE_SAFETY = 1.5
+
+
+@dataclass(frozen=True)
+class Span:
+    """Seconds [start, end) of file `file` (an index into the files predicted); `end` None: to the file's end,
+    covered by at most `max_windows` evenly spaced windows (a whole-file prediction)."""
+
+    file: int
+    start: float = 0.0
+    end: float | None = None
+
+
+def chunk_hop(window: int, hop_seconds: float | None, sample_rate: int) -> int:
+    """Samples between a chunk's windows: `hop_seconds`, or by default half a window."""
+    return int(round(hop_seconds * sample_rate)) if hop_seconds else max(1, window // 2)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How spans are cut into windows and batched."""
+
+    window: int  # samples per window (the model's training crop)
+    sample_rate: int
+    batch_windows: int
+    max_windows: int = MAX_WINDOWS_PER_FILE  # per whole-file span
+    hop: int | None = None  # samples between the windows of a chunk span (None: as many as cover it)
+    # Windows shorter than `window` run at the shortest of this many tensor lengths that holds them
+    # (pipeline/buckets.py); 1: every window at full length, as training pads it.
+    length_buckets: int = 1
+
+    def buckets(self) -> Buckets | None:
+        return (
+            Buckets.plan(self.window, self.sample_rate, self.length_buckets)
+            if self.length_buckets > 1
+            else None
+        )
 
 
 @dataclass
 class FileWindows:
-    index: int
+    """One file's windows for all of its spans (made in a DataLoader worker)."""
+
+    index: int  # the file
     windows: np.ndarray | None  # [n, window] float32, None when the file could not be used
     lens: np.ndarray | None  # [n] relative lengths
-    problem: str | None = None  # reason for the fallback
+    owner: np.ndarray | None  # [n] the span each window belongs to
+    problem: str | None = None  # why the file's spans fall back
     repairs: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # audio decoded
 
 
 @dataclass
-class Predictions:
-    scores: np.ndarray  # [n_files, n_classes] cosine scores of the mean embedding (NaN rows for fallbacks)
-    embeddings: np.ndarray  # [n_files, emb_dim]
-    ok: np.ndarray  # [n_files] bool: a real prediction was made
-    problems: dict[int, str]  # file index -> why it fell back
+class SpanPredictions:
+    pooled: dict[str, np.ndarray]  # pooling -> [n_spans, n_classes] cosine scores (NaN rows where not ok)
+    embeddings: np.ndarray  # [n_spans, emb_dim] mean unit window embedding
+    ok: np.ndarray  # [n_spans] bool: a real prediction was made
+    problems: dict[int, str]  # file index -> why its spans fell back
     repairs: dict[int, list[str]]  # file index -> what was repaired
     device_counts: dict[str, int]  # files processed per device
-    seconds: float = 0.0
+    audio_seconds: float = 0.0  # audio predicted
+    seconds: float = 0.0  # time spent predicting it
+    stopped: str | None = None  # why prediction stopped before every file (the deadline)
+    seen: set[int] = field(default_factory=set)  # the files taken or found unusable before any stop
+    engines: dict[str, str] = field(default_factory=dict)  # device -> the engine that computed its batches
+    engine_notes: list[str] = field(default_factory=list)  # the engine choice's printed lines, for the report
+    threads: dict[str, int] = field(default_factory=dict)  # device -> compute threads (CPU processes)
+    # The embedder of a single-process run, for measuring the rate the same way (submission.probe_rate).
+    embedder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Whole-file scores: the mean pooling."""
+        return self.pooled["mean"]
 
 
 @torch.inference_mode()
@@ -69,104 +134,205 @@ def embed_windows(
     return embeddings.float().cpu()
 
 
+class SpanPooling:
+    """Running per-span sums and maxima of window embeddings and scores (windows of a span may come in several
+    batches)."""
+
+    def __init__(self, n_spans: int, emb_dim: int, class_weight: torch.Tensor) -> None:
+        self.unit_classes = torch.nn.functional.normalize(class_weight.detach().float().cpu(), dim=1)
+        n_classes = len(self.unit_classes)
+        self.emb_sum = torch.zeros(n_spans, emb_dim)
+        self.weight = torch.zeros(n_spans)
+        self.score_sum = torch.zeros(n_spans, n_classes)
+        self.score_max = torch.full((n_spans, n_classes), -torch.inf)
+
+    def add(self, embeddings: torch.Tensor, lens: torch.Tensor, owner: torch.Tensor) -> None:
+        add_windows(self.emb_sum, self.weight, embeddings, lens, owner)
+        scores = cosine_scores(embeddings, self.unit_classes)
+        self.score_sum.index_add_(0, owner, scores * lens.float()[:, None])
+        self.score_max.scatter_reduce_(0, owner[:, None].expand_as(scores), scores, reduce="amax")
+
+    def result(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        ok = self.weight > 0
+        n, dim = self.emb_sum.shape
+        embeddings = torch.full((n, dim), float("nan"))
+        embeddings[ok] = self.emb_sum[ok] / self.weight[ok][:, None]
+        mean_score = self.score_sum / self.weight.clamp_min(1e-12)[:, None]
+        pooled = {
+            "mean": cosine_scores(embeddings, self.unit_classes),
+            "max": self.score_max,
+            "mean_max": 0.5 * (mean_score + self.score_max),
+        }
+        for scores in pooled.values():
+            scores[~ok] = float("nan")
+        return {k: v.numpy().astype(np.float32) for k, v in pooled.items()}, embeddings.numpy(), ok.numpy()
+
+
+def cosine_scores(embeddings: torch.Tensor, unit_classes: torch.Tensor) -> torch.Tensor:
+    """Cosine of each embedding with each class centre, in fp32 on the host (what SpeechBrain's classify_batch
+    returns for one embedding)."""
+    unit = torch.nn.functional.normalize(embeddings.float(), dim=1)
+    return torch.nn.functional.linear(unit, unit_classes)
+
+
 def run_windows(
     model: SpeakerClassifier,
     items: Iterator[FileWindows],
-    n_files: int,
+    n_spans: int,
     batch_windows: int,
     device: torch.device,
     progress: bool = False,
     embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-) -> Predictions:
-    """Consume per-file windows, batch them densely, and reduce window embeddings back to files.
+    n_files: int | None = None,
+    deadline: float | None = None,
+    buckets: Buckets | None = None,
+) -> SpanPredictions:
+    """Consume per-file windows, batch them densely, and pool window embeddings back to their spans.
 
-    A file's embedding is the valid-length-weighted mean of its unit-length window embeddings (the reduction
-    model.WindowedEncoder applies for SpeechBrain); its scores are the cosine classifier on that mean.
     `embed(wavs, lens)` computes a batch's window embeddings on the host (default: `embed_windows` on
-    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA)."""
+    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA). With
+    `buckets`, a window shorter than the model's runs at its bucket's tensor length, batched with windows of
+    that length (as many windows per batch as keep the batch's samples at `batch_windows` full windows); the
+    pooling still weighs every window by its valid share of a full window. With a `deadline` (time.time()), a
+    file is taken only while the measured seconds per window say that it and the windows already waiting
+    finish before it (with DEADLINE_SAFETY); the files left have no predictions."""
     embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
+    window = model.config.window_samples
     # CUDA: every batch is staged in one page-locked buffer, so the copy to the GPU is a DMA that needs no
     # pageable bounce (batches are assembled here from several files' windows, so pinning each file's
     # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
     # the buffer is free again before the next one is staged.
     staging = None
-    emb_dim = model.config.lin_neurons
-    emb_sum = torch.zeros(n_files, emb_dim)
-    weight = torch.zeros(n_files)
+    pooling = SpanPooling(n_spans, model.config.lin_neurons, model.classifier.weight)
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
-    pending_wavs: list[np.ndarray] = []
-    pending_lens: list[np.ndarray] = []
-    pending_owner: list[np.ndarray] = []
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # tensor length -> windows
     started = time.perf_counter()
+    computed = {"windows": 0, "seconds": 0.0}
+    audio_seconds = 0.0
+    stopped = None
+    seen: set[int] = set()
 
-    def flush(limit: int | None) -> None:
-        """Run full batches (or everything when limit is None) from the pending windows."""
-        nonlocal pending_wavs, pending_lens, pending_owner, staging
-        if not pending_wavs:
+    def batch_size(length: int) -> int:
+        return max(1, batch_windows * window // length)
+
+    def flush(length: int, full_only: bool) -> None:
+        """Run full batches (or everything) of the pending windows of one tensor length."""
+        nonlocal staging
+        if not pending.get(length):
             return
-        wavs = np.concatenate(pending_wavs)
-        lens = np.concatenate(pending_lens)
-        owner = np.concatenate(pending_owner)
-        stop = len(wavs) if limit is None else (len(wavs) // limit) * limit
-        for start in range(0, stop, batch_windows):
-            end = min(start + batch_windows, stop)
-            batch_lens, batch = torch.from_numpy(lens[start:end]), torch.from_numpy(wavs[start:end])
+        wavs, lens, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
+        size = batch_size(length)
+        stop = (len(wavs) // size) * size if full_only else len(wavs)
+        for start in range(0, stop, size):
+            end = min(start + size, stop)
+            began = time.perf_counter()
+            batch_lens = torch.from_numpy(lens[start:end])
+            model_lens = (
+                batch_lens
+                if buckets is None
+                else torch.from_numpy(buckets.relative_at(lens[start:end], length))
+            )
+            batch = torch.from_numpy(wavs[start:end])
             if device.type == "cuda":
                 if staging is None:
-                    staging = torch.empty((batch_windows, wavs.shape[1]), pin_memory=True)
-                batch = staging[: end - start].copy_(batch)
-            embeddings = embed(batch, batch_lens)
-            add_windows(emb_sum, weight, embeddings, batch_lens, torch.from_numpy(owner[start:end]))
+                    staging = torch.empty(batch_windows * window, pin_memory=True)
+                batch = staging[: batch.numel()].view(batch.shape).copy_(batch)
+            # Pooled by the valid share of a full window, whatever length the window ran at.
+            pooling.add(embed(batch, model_lens), batch_lens, torch.from_numpy(owner[start:end]))
+            computed["windows"] += end - start
+            computed["seconds"] += time.perf_counter() - began
             heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
-        pending_wavs, pending_lens, pending_owner = [wavs[stop:]], [lens[stop:]], [owner[stop:]]
+        pending[length] = [(wavs[stop:], lens[stop:], owner[stop:])]
 
-    bar = progress_bar(n_files, "infer", "file", progress)
-    buffered = 0
+    def waiting() -> int:
+        return sum(len(part[0]) for parts in pending.values() for part in parts)
+
+    bar = progress_bar(n_files if n_files is not None else n_spans, "infer", "file", progress)
     for item in items:
         if item.windows is None:
             problems[item.index] = item.problem or "unusable"
+            seen.add(item.index)
+        elif deadline is not None and not _fits(deadline, waiting() + len(item.windows), computed, started):
+            stopped = (f"time limit: stopped before the file's windows would end after the deadline "
+                       f"({computed['windows']} windows predicted at "
+                       f"{computed['seconds'] / max(1, computed['windows']) * 1000:.1f} ms each)")  # fmt: skip
+            problems[item.index] = "time limit: not predicted"
+            break
         else:
+            seen.add(item.index)
             if item.repairs:
                 repairs[item.index] = item.repairs
-            pending_wavs.append(np.asarray(item.windows))
-            pending_lens.append(np.asarray(item.lens))
-            pending_owner.append(np.full(len(item.windows), item.index, dtype=np.int64))
-            buffered += len(item.windows)
-            if buffered >= batch_windows:
-                flush(batch_windows)
-                buffered = len(pending_wavs[0])
+            audio_seconds += item.seconds
+            for length, part in _by_length(item, buckets, window):
+                pending.setdefault(length, []).append(part)
+                if sum(len(p[0]) for p in pending[length]) >= batch_size(length):
+                    flush(length, full_only=True)
         if bar is not None:
             bar.update(1)
-    flush(None)
+    for length in sorted(pending, reverse=True):
+        flush(length, full_only=False)
     if bar is not None:
         bar.close()
-    ok = (weight > 0).numpy()
-    embeddings = np.full((n_files, emb_dim), np.nan, dtype=np.float32)
-    embeddings[ok] = (emb_sum[ok] / weight[ok][:, None]).numpy()
-    scores = np.full((n_files, model.config.n_classes), np.nan, dtype=np.float32)
-    if ok.any():
-        scores[ok] = host_scores(model, embeddings[ok])
-    for index in np.flatnonzero(~ok):
-        problems.setdefault(int(index), "no audio windows")
-    return Predictions(
-        scores=scores,
+    pooled, embeddings, ok = pooling.result()
+    return SpanPredictions(
+        pooled=pooled,
         embeddings=embeddings,
         ok=ok,
         problems=problems,
         repairs=repairs,
-        device_counts={str(device): int(ok.sum())},
+        device_counts={str(device): len(seen)},
+        audio_seconds=audio_seconds,
         seconds=time.perf_counter() - started,
+        stopped=stopped,
+        seen=seen,
     )
 
 
-@torch.inference_mode()
-def host_scores(model: SpeakerClassifier, embeddings: np.ndarray) -> np.ndarray:
-    """Cosine scores [n_files, n_classes] of per-file embeddings, computed on the host in fp32 with the
-    model's classifier weights (what SpeechBrain's classify_batch returns), wherever the model lives."""
-    weight = model.classifier.weight.detach().float().cpu()
-    unit = torch.nn.functional.normalize(torch.from_numpy(embeddings).float(), dim=1)
-    return torch.nn.functional.linear(unit, torch.nn.functional.normalize(weight, dim=1)).numpy()
+def _by_length(
+    item: FileWindows, buckets: Buckets | None, window: int
+) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], lens, owner))."""
+    wavs, lens, owner = np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)
+    if buckets is None or bool((lens >= 1.0).all()):
+        yield window, (wavs, lens, owner)
+        return
+    lengths = buckets.length_of(lens)
+    for length in np.unique(lengths):
+        chosen = lengths == length
+        yield int(length), (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], owner[chosen])
+
+
+def _fits(deadline: float, windows: int, computed: dict[str, float], started: float) -> bool:
+    """Whether `windows` more windows finish before `deadline` at the rate measured so far: wall time per
+    window, decoding and waiting included (the first file is always taken: there is no rate yet)."""
+    if computed["windows"] == 0:
+        return time.time() < deadline
+    per_window = (time.perf_counter() - started) / computed["windows"]
+    return time.time() + DEADLINE_SAFETY * windows * per_window < deadline
+
+
+def span_windows(
+    samples: np.ndarray, spans: Sequence[tuple[int, float, float | None]], plan: WindowPlan
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows of a decoded file's spans ((span index, start s, end s)): [n, window], [n] relative lengths,
+    [n] owning span. A span past the decoded audio has no window (it keeps no prediction)."""
+    cut, lens, owner = [], [], []
+    for span_index, start, end in spans:
+        first = int(round(start * plan.sample_rate))
+        if end is None:
+            part, limit, hop = samples[first:], plan.max_windows, None
+        else:
+            part, limit, hop = samples[first : int(round(end * plan.sample_rate))], 1 << 30, plan.hop
+        if part.size == 0:
+            continue
+        wavs, rel = windows(part, plan.window, limit, hop)
+        cut.append(wavs)
+        lens.append(rel)
+        owner.append(np.full(len(wavs), span_index, dtype=np.int64))
+    if not cut:
+        return np.zeros((0, plan.window), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
+    return np.concatenate(cut), np.concatenate(lens), np.concatenate(owner)
 
 
 def classify_clips(
@@ -176,71 +342,108 @@ def classify_clips(
     batch_windows: int = 64,
     max_windows: int = MAX_WINDOWS_PER_FILE,
     device: torch.device | None = None,
-) -> Predictions:
-    """Predictions for clips already in memory (validation during training uses this)."""
+    length_buckets: int = 1,
+) -> SpanPredictions:
+    """Whole-file predictions for clips already in memory (one span per clip)."""
     device = device or next(model.parameters()).device
-    items = (FileWindows(i, *windows(clip, window, max_windows)) for i, clip in enumerate(clips))
-    return run_windows(model, items, len(clips), batch_windows, device)
+    plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows, None, length_buckets)
+    items = clip_items(clips, plan)
+    return run_windows(model, items, len(clips), batch_windows, device, buckets=plan.buckets())
 
 
-class TestFileWindows(Dataset):
-    """Decodes test files into windows in DataLoader workers; never raises for a bad file."""
+def clip_items(clips: Sequence[np.ndarray], plan: WindowPlan) -> Iterator[FileWindows]:
+    """The windows of decoded clips, one whole-file span each (span k is clip k)."""
+    for i, clip in enumerate(clips):
+        yield FileWindows(i, *span_windows(clip, [(i, 0.0, None)], plan))
 
-    def __init__(self, data_dir: Path, rows: Sequence[TestRow], window: int, max_windows: int) -> None:
-        self.data_dir, self.rows, self.window, self.max_windows = data_dir, rows, window, max_windows
+
+class SpanWindows(Dataset):
+    """Decodes test files into their spans' windows in DataLoader workers; never raises for a bad file."""
+
+    def __init__(
+        self, data_dir: Path, files: Sequence[str], spans_of: Sequence[list[tuple]], plan: WindowPlan
+    ) -> None:
+        self.data_dir, self.files, self.spans_of, self.plan = data_dir, files, spans_of, plan
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.files)
 
     def __getitem__(self, index: int) -> FileWindows:
-        row = self.rows[index]
+        rel_path, spans = self.files[index], self.spans_of[index]
+        ends = [end for _, _, end in spans]
+        # Decode what the spans need: a whole file up to the cap, chunks up to the last one's end.
+        max_seconds = MAX_DECODE_SECONDS if None in ends else max(ends)
         try:
-            path = resolve_inside(self.data_dir, row.rel_path)
-            samples, repairs = load_audio(path, max_seconds=MAX_DECODE_SECONDS)
-        except AudioError as error:  # the report names the file as test.csv does
-            return FileWindows(index, None, None, problem=f"{row.rel_path}: {error.detail}")
+            path = resolve_inside(self.data_dir, rel_path)
+            samples, repairs = load_audio(path, sample_rate=self.plan.sample_rate, max_seconds=max_seconds)
+        except AudioError as error:  # the report names the file as the test table does
+            return FileWindows(index, None, None, None, problem=f"{rel_path}: {error.detail}")
         except DataError as error:
-            return FileWindows(index, None, None, problem=str(error))
-        except Exception as error:  # noqa: BLE001 - a bad file must cost one row, never the run
-            return FileWindows(index, None, None, problem=f"{row.rel_path}: {type(error).__name__}: {error}")
-        wavs, lens = windows(samples, self.window, self.max_windows)
-        return FileWindows(index, wavs, lens, repairs=repairs)
+            return FileWindows(index, None, None, None, problem=str(error))
+        except Exception as error:  # noqa: BLE001 - a bad file must cost its rows' scores, never the run
+            return FileWindows(
+                index, None, None, None, problem=f"{rel_path}: {type(error).__name__}: {error}"
+            )
+        wavs, lens, owner = span_windows(samples, spans, self.plan)
+        return FileWindows(
+            index, wavs, lens, owner, repairs=repairs, seconds=len(samples) / self.plan.sample_rate
+        )
 
 
 def _first(batch: list[FileWindows]) -> FileWindows:
     return batch[0]
 
 
-def file_order(data_dir: Path, rows: Sequence[TestRow]) -> list[int]:
-    """Longest files first (by size on disk, a cheap proxy for duration): big windows counts early keep
-    batches full and let the progress bar's rate settle."""
+def file_order(
+    data_dir: Path, files: Sequence[str], seconds: Sequence[float | None] | None = None
+) -> list[int]:
+    """Longest files first (by the duration their headers state, else by size on disk): big windows counts
+    early keep batches full, let the progress bar's rate settle, and leave the cheapest files to the end, where
+    a deadline may stop prediction."""
 
-    def size(row: TestRow) -> int:
+    def size(index: int) -> float:
+        if seconds is not None and seconds[index] is not None:
+            return float(seconds[index])
         try:
-            return (data_dir / row.rel_path).stat().st_size
+            return (data_dir / files[index]).stat().st_size / 1e12  # below every duration: unknown ones last
         except (OSError, ValueError):  # missing, or a name the OS refuses (NUL byte): it will fall back
-            return -1
+            return -1.0
 
-    return sorted(range(len(rows)), key=lambda i: -size(rows[i]))
+    return sorted(range(len(files)), key=lambda i: -size(i))
 
 
-def predict_rows(
+def spans_by_file(spans: Sequence[Span], n_files: int) -> list[list[tuple[int, float, float | None]]]:
+    """For each file, its spans as (span index, start, end)."""
+    grouped: list[list[tuple[int, float, float | None]]] = [[] for _ in range(n_files)]
+    for index, span in enumerate(spans):
+        grouped[span.file].append((index, span.start, span.end))
+    return grouped
+
+
+def predict_spans(
     model: SpeakerClassifier,
     data_dir: Path,
-    rows: Sequence[TestRow],
-    indices: Sequence[int],
+    files: Sequence[str],
+    spans: Sequence[Span],
+    order: Sequence[int],
     device: torch.device,
-    batch_windows: int,
-    max_windows: int,
+    plan: WindowPlan,
     num_workers: int,
     progress: bool = False,
-) -> Predictions:
-    """Predict `rows[indices]` on one device. Scores come back indexed like `rows`."""
-    dataset = TestFileWindows(data_dir, rows, model.config.window_samples, max_windows)
+    deadline: float | None = None,
+    engine: EngineSettings | None = None,
+    threads: int | None = None,
+    log: Callable[[str], None] = print,
+) -> SpanPredictions:
+    """Predict the spans of `files[order]` (paths relative to `data_dir`) on one device; the spans of other
+    files are neither ok nor problems here. `engine`: what computes CPU batches (default torch); `threads`:
+    the CPU compute threads of this process (torch's and ONNX Runtime's; None: leave torch's setting)."""
+    dataset = SpanWindows(data_dir, files, spans_by_file(spans, len(files)), plan)
+    wanted = [i for i in order if dataset.spans_of[i]]  # a file with no span to predict is not decoded
     loader = DataLoader(
         dataset,
         batch_size=1,
-        sampler=list(indices),
+        sampler=wanted,
         collate_fn=_first,
         num_workers=num_workers,
         prefetch_factor=8 if num_workers > 0 else None,
@@ -248,13 +451,98 @@ def predict_rows(
     )
     model = model.to(device).eval()
     use_fast_reflect_padding(model)
-    result = run_windows(model, iter(loader), len(rows), batch_windows, device, progress)
-    # Rows of other shards are neither ok nor problems here.
-    outside = set(range(len(rows))) - set(indices)
-    result.problems = {i: p for i, p in result.problems.items() if i not in outside}
-    # Files this device handled, including those that fell back (as the multi-device path counts them).
-    result.device_counts = {str(device): len(indices)}
+    if threads and device.type == "cpu":
+        torch.set_num_threads(threads)
+    notes: list[str] = []
+
+    def note(line: str) -> None:
+        notes.append(line)
+        log(line)
+
+    embed = make_engine(model, device, engine or EngineSettings(), threads or torch.get_num_threads(),
+                        plan.batch_windows, note)  # fmt: skip
+    result = run_windows(model, iter(loader), len(spans), plan.batch_windows, device, progress, embed=embed,
+                         n_files=len(wanted), deadline=deadline, buckets=plan.buckets())  # fmt: skip
+    if result.stopped:  # the files the deadline left: every one is named in the report
+        result.problems.update({i: "time limit: not predicted" for i in wanted if i not in result.seen})
+    result.device_counts = {str(device): len(wanted)}
+    result.engines, result.engine_notes, result.embedder = {str(device): engine_label(embed)}, notes, embed
+    if device.type == "cpu":
+        result.threads = {str(device): torch.get_num_threads()}
     return result
+
+
+# ----------------------------------------------------------------------- engines
+
+Embed = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ENGINES = ("auto", "torch", "onnx")
+ONNX_PRECISIONS = ("auto", "fp32", "int8")
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What computes CPU batches (InferConfig's `engine`, `onnx_precision`) and the artifact's ONNX files (None
+    where it has none: they are then exported here, see onnx_engine.make_embedder). GPUs run torch in fp16."""
+
+    engine: str = "torch"  # auto | torch | onnx
+    precision: str = "auto"  # auto | fp32 | int8
+    fp32_path: str | None = None
+    int8_path: str | None = None
+    int8_passed: bool = False  # the int8 file kept the validation metric within the rule at training
+
+    def files(self) -> tuple[str | None, str | None, str]:
+        """(fp32 file, int8 file to run or None, why) -- make_embedder runs the int8 file when given one."""
+        if self.precision == "int8" and self.int8_path:
+            return self.fp32_path, self.int8_path, "onnx_precision='int8'"
+        if self.precision == "int8":
+            return self.fp32_path, None, "onnx_precision='int8', but the artifact has no int8 file: fp32"
+        if self.precision == "fp32" or not self.int8_path:
+            return self.fp32_path, None, f"onnx_precision={self.precision!r}"
+        if self.int8_passed:
+            return self.fp32_path, self.int8_path, "auto: int8 passed its accuracy rule at training"
+        return self.fp32_path, None, "auto: fp32, the artifact's int8 did not pass its accuracy rule"
+
+
+class DeviceEmbedder:
+    """PyTorch on `device` (embed_windows: fp16 autocast on CUDA, fp32 on the CPU)."""
+
+    def __init__(self, model: SpeakerClassifier, device: torch.device) -> None:
+        self.model, self.device = model, device
+        self.engine = "torch-fp16" if device.type == "cuda" else "torch"
+
+    def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        return embed_windows(self.model, wavs, lens, self.device)
+
+
+def make_engine(
+    model: SpeakerClassifier, device: torch.device, settings: EngineSettings, threads: int, batch_windows: int,
+    log: Callable[[str], None] = print,
+) -> Embed:  # fmt: skip
+    """The `embed(wavs, lens)` of this process, announced in one printed line. On a GPU: torch fp16 (ONNX
+    Runtime here is its CPU build). On the CPU: `settings.engine` through onnx_engine.make_embedder (imported
+    only then: the torch path needs no onnxruntime), which falls back to torch on any ONNX problem."""
+    torch_embed = DeviceEmbedder(model, device)
+    if device.type != "cpu":
+        aside = f" (engine={settings.engine!r} chooses the CPU engine)" if settings.engine != "auto" else ""
+        log(f"inference engine: torch fp16 on {device}{aside}")
+        return torch_embed
+    if settings.engine == "torch":
+        log("inference engine: torch (engine='torch')")
+        return torch_embed
+    from .onnx_engine import make_embedder
+
+    fp32, int8, why = settings.files()
+    return make_embedder(model, settings.engine, onnx_path=fp32, int8_path=int8, threads=threads,
+                         batch_windows=batch_windows, torch_embed=torch_embed,
+                         log=lambda line: log(f"{line} [{why}]"))  # fmt: skip
+
+
+def engine_label(embed: Embed) -> str:
+    """What computed the batches: the engine's name, and the fallback if a batch failed mid-run."""
+    primary = getattr(getattr(embed, "primary", None), "engine", None)
+    if getattr(embed, "failure", None) and primary:
+        return f"{primary}, then torch (a batch failed)"
+    return str(getattr(embed, "engine", "torch"))
 
 
 def use_fast_reflect_padding(model: torch.nn.Module) -> int:
@@ -296,104 +584,173 @@ def _reflect_pad_by_copies(
 STALL_MINUTES = 10.0
 
 
-def predict_on_devices(
-    artifact: Artifact, data_dir: Path, rows: Sequence[TestRow], config: InferConfig
-) -> Predictions:
-    from .devices.inference_devices import batching_for, choose_devices
+@dataclass(frozen=True)
+class DeviceSettings:
+    """What the infer stage asks of the devices (InferConfig's hardware fields)."""
 
-    devices = choose_devices(config)
-    order = file_order(data_dir, rows)
+    device: str = "auto"
+    devices: int | None = None
+    batch_windows: int | None = None
+    num_workers: int | None = None
+    progress: bool = False
+    num_threads: int | None = None  # CPU compute threads per process (None: the cores the workers leave)
+    engine: EngineSettings = EngineSettings()
+
+
+def predict_on_devices(
+    model: SpeakerClassifier,
+    data_dir: Path,
+    files: Sequence[str],
+    spans: Sequence[Span],
+    settings: DeviceSettings,
+    plan: WindowPlan,
+    seconds: Sequence[float | None] | None = None,
+    deadline: float | None = None,
+) -> SpanPredictions:
+    """Every span's scores, on the session's devices (several GPUs: a spawned process each)."""
+    from .devices.inference_devices import choose_devices
+
+    devices = choose_devices(settings.device, settings.devices)
+    order = file_order(data_dir, files, seconds)
     if len(devices) > 1:
         from .devices.launch import LaunchError, LaunchTimeout
 
         try:
-            return _predict_multi_gpu(artifact, data_dir, rows, config, devices, order)
+            return _predict_multi_gpu(model, data_dir, files, spans, settings, plan, devices, order, deadline)
         except LaunchError as error:
             # A submission must still be written: fall back to one device in this process -- the CPU if a
             # worker hung (its GPU may hang again), else the first device.
             if isinstance(error, LaunchTimeout):
                 devices = [torch.device("cpu")]
             print(f"multi-device inference failed ({error}); predicting on {devices[0]} in this process")
-    batch_windows, num_workers = batching_for(config, artifact.model.config, devices[0])
-    return predict_rows(
-        artifact.model,
-        data_dir,
-        rows,
-        order,
-        devices[0],
-        batch_windows,
-        config.max_windows_per_file,
-        num_workers,
-        config.progress,
+    return _predict_here(
+        model, data_dir, files, spans, order, devices[0], settings, plan, deadline, available_cores()
     )
 
 
-def _predict_multi_gpu(artifact, data_dir, rows, config, devices, order) -> Predictions:
+def _predict_here(
+    model, data_dir, files, spans, order, device, settings: DeviceSettings, plan: WindowPlan, deadline, cores: int,
+    log: Callable[[str], None] = print,
+) -> SpanPredictions:  # fmt: skip
+    """predict_spans in this process with `cores` CPU cores: batch, decode workers and compute threads from
+    them (devices/threads.plan_threads: workers and threads together never ask for more than the cores)."""
+    from .devices.inference_devices import batching_for
+
+    batch_windows, num_workers = batching_for(settings.batch_windows, settings.num_workers, model.config, device,
+                                              cores)  # fmt: skip
+    threads = None
+    if device.type == "cpu" or settings.num_threads:
+        threads = plan_threads(cores, num_workers, settings.num_threads).compute_threads
+    return predict_spans(model, data_dir, files, spans, order, device, _with_batch(plan, batch_windows),
+                         num_workers, settings.progress, deadline, settings.engine, threads, log)  # fmt: skip
+
+
+def _with_batch(plan: WindowPlan, batch_windows: int) -> WindowPlan:
+    return dataclasses.replace(plan, batch_windows=batch_windows)
+
+
+def _predict_multi_gpu(
+    model, data_dir, files, spans, settings, plan, devices, order, deadline
+) -> SpanPredictions:
     from .devices.inference_devices import shard_indices
     from .devices.launch import launch
 
     shards = shard_indices(order, len(devices))
     with tempfile.TemporaryDirectory(prefix="infer-shards-") as tmp:
+        settings = _exported_once(model, settings, devices, Path(tmp))
         launch(
             gpu_inference_worker,
             nprocs=len(devices),
+            # verified CPU weights, read once here: workers never re-read the artifact
             args=(
-                artifact.model,  # verified CPU weights, read once here: workers never re-read the artifact
+                model,
                 str(data_dir),
-                list(rows),
+                list(files),
+                list(spans),
                 shards,
                 [str(d) for d in devices],
-                config,
+                settings,
+                plan,
+                deadline,
                 tmp,
-            ),
+            ),  # fmt: skip
             stall_timeout=STALL_MINUTES * 60,  # a hung GPU must not cost the submission
         )
         parts = [np.load(Path(tmp) / f"rank{rank}.npz", allow_pickle=False) for rank in range(len(devices))]
-        problems: dict[int, str] = {}
-        repairs: dict[int, list[str]] = {}
-        for rank in range(len(devices)):
-            notes = json.loads((Path(tmp) / f"rank{rank}.json").read_text())
-            problems.update({int(i): text for i, text in notes["problems"].items()})
-            repairs.update({int(i): done for i, done in notes["repairs"].items()})
-    scores = parts[0]["scores"].copy()
+        notes = [json.loads((Path(tmp) / f"rank{rank}.json").read_text()) for rank in range(len(devices))]
+    file_of_span = np.asarray([span.file for span in spans], dtype=np.int64)
+    pooled = {name: parts[0][name].copy() for name in POOLINGS}
     embeddings = parts[0]["embeddings"].copy()
-    ok = np.zeros(len(rows), dtype=bool)
-    counts = {}
+    ok = np.zeros(len(spans), dtype=bool)
+    problems: dict[int, str] = {}
+    repairs: dict[int, list[str]] = {}
+    counts, engines, threads, stopped = {}, {}, {}, None
     for rank, (part, shard) in enumerate(zip(parts, shards, strict=True)):
-        scores[shard] = part["scores"][shard]
-        embeddings[shard] = part["embeddings"][shard]
-        ok[shard] = part["ok"][shard]
+        mine = np.isin(file_of_span, shard)
+        for name in POOLINGS:
+            pooled[name][mine] = part[name][mine]
+        embeddings[mine] = part["embeddings"][mine]
+        ok[mine] = part["ok"][mine]
+        problems.update({int(i): text for i, text in notes[rank]["problems"].items()})
+        repairs.update({int(i): done for i, done in notes[rank]["repairs"].items()})
+        stopped = stopped or notes[rank]["stopped"]
         counts[f"{devices[rank]}#{rank}"] = len(shard)
-    return Predictions(scores, embeddings, ok, problems, dict(sorted(repairs.items())), counts)
+        engines[f"{devices[rank]}#{rank}"] = notes[rank]["engine"]
+        if notes[rank]["threads"]:
+            threads[f"{devices[rank]}#{rank}"] = notes[rank]["threads"]
+    return SpanPredictions(pooled, embeddings, ok, problems, dict(sorted(repairs.items())), counts,
+                           audio_seconds=sum(n["audio_seconds"] for n in notes),
+                           seconds=max(n["seconds"] for n in notes), stopped=stopped, engines=engines,
+                           engine_notes=notes[0]["engine_notes"], threads=threads)  # fmt: skip
+
+
+def _exported_once(
+    model: SpeakerClassifier, settings: DeviceSettings, devices: list[torch.device], folder: Path
+) -> DeviceSettings:
+    """Several CPU processes and an ONNX engine but no ONNX file in the artifact: export it here once, not
+    in every process. If that fails, the processes run torch (the export would fail there too)."""
+    engine = settings.engine
+    if engine.engine == "torch" or engine.fp32_path or any(d.type != "cpu" for d in devices):
+        return settings
+    from .onnx_engine import ONNX_FP32, ExportError, export_embedding_model
+
+    try:
+        path = export_embedding_model(model, folder / ONNX_FP32).path
+    except ExportError as error:
+        print(f"inference engine: torch in every process ({error})")
+        return dataclasses.replace(settings, engine=dataclasses.replace(engine, engine="torch"))
+    return dataclasses.replace(settings, engine=dataclasses.replace(engine, fp32_path=str(path)))
 
 
 def gpu_inference_worker(
-    rank: int, world_size: int, model, data_dir, rows, shards, devices, config, out_dir
+    rank: int,
+    world_size: int,
+    model,
+    data_dir,
+    files,
+    spans,
+    shards,
+    devices,
+    settings,
+    plan,
+    deadline,
+    out_dir,
 ) -> int:
-    """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard with
-    the weights the parent read from the artifact."""
-    from .devices.inference_devices import batching_for
-
+    """One process per device (spawned, so CUDA initialises fresh in each): predict this rank's shard of the
+    files with the weights the parent read from the artifact. CPU processes share the session's cores."""
     device = torch.device(devices[rank])
     if device.type == "cuda":
         torch.cuda.set_device(device)  # allocations, streams and kernels of this process go to its own GPU
-    else:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
-    batch_windows, num_workers = batching_for(config, model.config, device)
-    result = predict_rows(
-        model.eval(),
-        Path(data_dir),
-        rows,
-        shards[rank],
-        device,
-        batch_windows,
-        config.max_windows_per_file,
-        num_workers,
-        progress=config.progress and rank == 0,
-    )
-    target = Path(out_dir) / f"rank{rank}.npz"
-    np.savez(target, scores=result.scores, embeddings=result.embeddings, ok=result.ok)
-    # Why files fell back and what was repaired travel with the scores: the report needs both.
-    notes = {"problems": result.problems, "repairs": result.repairs}
+    cores = max(1, available_cores() // world_size)
+    log = print if rank == 0 else (lambda _: None)  # one set of engine lines, not one per process
+    result = _predict_here(model.eval(), Path(data_dir), files, spans, shards[rank], device,
+                           dataclasses.replace(settings, progress=settings.progress and rank == 0), plan,
+                           deadline, cores, log)  # fmt: skip
+    np.savez(Path(out_dir) / f"rank{rank}.npz", embeddings=result.embeddings, ok=result.ok, **result.pooled)
+    # Why files fell back, what was repaired and how fast it went travel with the scores: the report needs them.
+    notes = {"problems": result.problems, "repairs": result.repairs, "stopped": result.stopped,
+             "audio_seconds": result.audio_seconds, "seconds": result.seconds,
+             "engine": result.engines[str(device)], "engine_notes": result.engine_notes,
+             "threads": result.threads.get(str(device))}  # fmt: skip
     (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(notes))
     return int(result.ok.sum())

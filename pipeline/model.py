@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from speechbrain.lobes.features import Fbank
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
-from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 from speechbrain.processing.features import InputNormalization
 
+from .buckets import Buckets
 from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, SAMPLE_RATE
 from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
@@ -33,6 +34,9 @@ class ModelConfig:
     window_samples: int = SAMPLE_RATE
     sample_rate: int = SAMPLE_RATE
     score_scale: float = 30.0  # the AAM scale: softmax(scale * cosine) are the class probabilities
+    # What the classifier was trained for: "aam" (one class per clip, softmax) or "bce"/"focal" (several, an
+    # independent sigmoid(scale * cosine) per class; pipeline/objectives.py).
+    objective: str = "aam"
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
@@ -43,12 +47,12 @@ class ModelConfig:
 
 
 class SpeakerClassifier(torch.nn.Module):
-    """waveforms [B, T] at 16 kHz + relative lengths [B] -> cosine scores [B, n_classes]."""
+    """waveforms [B, T] at `config.sample_rate` + relative lengths [B] -> cosine scores [B, n_classes]."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.compute_features = Fbank(n_mels=config.n_mels)
+        self.compute_features = fbank(config.n_mels, config.sample_rate)
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
         self.embedding_model = ECAPA_TDNN(
             input_size=config.n_mels,
@@ -83,13 +87,19 @@ class SpeakerClassifier(torch.nn.Module):
         return self.scores(self.embed(feats, wav_lens))
 
 
+def fbank(n_mels: int, sample_rate: int = SAMPLE_RATE) -> Fbank:
+    """SpeechBrain's Fbank at `sample_rate`: mel bands from 0 Hz to half the rate, 25 ms windows every 10 ms
+    (SpeechBrain's n_fft of 400 is 25 ms at 16 kHz; at other rates the FFT follows the window length)."""
+    return Fbank(n_mels=n_mels, sample_rate=sample_rate, n_fft=int(round(0.025 * sample_rate)))
+
+
 class Frontend(torch.nn.Module):
     """The parameter-free front end alone (Fbank + sentence mean normalisation), for computing features on
     the host. SpeakerClassifier.features runs this same code on its own identically named modules."""
 
-    def __init__(self, n_mels: int) -> None:
+    def __init__(self, n_mels: int, sample_rate: int = SAMPLE_RATE) -> None:
         super().__init__()
-        self.compute_features = Fbank(n_mels=n_mels)
+        self.compute_features = fbank(n_mels, sample_rate)
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
@@ -111,12 +121,22 @@ class WindowedEncoder(torch.nn.Module):
     """
 
     def __init__(
-        self, encoder: ECAPA_TDNN, n_mels: int, window_samples: int, max_windows: int = MAX_WINDOWS_PER_FILE
+        self,
+        encoder: ECAPA_TDNN,
+        n_mels: int,
+        window_samples: int,
+        max_windows: int = MAX_WINDOWS_PER_FILE,
+        sample_rate: int = SAMPLE_RATE,
+        length_buckets: int = 1,
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.frontend = Frontend(n_mels)
+        self.frontend = Frontend(n_mels, sample_rate)
         self.window_samples, self.max_windows = window_samples, max_windows
+        # Short windows at shorter lengths, as the infer stage runs them (pipeline/buckets.py; 1: full windows).
+        self.buckets = (
+            Buckets.plan(window_samples, sample_rate, length_buckets) if length_buckets > 1 else None
+        )
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         chunks, lens, owners = [], [], []
@@ -125,13 +145,29 @@ class WindowedEncoder(torch.nn.Module):
             cut, rel = windows(
                 wavs[index, :valid].detach().cpu().numpy(), self.window_samples, self.max_windows
             )
-            chunks.append(torch.from_numpy(cut))
-            lens.append(torch.from_numpy(rel))
+            chunks.append(cut)
+            lens.append(rel)
             owners += [index] * len(cut)
-        batch, rel = torch.cat(chunks).to(wavs.device), torch.cat(lens).to(wavs.device)
-        embeddings = self.encoder(self.frontend(batch, rel), rel).squeeze(1)
+        batch, rel = np.concatenate(chunks), np.concatenate(lens)
+        embeddings = self._embed(batch, rel, wavs.device)
         owner = torch.tensor(owners, device=wavs.device)
-        return file_embeddings(embeddings, rel, owner, wavs.shape[0]).unsqueeze(1)
+        weights = torch.from_numpy(rel).to(wavs.device)
+        return file_embeddings(embeddings, weights, owner, wavs.shape[0]).unsqueeze(1)
+
+    def _embed(self, batch: np.ndarray, rel: np.ndarray, device: torch.device) -> torch.Tensor:
+        """Window embeddings [n, D], each window at its bucket's length (all at full length without buckets)."""
+        lengths = self.buckets.length_of(rel) if self.buckets else np.full(len(rel), self.window_samples)
+        parts: list[tuple[np.ndarray, torch.Tensor]] = []
+        for length in np.unique(lengths):
+            chosen = np.flatnonzero(lengths == length)
+            rel_at = self.buckets.relative_at(rel[chosen], int(length)) if self.buckets else rel[chosen]
+            wavs = torch.from_numpy(np.ascontiguousarray(batch[chosen, :length])).to(device)
+            lens = torch.from_numpy(rel_at).to(device)
+            parts.append((chosen, self.encoder(self.frontend(wavs, lens), lens).squeeze(1)))
+        out = torch.empty(len(rel), parts[0][1].shape[1], device=device, dtype=parts[0][1].dtype)
+        for chosen, embeddings in parts:
+            out[torch.from_numpy(chosen).to(device)] = embeddings
+        return out
 
 
 class PassThrough(torch.nn.Module):
@@ -183,18 +219,6 @@ def host_model(model: SpeakerClassifier, state: dict[str, torch.Tensor]) -> Spea
     copy = SpeakerClassifier(ModelConfig(**model.config.to_dict()))
     copy.load_state_dict(state)
     return copy.eval()
-
-
-def aam_loss(margin: float, scale: float) -> torch.nn.Module:
-    """Additive angular margin softmax (ArcFace), SpeechBrain's loss for ECAPA speaker models."""
-    return LogSoftmaxWrapper(AdditiveAngularMargin(margin=margin, scale=scale))
-
-
-def compute_loss(
-    loss_fn: torch.nn.Module, cosine_scores: torch.Tensor, targets: torch.Tensor
-) -> torch.Tensor:
-    # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets.
-    return loss_fn(cosine_scores.float().unsqueeze(1), targets.unsqueeze(1))
 
 
 def count_parameters(model: torch.nn.Module) -> int:

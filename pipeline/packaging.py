@@ -16,10 +16,10 @@ Choices, and why:
   (code competition). The train notebook defaults to internet on: it needs none (the bootstrap is offline,
   the TPU image has torch_xla), but an added `pip install` cell or a hub `init_from` then works;
   `--train-internet off` turns it off.
-* Extra wheels: Kaggle's images have torch, torchaudio, numpy, scipy, tqdm, pyyaml, safetensors,
+* Extra wheels: Kaggle's images have torch, torchaudio, numpy, scipy, scikit-learn, tqdm, pyyaml, safetensors,
   huggingface_hub, joblib, packaging; speechbrain and its YAML stack are in neither image's requirements
-  (Kaggle/docker-python kaggle_requirements.txt, tpu/requirements.in), and the TPU image may lack soundfile
-  and sentencepiece. `kaggle package` downloads them (`pip download`, the versions installed here, Linux
+  (Kaggle/docker-python kaggle_requirements.txt, tpu/requirements.in), nor is the ONNX engine's stack
+  (onnxruntime, onnxscript, onnx and what they need), and the TPU image may lack soundfile and sentencepiece. `kaggle package` downloads them (`pip download`, the versions installed here, Linux
   x86_64 wheels for both images' Pythons) unless `--wheels-dir` already holds them; this is the command's
   one network step, and it says so. `--no-download` never touches the network: then a bundle that would
   lack a wheel is refused (the infer notebook could not install offline) unless `--allow-incomplete`.
@@ -56,6 +56,17 @@ EXTRA_WHEELS: tuple[tuple[str, bool], ...] = (
     ("ruamel.yaml.clib", True),  # C extension; ruamel.yaml requires it on CPython
     ("sentencepiece", True),  # required by speechbrain
     ("soundfile", True),  # bundles libsndfile; absent from the TPU image's requirements
+    # The ONNX engine (pipeline/onnx_engine.py): the runtime, run by the infer notebook, and torch's dynamo
+    # exporter (onnxscript + onnx), run by the train notebook (in neither image's published requirements).
+    ("onnxruntime", True),
+    ("flatbuffers", False),  # onnxruntime requires it
+    ("protobuf", True),  # onnxruntime and onnx require it; not in the images' lists either
+    ("onnxscript", False),
+    ("onnx-ir", False),  # onnxscript requires it
+    ("onnx", True),
+    # onnx requires ml_dtypes >= 0.5.4. The lock pins 0.5.4, the last that runs on numpy 1.x: ml_dtypes 0.6
+    # requires numpy >= 2, which an image with numpy 1.26 would have to fetch, and the bundle has no numpy.
+    ("ml-dtypes", True),
 )
 KAGGLE_PYTHONS = ("3.11", "3.12")  # GPU image (Colab base) and TPU image; both wheels are bundled
 KAGGLE_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64")

@@ -49,21 +49,31 @@ class PretrainedError(ConfigError):
 
 
 def initial_model(
-    config: TrainConfig, model_size: str, labels: list[str], log: Callable[[str], Any] = print
+    config: TrainConfig,
+    model_size: str,
+    labels: list[str],
+    log: Callable[[str], Any] = print,
+    objective: str = "aam",
 ) -> SpeakerClassifier:
     """A fresh model of `model_size`, or the encoder of `config.init_from` with a new classifier for `labels`
-    (frozen when `config.freeze_encoder`)."""
+    (frozen when `config.freeze_encoder`), trained for `objective`."""
     if not config.init_from:
         model_config = ModelConfig.from_preset(
             model_size,
             n_classes=len(labels),
             n_mels=config.n_mels,
             window_samples=config.window_samples,
+            sample_rate=config.sample_rate,
             score_scale=config.aam_scale,
+            objective=objective,
         )
         return SpeakerClassifier(model_config)
 
     pretrained = read_pretrained(config.init_from)
+    if config.sample_rate != SAMPLE_RATE:  # read_pretrained accepts only SpeechBrain's default Fbank (16 kHz)
+        raise PretrainedError(f"sample_rate={config.sample_rate} but the pretrained model {pretrained.hyperparams} "
+                              f"was trained on {SAMPLE_RATE} Hz features: set sample_rate={SAMPLE_RATE} to "
+                              "fine-tune it, or train from scratch without init_from")  # fmt: skip
     if pretrained.model_args["n_mels"] != config.n_mels:
         raise PretrainedError(
             f"n_mels={config.n_mels} but the pretrained model {pretrained.hyperparams} takes "
@@ -74,6 +84,7 @@ def initial_model(
         n_classes=len(labels),
         window_samples=config.window_samples,
         score_scale=config.aam_scale,
+        objective=objective,
         **pretrained.model_args,
     )
     model = SpeakerClassifier(model_config)

@@ -63,6 +63,9 @@ def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy, result) 
         "skipped_rows": result.skipped_rows,
         "data_notes": result.data_notes,
         "label_counts": result.label_counts,
+        "train_files": result.train_files,
+        "objective": result.objective,
+        "metric": result.metric,
         "train_seconds": round(result.seconds, 1),
         # Paths are reduced to their last component: the artifact must not point outside itself.
         "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in to_dict(config).items()},

@@ -80,6 +80,7 @@ def save_training_figures(
     labels: list[str],
     out_dir: Path,
     best_epoch: int | None = None,
+    metric: str = "accuracy",
 ) -> dict[str, Path]:
     """Write figures into `out_dir`; returns {artifact file name: path} for save_artifact's extra_files.
 
@@ -94,7 +95,7 @@ def save_training_figures(
     except ImportError:
         print("figures skipped: matplotlib is not installed (pip install matplotlib)")
         return figures
-    jobs = [(CURVES_FILE, lambda path: plot_training_curves(history, path, best_epoch))]
+    jobs = [(CURVES_FILE, lambda path: plot_training_curves(history, path, best_epoch, metric))]
     if len(val_truth):  # else no validation split: nothing to show
         matrix = confusion_counts(val_truth, val_pred, len(labels))
         if len(labels) <= MAX_CONFUSION_CLASSES:
@@ -158,9 +159,11 @@ def _new_figure(width: float, height: float):
     return figure
 
 
-def plot_training_curves(history: list[dict[str, float]], path: Path, best_epoch: int | None = None) -> Path:
-    """Loss (train and validation), validation accuracy and learning rate against epoch, side by side; the
-    epoch whose weights were kept (`best_epoch`, else the first best accuracy) is marked."""
+def plot_training_curves(
+    history: list[dict[str, float]], path: Path, best_epoch: int | None = None, metric: str = "accuracy"
+) -> Path:
+    """Loss (train and validation), the validation metric and learning rate against epoch, side by side; the
+    epoch whose weights were kept (`best_epoch`, else the first best value) is marked."""
     figure = _new_figure(12, 3.4)
     ax_loss, ax_acc, ax_lr = figure.subplots(1, 3)
     epochs = [int(r["epoch"]) for r in history]
@@ -168,13 +171,14 @@ def plot_training_curves(history: list[dict[str, float]], path: Path, best_epoch
     def series(key: str) -> list[float]:
         return [float(r.get(key, math.nan)) for r in history]
 
-    ax_loss.plot(epochs, series("train_loss"), marker="o", label="train (AAM loss)")
+    ax_loss.plot(epochs, series("train_loss"), marker="o", label="train")
     if any("val_loss" in r for r in history):
-        ax_loss.plot(epochs, series("val_loss"), marker="o", label="validation (softmax CE)")
+        ax_loss.plot(epochs, series("val_loss"), marker="o", label="validation")
     ax_loss.set(title="Loss", xlabel="epoch")
     ax_loss.legend(fontsize=8)
-    if any("val_accuracy" in r for r in history):
-        accuracy = series("val_accuracy")
+    key = f"val_{metric}"
+    if any(key in r for r in history):
+        accuracy = series(key)
         ax_acc.plot(epochs, accuracy, marker="o", color="tab:green")
         best = epochs.index(best_epoch) if best_epoch in epochs else int(np.nanargmax(accuracy))
         ax_acc.annotate(f"kept: epoch {epochs[best]}, {accuracy[best]:.4f}", (epochs[best], accuracy[best]),
@@ -184,7 +188,7 @@ def plot_training_curves(history: list[dict[str, float]], path: Path, best_epoch
         ax_acc.set_ylim(max(0.0, low - 0.1 * (1.0 - low) - 0.005), 1.0 + 0.05 * (1.0 - low) + 0.002)
     else:
         ax_acc.text(0.5, 0.5, "no validation split", ha="center", va="center", transform=ax_acc.transAxes)
-    ax_acc.set(title="Validation accuracy", xlabel="epoch")
+    ax_acc.set(title=f"Validation {metric}", xlabel="epoch")
     ax_lr.plot(epochs, series("lr"), marker="o", color="tab:orange")
     ax_lr.set(title="Learning rate (end of epoch)", xlabel="epoch")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-2, 2))
@@ -289,7 +293,7 @@ def _draw_bars(ranked: list[tuple[str, int]], names: list[str], label_counts: Ma
     axis.barh(names, counts, color="tab:blue")
     for y, count in enumerate(counts):
         axis.text(count, y, f" {count}", va="center", fontsize=8)
-    axis.set(title=f"Predicted labels ({sum(label_counts.values())} test files)", xlabel="files")
+    axis.set(title=f"Most probable labels ({sum(label_counts.values())} rows)", xlabel="rows")
     axis.margins(x=0.12)
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png")
@@ -313,7 +317,9 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
     accuracy, and what happened to the data on the way."""
     topo, plan = result.topology, result.plan
     schedule = getattr(result, "schedule", None) or {}
-    acc = "n/a" if result.best_val_accuracy is None else f"{result.best_val_accuracy:.4f}"
+    metric = getattr(result, "metric", "accuracy")
+    value = getattr(result, "best_val_metric", result.best_val_accuracy)
+    acc = "n/a" if value is None else f"{value:.4f}"
     warmup = schedule.get("warmup_steps", plan.get("warmup_steps"))
     rows = [
         ("device", f"{topo.get('accelerator', '?')} x{topo.get('num_devices', '?')} ({topo.get('device_kind', '?')})"),
@@ -323,7 +329,7 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
                           f"({plan.get('rule')} rule), warmup {warmup} steps"),
         ("XLA compilations", "n/a (eager)" if result.compile_count is None else str(result.compile_count)),
         ("time", f"{result.seconds:.0f} s, {len(result.history)} epochs"),
-        ("best validation accuracy", f"{acc} (epoch {result.best_epoch})"),
+        (f"best validation {metric}", f"{acc} (epoch {result.best_epoch})"),
         ("artifact", str(result.artifact_dir)),
     ]  # fmt: skip
     timed = [r for r in result.history if "data_wait_share" in r]
@@ -331,6 +337,9 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
         waits = [r["data_wait_share"] for r in timed]
         rows.insert(4, ("input pipeline", f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
                         f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time"))  # fmt: skip
+    onnx = getattr(result, "onnx", None)
+    if onnx:
+        rows.append(("ONNX files", onnx_summary(onnx)))
     if getattr(result, "stopped_early", None):
         rows.append(("stopped early", str(result.stopped_early)))
     if getattr(result, "skipped_rows", None):
@@ -338,6 +347,21 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
     for note in getattr(result, "data_notes", None) or []:
         rows.append(("data", note))
     return rows
+
+
+def onnx_summary(record: dict[str, Any]) -> str:
+    """One line for provenance["onnx"]: which files training wrote and whether int8 passed its rule."""
+    if "skipped" in record or "error" in record:
+        return f"none ({record.get('skipped') or record.get('error')})"
+    int8 = record.get("int8") or {}
+    if "error" in int8:
+        verdict = f"fp32 only (int8: {int8['error'][:120]})"
+    elif int8.get("passed"):
+        verdict = "fp32 and int8 (int8 passed its accuracy rule: the infer stage runs it)"
+    else:
+        why = int8.get("reason") or "it failed its accuracy rule"
+        verdict = f"fp32 and int8 (auto inference runs fp32: {why})"
+    return f"{verdict}, written in {record.get('seconds', '?')} s"
 
 
 def inference_summary(result: Any) -> list[tuple[str, str]]:
@@ -352,6 +376,24 @@ def inference_summary(result: Any) -> list[tuple[str, str]]:
         ("files per device", devices),
         ("time", f"{result.seconds:.1f} s"),
     ]
+    chunks = report.get("chunks")
+    if chunks:
+        rows.insert(2, ("chunks", f"{chunks['segment_seconds']:g} s, ids {chunks['template']!r}, windows pooled by "
+                                  f"{chunks['pooling']}"))  # fmt: skip
+    engine = report.get("engine")
+    if engine:
+        ran = engine["ran"] if isinstance(engine["ran"], str) else ", ".join(engine["ran"])
+        threads = sorted(set((engine.get("threads") or {}).values()))
+        rows.append(("engine", f"{ran} ({'/'.join(engine['precision'])})"
+                               + (f", {'/'.join(map(str, threads))} compute thread(s) per process" if threads else "")
+                               + f"; length buckets {engine.get('length_buckets')}"))  # fmt: skip
+    speed = report.get("speed") or {}
+    if speed:
+        projected = speed.get("projected_seconds")
+        rows.append(("rate", f"{speed['audio_seconds_per_second']:.1f} s of audio per second ({speed['measured_on']})"
+                             + (f"; projected hidden set: {projected / 60:.1f} min" if projected else "")))  # fmt: skip
+    if report.get("stopped"):
+        rows.append(("stopped", str(report["stopped"])))
     # Which rows, how the test items were found, classes the header and the model do not share, repeats.
     rows += [("note", note) for note in report.get("notes", [])]
     return rows

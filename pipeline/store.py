@@ -2,7 +2,8 @@
 
 Training revisits every clip every epoch, and a real competition has 100+ hours of it: held in RAM as float32
 that is 0.23 GB per hour per process. Instead each file is decoded and resampled once, by a process pool over
-all cores, into 16 kHz int16 shards (`shard-NNNNN.pcm`, 0.115 GB per hour) that every reader memory-maps:
+all cores, into int16 shards at the model's sample rate (`shard-NNNNN.pcm`, 0.115 GB per hour at 16 kHz) that
+every reader memory-maps:
 a training step reads only its crops, the pages are file-backed (the kernel may drop them: they are not the
 process's private memory), and the DDP ranks and DataLoader workers of one machine share the same pages.
 
@@ -19,7 +20,8 @@ the files builds a new one. It is written through pipeline.staging (never half-w
 so the ranks of a torchrun launch, or two notebooks, build it once and the others wait and reuse it.
 
     cache.json     version, fingerprint, sample rate, the source files, shards, files that failed and why
-    index.npz      per file: shard, offset, length (samples), gain
+    index.npz      per file: shard, offset, length (samples), gain, and its loudness envelope (the RMS of
+                   every ENVELOPE_SECONDS), which lets training crops land on the sound (data.crop_span)
     shard-*.pcm    int16 samples, files back to back
 """
 
@@ -43,11 +45,12 @@ from .progress import plural, progress_bar
 from .staging import MARKER, check_output_dir, mark, marked_as, staged_directory
 from .tables import DataError, resolve_inside
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the sample rate is a parameter; index.npz holds loudness envelopes
 CACHE_KIND = "audio cache"
 MANIFEST = "cache.json"
 INDEX = "index.npz"
 FULL_SCALE = 32767.0
+ENVELOPE_SECONDS = 0.1  # one loudness value per 100 ms: 10 floats per second of audio, 14 MB for 100 hours
 # A decoding task is a run of consecutive files of about this much source data: big enough that a task's
 # overhead (a process round trip, one shard file) is negligible, small enough to keep every core busy.
 TASK_BYTES = 32 << 20
@@ -102,6 +105,9 @@ class AudioStore:
         with np.load(self.folder / INDEX) as index:
             self.shard, self.offset = index["shard"], index["offset"]
             self.lengths, self.gain = index["length"], index["gain"]
+            self._envelopes, self._envelope_offset = index["envelope"], index["envelope_offset"]
+        self.sample_rate = int(self.manifest["sample_rate"])
+        self.envelope_frame = int(round(ENVELOPE_SECONDS * self.sample_rate))  # samples per envelope value
         self.failures: dict[int, str] = {int(i): why for i, why in self.manifest["failures"].items()}
         self._maps: dict[int, np.memmap] = {}
 
@@ -116,7 +122,11 @@ class AudioStore:
 
     @property
     def hours(self) -> float:
-        return float(self.lengths.sum()) / SAMPLE_RATE / 3600
+        return float(self.lengths.sum()) / self.sample_rate / 3600
+
+    def envelope(self, index: int) -> np.ndarray:
+        """The RMS loudness of file `index` per `envelope_frame` samples (the last frame may be shorter)."""
+        return self._envelopes[self._envelope_offset[index] : self._envelope_offset[index + 1]]
 
     def read(self, index: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Samples [start, stop) of file `index` as float32 (a copy; the cache is never written through)."""
@@ -143,6 +153,7 @@ def open_or_build(
     files: Sequence[SourceFile],
     cache_dir: str | os.PathLike,
     *,
+    sample_rate: int = SAMPLE_RATE,
     search: Sequence[Path] = (),
     workers: int | None = None,
     stop_at_first_failure: bool = False,
@@ -150,12 +161,13 @@ def open_or_build(
     progress: bool = False,
     keep_apart: dict[str, str | os.PathLike | None] | None = None,
 ) -> AudioStore:
-    """The cache of `files`: found in `cache_dir`, or among the caches `search` names (read in place, e.g. in an
-    attached Kaggle dataset), else built in `cache_dir` by `workers` processes (default: every core). With
+    """The cache of `files` at `sample_rate`: found in `cache_dir`, or among the caches `search` names (read in
+    place, e.g. in an attached Kaggle dataset), else built in `cache_dir` by `workers` processes (default: every
+    core). With
     `stop_at_first_failure`, CacheBuildStopped is raised at the first unusable file and nothing is kept."""
     from filelock import FileLock
 
-    key, records = fingerprint(files)
+    key, records = fingerprint(files, sample_rate)
     for folder in [Path(cache_dir) / key, *map(Path, search)]:
         if _complete(folder, key):
             return _reuse(folder, log)
@@ -168,7 +180,7 @@ def open_or_build(
         _explain_rebuild(root, records, log)
         started = time.perf_counter()
         with staged_directory(root / key, is_cache) as staging:
-            _build(files, records, key, staging, workers, stop_at_first_failure, log, progress)
+            _build(files, records, key, sample_rate, staging, workers, stop_at_first_failure, log, progress)
             mark(staging, CACHE_KIND)
         store = AudioStore(root / key)
         log(f"audio cache: {len(store)} files, {store.hours:.1f} h, {_size(root / key) / 1e9:.2f} GB in "
@@ -231,34 +243,54 @@ def _tasks(files: Sequence[SourceFile]) -> list[list[tuple[int, str]]]:
     return tasks + ([current] if current else [])
 
 
-def decode_task(task: list[tuple[int, str]], shard_path: str) -> list[tuple[int, int, float, str | None]]:
+Decoded = tuple[int, int, float, np.ndarray, "str | None"]
+
+
+def decode_task(
+    task: list[tuple[int, str]], shard_path: str, sample_rate: int = SAMPLE_RATE
+) -> list[Decoded]:
     """Decode a run of files into one shard (runs in a pool process). Returns per file: index, samples written,
-    gain, and the reason it could not be used (then nothing is written for it)."""
+    gain, loudness envelope, and the reason it could not be used (then nothing is written for it)."""
     import torch
 
     torch.set_num_threads(1)  # one process per core already: more threads would only contend
-    done = []
+    done: list[Decoded] = []
     with open(shard_path, "wb") as shard:
         for index, path in task:
             try:
-                samples, _ = load_audio(Path(path))
+                samples, _ = load_audio(Path(path), sample_rate=sample_rate)
             except AudioError as error:
-                done.append((index, 0, 0.0, error.detail))
+                done.append((index, 0, 0.0, np.zeros(0, np.float32), error.detail))
                 continue
             peak = float(np.abs(samples).max())
             gain = peak if peak > 0 else 1.0
             pcm = np.round(samples * (FULL_SCALE / gain)).astype(np.int16)
             shard.write(pcm.tobytes())
-            done.append((index, len(pcm), gain, None))
+            done.append(
+                (index, len(pcm), gain, loudness(samples, int(round(ENVELOPE_SECONDS * sample_rate))), None)
+            )
     return done
 
 
-def _build(files, records, key, staging: Path, workers, stop_at_first_failure, log, progress) -> None:
+def loudness(samples: np.ndarray, frame: int) -> np.ndarray:
+    """RMS of every `frame` samples (the last frame may be shorter), float32."""
+    count = -(-len(samples) // frame)
+    padded = np.zeros(count * frame, dtype=np.float64)
+    padded[: len(samples)] = samples
+    sizes = np.full(count, frame, dtype=np.float64)
+    sizes[-1] = len(samples) - (count - 1) * frame
+    return np.sqrt((padded.reshape(count, frame) ** 2).sum(axis=1) / sizes).astype(np.float32)
+
+
+def _build(
+    files, records, key, sample_rate, staging: Path, workers, stop_at_first_failure, log, progress
+) -> None:
     n = len(files)
     shard = np.zeros(n, dtype=np.int32)
     offset = np.zeros(n, dtype=np.int64)
     length = np.zeros(n, dtype=np.int64)
     gain = np.ones(n, dtype=np.float32)
+    envelopes: list[np.ndarray] = [np.zeros(0, np.float32)] * n
     failures = {i: source.problem for i, source in enumerate(files) if source.path is None}
     if stop_at_first_failure and failures:
         first = min(failures)
@@ -266,22 +298,23 @@ def _build(files, records, key, staging: Path, workers, stop_at_first_failure, l
     tasks = _tasks(files)
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(tasks) or 1))
     total_gb = sum(r[1] for r in records if r[1] > 0) / 1e9
-    log(f"audio cache: decoding {plural(n, 'file')} ({total_gb:.2f} GB) to 16 kHz with "
+    log(f"audio cache: decoding {plural(n, 'file')} ({total_gb:.2f} GB) to {sample_rate / 1000:g} kHz with "
         f"{plural(workers, 'process', 'processes')} into {staging.parent / key}")  # fmt: skip
     bar = progress_bar(n, "decode", "file", progress)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
-        futures = {pool.submit(decode_task, task, str(staging / f"shard-{k:05d}.pcm")): k
+        futures = {pool.submit(decode_task, task, str(staging / f"shard-{k:05d}.pcm"), sample_rate): k
                    for k, task in enumerate(tasks)}  # fmt: skip
         try:
             for future in concurrent.futures.as_completed(futures):
                 k = futures[future]
                 position = 0
-                for index, count, file_gain, problem in future.result():
+                for index, count, file_gain, envelope, problem in future.result():
                     if problem is not None:
                         failures[index] = problem
                         if stop_at_first_failure:
                             raise CacheBuildStopped(index, problem)
                     shard[index], offset[index], length[index], gain[index] = k, position, count, file_gain
+                    envelopes[index] = envelope
                     position += count
                 if bar is not None:
                     bar.update(len(tasks[k]))
@@ -292,11 +325,13 @@ def _build(files, records, key, staging: Path, workers, stop_at_first_failure, l
         finally:
             if bar is not None:
                 bar.close()
-    np.savez(staging / INDEX, shard=shard, offset=offset, length=length, gain=gain)
+    envelope_offset = np.concatenate([[0], np.cumsum([len(e) for e in envelopes])]).astype(np.int64)
+    np.savez(staging / INDEX, shard=shard, offset=offset, length=length, gain=gain,
+             envelope=np.concatenate(envelopes).astype(np.float32), envelope_offset=envelope_offset)  # fmt: skip
     manifest = {
         "version": CACHE_VERSION,
         "fingerprint": key,
-        "sample_rate": SAMPLE_RATE,
+        "sample_rate": sample_rate,
         "dtype": "int16",
         "built": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "shards": [f"shard-{k:05d}.pcm" for k in range(len(tasks))],

@@ -406,6 +406,21 @@ def _build(
     write_csv(root / "solution.csv", ["id", "label"], solution_rows)
 
 
+def voices(
+    n_speakers: int, per_speaker: int, seed: int = 0, sample_rate: int = 16000
+) -> dict[str, list[np.ndarray]]:
+    """`per_speaker` utterances of each of `n_speakers` voices, in memory, by label (spk00, spk01, ...)."""
+    speakers = _draw_speakers(np.random.default_rng([seed, 0]), n_speakers)
+    width = max(2, len(str(n_speakers - 1)))
+    return {
+        f"spk{s:0{width}d}": [
+            _render_utterance(speaker, np.random.default_rng([seed, 3, s, k]), sample_rate).astype(np.float32)
+            for k in range(per_speaker)
+        ]
+        for s, speaker in enumerate(speakers)
+    }
+
+
 def make_synthetic_competition(
     out_dir: str | os.PathLike,
     seed: int = 0,
@@ -452,3 +467,58 @@ def folder_of_hours(
         test_per_speaker=max(1, per_speaker // 10), overwrite=overwrite, clip_seconds=clip_seconds,
         sample_rates=sample_rates, formats=formats, workers=workers or len(os.sched_getaffinity(0)),
     )  # fmt: skip
+
+
+def make_high_band_competition(
+    out_dir: str | os.PathLike,
+    seed: int = 0,
+    n_classes: int = 3,
+    train_per_class: int = 16,
+    test_per_class: int = 10,
+    sample_rate: int = 32000,
+    overwrite: bool = False,
+) -> Path:
+    """Classes that differ only above 8 kHz, in 32 kHz WAV files (the project's layout): every clip is tones in
+    the speech band drawn from one distribution for all classes, plus a few quiet chirps in a class-specific
+    band between 9 and 15 kHz. A 16 kHz model cannot hear the difference; a 32 kHz one can
+    (tests/test_sample_rate.py). The chirps come and go: a steady tone would be removed by the front end's
+    mean normalisation as a channel colouring would."""
+    bands = np.linspace(9000.0, 15000.0, n_classes + 1)
+    labels = [f"band{k}" for k in range(n_classes)]
+
+    def clip(rng: np.random.Generator, k: int) -> np.ndarray:
+        n = int(rng.uniform(1.0, 2.0) * sample_rate)
+        t = np.arange(n) / sample_rate
+        low = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6.3)) * rng.uniform(0.2, 1.0)
+                  for f in rng.uniform(300, 3500, 4))  # fmt: skip
+        low = low * (0.6 + 0.4 * np.sin(2 * np.pi * rng.uniform(2, 8) * t)) + 0.05 * rng.standard_normal(n)
+        chirps = np.zeros(n)
+        for _ in range(int(rng.integers(4, 8))):
+            size = int(rng.uniform(0.05, 0.15) * sample_rate)
+            at = int(rng.integers(0, n - size))
+            f0, f1 = rng.uniform(bands[k], bands[k + 1], 2)
+            phase = 2 * np.pi * np.cumsum(np.linspace(f0, f1, size)) / sample_rate
+            chirps[at : at + size] += np.sin(phase) * np.hanning(size)
+        audio = low / np.abs(low).max() + 0.3 * chirps
+        return 0.5 * audio / np.abs(audio).max()
+
+    out = Path(out_dir)
+    with new_competition_folder(out, overwrite) as root:
+        train_rows, test_rows, solution = [], [], []
+        for k, label in enumerate(labels):
+            for n in range(train_per_class + test_per_class):
+                audio = clip(np.random.default_rng([seed, k, n]), k)
+                if n < train_per_class:
+                    rel = f"audio/train/{label}_{n:03d}.wav"
+                    train_rows.append([rel, label])
+                else:
+                    test_id = f"t{k:02d}{n:03d}"
+                    rel = f"audio/test/{test_id}.wav"
+                    test_rows.append([test_id, rel])
+                    solution.append([test_id, label])
+                _write_audio(root / rel, audio, sample_rate)
+        write_csv(root / "train.csv", ["path", "label"], train_rows)
+        write_csv(root / "test.csv", ["id", "path"], test_rows)
+        write_csv(root / "sample_submission.csv", ["id", "label"], [[i, labels[0]] for i, _ in test_rows])
+        write_csv(root / "solution.csv", ["id", "label"], solution)
+    return out

@@ -3,7 +3,8 @@
 This project's own layout is the default, and any competition's can be described with parameters:
 
     training  TrainTable: `train_table` (train.csv), `path_column` (path), `label_column` (label), paths relative
-              to `audio_dir` (the data folder); e.g. train_curated.csv with fname,labels and train_curated/
+              to `audio_dir` (the data folder); e.g. train_curated.csv with fname,labels and train_curated/;
+              `secondary_labels_column`: labels also present in a file (BirdCLEF: "['a', 'b']")
     test      TestLayout: a table (`test_table` test.csv with `id_column` id and `path_column` path), or, when
               the test set is hidden until Kaggle's scoring rerun, every audio file under `test_audio_dir`,
               named by file name or stem (`test_id`: auto | name | stem)
@@ -17,6 +18,7 @@ Every error names the file, the line and the column, and says what to do.
 
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import os
@@ -41,6 +43,7 @@ class TrainRow:
     rel_path: str  # the audio file, relative to the data folder (audio_dir and extension resolved)
     label: str
     written: str = ""  # the path as the table writes it, for messages
+    secondary: tuple[str, ...] = ()  # labels also present in the file, less prominently (BirdCLEF's)
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,12 @@ class TrainTable:
     label_column: str = "label"
     audio_dir: str | None = None  # inside the data folder; None: the data folder itself
     label_separator: str | None = None  # "a,b" is two labels of one file (multi-label tables)
+    secondary_column: str | None = None  # "['a', 'b']", "[]", or labels split by label_separator
 
     @classmethod
     def of(cls, config: Any) -> TrainTable:
         return cls(config.train_table, config.path_column, config.label_column, config.audio_dir,
-                   config.label_separator)  # fmt: skip
+                   config.label_separator, config.secondary_labels_column)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,12 @@ def read_train_table(
             "train_table, path_column and label_column to the competition's own names.")  # fmt: skip
     locator = AudioLocator(root)
     rows, skipped = [], []
-    for line, row in read_csv(csv_path, (layout.path_column, layout.label_column), hint):
+    columns = (
+        layout.path_column,
+        layout.label_column,
+        *([layout.secondary_column] if layout.secondary_column else []),
+    )
+    for line, row in read_csv(csv_path, columns, hint):
         path, label = row[layout.path_column], row[layout.label_column]
         problem = (f"empty {layout.label_column!r}" if not label else
                    f"empty {layout.path_column!r}" if not path else None)  # fmt: skip
@@ -205,10 +214,34 @@ def read_train_table(
         rel = locator.locate(path)
         rel = f"{prefix}/{rel}" if prefix else rel
         labels = label.split(layout.label_separator) if layout.label_separator else [label]
-        rows += [TrainRow(line, rel, one, path) for one in labels if one]
+        secondary = ()
+        if layout.secondary_column:
+            secondary = parse_label_list(row[layout.secondary_column], layout.label_separator, csv_path, line,
+                                         layout.secondary_column)  # fmt: skip
+        rows += [TrainRow(line, rel, one, path, secondary) for one in labels if one]
     if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
     return rows, skipped
+
+
+def parse_label_list(
+    text: str, separator: str | None, csv_path: Path, line: int, column: str
+) -> tuple[str, ...]:
+    """Labels of a cell that lists several: a Python list literal ("['a', 'b']", "[]", BirdCLEF's form), else
+    split by `separator`, else the one label the cell names. Never evaluates anything but a literal."""
+    text = text.strip()
+    if not text:
+        return ()
+    if text.startswith("["):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = None
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise DataError(f"{csv_path} line {line}, column {column!r}: {text[:80]!r} is not a list of labels "
+                            "such as ['a', 'b'] or []; fix the cell, or leave secondary_labels_column unset")  # fmt: skip
+        return tuple(v for v in value if v)
+    return tuple(v for v in (text.split(separator) if separator else [text]) if v)
 
 
 def skip_or_stop(
@@ -226,6 +259,57 @@ def skip_or_stop(
         raise DataError(f"{csv_path} line {line} ({path!r}): {reason}. Fix or remove the row, or set "
                         "on_bad_row='skip' to train without it (skipped rows are reported).") from cause  # fmt: skip
     skipped.append({"line": str(line), "path": path, "reason": reason})
+
+
+@dataclass(frozen=True)
+class LabelledChunk:
+    """A row of a labelled-soundscapes table: seconds [start, end) of a file and the labels heard in it."""
+
+    line: int
+    rel_path: str  # relative to the data folder
+    start: float
+    end: float
+    labels: tuple[str, ...]
+
+
+SOUNDSCAPE_COLUMNS = (
+    "filename",
+    "start",
+    "end",
+    "primary_label",
+)  # BirdCLEF 2026's train_soundscapes_labels.csv
+
+
+def read_labelled_chunks(data_dir: str | Path, table: str, folder: str | None) -> list[LabelledChunk]:
+    """The rows of a labelled-soundscapes table (filename relative to `folder`, start and end in seconds or as
+    H:MM:SS, labels separated by ";"); an unusable row stops with its line and what to fix."""
+    data_dir = Path(data_dir)
+    csv_path = data_dir / table
+    root, prefix = audio_root(data_dir, folder, "val_soundscapes_dir")
+    locator = AudioLocator(root)
+    hint = f"A labelled-soundscapes table has the columns {', '.join(SOUNDSCAPE_COLUMNS)} (BirdCLEF 2026's form)."
+    chunks = []
+    for line, row in read_csv(csv_path, SOUNDSCAPE_COLUMNS, hint):
+        try:
+            start, end = _seconds(row["start"]), _seconds(row["end"])
+        except ValueError:
+            raise DataError(f"{csv_path} line {line}: start {row['start']!r} / end {row['end']!r} are not seconds "
+                            "(5, 5.0 or 0:00:05)") from None  # fmt: skip
+        if not row["filename"] or end <= start:
+            raise DataError(
+                f"{csv_path} line {line}: needs a filename and an end after its start; fix or remove it"
+            )
+        rel = locator.locate(row["filename"])
+        labels = tuple(label.strip() for label in row["primary_label"].split(";") if label.strip())
+        chunks.append(LabelledChunk(line, f"{prefix}/{rel}" if prefix else rel, start, end, labels))
+    if not chunks:
+        raise DataError(f"{csv_path}: no rows. {hint}")
+    return chunks
+
+
+def _seconds(text: str) -> float:
+    parts = [float(part) for part in text.strip().split(":")]
+    return sum(value * 60**power for power, value in enumerate(reversed(parts)))
 
 
 def label_list(labels: Iterable[str]) -> list[str]:

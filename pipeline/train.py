@@ -29,13 +29,16 @@ import torch
 
 from . import checkpoint as ckpt
 from .artifact import check_artifact_dir, save_artifact
+from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
 from .config import TrainConfig
 from .dataset import TrainingData, load_training_data
 from .devices import policy
 from .devices.policy import HardwarePlan
 from .ema import WeightAverage
-from .model import aam_loss, compute_loss, count_parameters, host_model
+from .metrics import selection_metric
+from .model import count_parameters, host_model
+from .objectives import make_loss
 from .pretrained import initial_model
 from .progress import progress_bar
 from .provenance import build_provenance, run_fingerprint, weights_digest
@@ -71,12 +74,17 @@ class TrainResult:
     stopped_early: str | None = None
     rows_trained: int = 0  # rows of this process's shard
     weights_sha256: str = ""  # of the final weights: equal on every rank under data parallelism
+    objective: str = "aam"
+    metric: str = "accuracy"  # what validation selected by
+    best_val_metric: float | None = None
+    train_files: int = 0
+    onnx: dict[str, Any] = field(default_factory=dict)  # the artifact's ONNX files: provenance["onnx"]
 
     def summary(self) -> str:
-        acc = "n/a" if self.best_val_accuracy is None else f"{self.best_val_accuracy:.4f}"
+        value = "n/a" if self.best_val_metric is None else f"{self.best_val_metric:.4f}"
         compiles = "" if self.compile_count is None else f"; XLA compilations {self.compile_count}"
         return (f"trained on {self.topology['device_kind']} x{self.topology['num_devices']} in "
-                f"{self.seconds:.0f}s; best val accuracy {acc} (epoch {self.best_epoch}){compiles}; "
+                f"{self.seconds:.0f}s; best val {self.metric} {value} (epoch {self.best_epoch}){compiles}; "
                 f"artifact {self.artifact_dir}")  # fmt: skip
 
 
@@ -127,10 +135,12 @@ class Run:
     batches: Iterator[dict[str, torch.Tensor]]
     log: Callable[[str], Any]
     started: float
+    metric: str = "accuracy"
     resumed_from: str | None = None
     stopped_early: str | None = None
     last_checkpoint: float = 0.0
     first_step_of_session: bool = True
+    export_reserve_s: float = 0.0  # kept back from the time budget for the ONNX files (rank 0 writes them)
 
     def save_checkpoint(self) -> None:
         ckpt.save(self.checkpoint_dir, self.fingerprint, self.model, self.optimizer, self.scheduler,
@@ -151,8 +161,10 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     log = print if strategy.is_main else _silent
-    schedule = plan_schedule(plan.batch, len(data.train_idx), config.epochs, config.warmup_epochs)
-    model = initial_model(config, plan.model_size, data.labels, log)  # fresh, or fine-tuned from init_from
+    epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
+    schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
+    model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
+    export_reserve = _export_reserve(strategy, model, data, config)
     log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}', {count_parameters(model) / 1e6:.2f}M "
         f"parameters; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
     # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
@@ -178,19 +190,31 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
         ckpt.restore(payload, model, optimizer, scheduler, strategy, state, average, log) if payload else None
     )
 
+    augmentation = Augmentation(
+        noise=data.noise, noise_probability=config.noise_probability,
+        noise_snr_db=(config.noise_snr_db_low, config.noise_snr_db_high),
+        mix_probability=config.mix_probability if data.multi_hot is not None else 0.0,
+        background_probability=config.background_probability if data.multi_hot is not None else 0.0,
+        time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
+    )  # fmt: skip
+    log(augmentation.describe() + (" (no crop mixing: the aam objective learns one class per clip)"
+                                   if config.mix_probability and data.multi_hot is None else ""))  # fmt: skip
     recipe = BatchRecipe(
-        store=data.store, items=data.items, targets=data.targets, rows=strategy.shard(data.train_idx),
+        store=data.store, items=data.items, rows=strategy.shard(epoch_rows),
+        targets=data.multi_hot if data.multi_hot is not None else data.targets,
         rows_per_batch=plan.batch.per_device_batch * strategy.devices_per_process,
         batches_per_epoch=schedule.steps_per_epoch * plan.batch.grad_accum, window=config.window_samples,
         seed=config.seed, rank=strategy.rank, min_short_fraction=config.min_short_fraction,
         host_features_mels=config.n_mels if strategy.features_on_host else None,
+        crop_on_sound=config.crop_on_sound, augmentation=augmentation,
     )  # fmt: skip
     loader = training_loader(recipe, state.epoch, state.step_in_epoch * plan.batch.grad_accum, config.epochs,
                              plan.loader_workers, pin_memory=strategy.device.type == "cuda")  # fmt: skip
     return Run(
         strategy, config, plan, data, schedule, model, average, optimizer, scheduler, state, fingerprint,
         checkpoint_dir, calibration_windows(data.store, data.items, data.train_idx, config),
-        strategy.device_batches(iter(loader)), log, started, resumed, last_checkpoint=time.monotonic(),
+        strategy.device_batches(iter(loader)), log, started, selection_metric(config.metric, data.objective),
+        resumed, last_checkpoint=time.monotonic(), export_reserve_s=export_reserve,
     )  # fmt: skip
 
 
@@ -222,7 +246,7 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
     """The optimizer steps of one epoch (from where a resumed run stopped); returns their timing."""
     config, state, strategy = run.config, run.state, run.strategy
     run.model.train()
-    loss_fn = aam_loss(config.aam_margin, config.aam_scale)
+    loss_fn = make_loss(run.data.objective, config.aam_margin, config.aam_scale)
     losses: list[torch.Tensor] = []
     wait = busy = startup = 0.0
     first_step_at = None
@@ -276,9 +300,7 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
     started = time.perf_counter()
     compiles_before = strategy.compile_count()
     kept = validation_model(run.model, run.average, strategy, run.calibration)
-    result = evaluate(
-        kept, strategy, run.data.store, run.data.items, run.data.targets, run.data.val_idx, config
-    )
+    result = evaluate(kept, strategy, run.data, config, run.metric)
     seconds = time.perf_counter() - started
     steps = max(1, timing["steps"])
     loop = timing["data_wait_s"] + timing["step_s"]
@@ -301,11 +323,11 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
     if compiles_before is not None:  # XLA, so far in the run: neither may grow after the first epoch
         record.update(xla_compiles_before_validation=compiles_before, xla_compiles=strategy.compile_count())
     state.history.append(record)
-    if state.is_better(record):
+    if state.is_better(record, selection_key(run)):
         state.best_state = {k: v.detach().to("cpu").clone() for k, v in kept.state_dict().items()}
         state.best_epoch = epoch + 1
         state.best_predictions = None if result is None else result.predictions
-    run.log(format_epoch(record, config.epochs))
+    run.log(format_epoch(record, config.epochs, run.metric))
 
 
 def finish(run: Run) -> TrainResult:
@@ -324,6 +346,10 @@ def finish(run: Run) -> TrainResult:
         artifact_dir=Path(config.artifact_dir),
         history=state.history,
         best_val_accuracy=best.get("val_accuracy"),
+        objective=data.objective,
+        metric=run.metric,
+        best_val_metric=best.get(selection_key(run), best.get(f"val_{run.metric}")),
+        train_files=len({data.rows[i].rel_path for i in data.train_idx}),
         best_epoch=state.best_epoch,
         seconds=time.monotonic() - run.started,
         plan=run.plan.batch.to_dict(),
@@ -332,12 +358,7 @@ def finish(run: Run) -> TrainResult:
         schedule=run.schedule.to_dict(),
         skipped_rows=data.skipped,
         data_notes=data.notes,
-        label_counts={
-            label: int(n)
-            for label, n in zip(
-                data.labels, np.bincount(data.targets, minlength=len(data.labels)), strict=True
-            )
-        },
+        label_counts=data.label_counts(),
         resumed_from=run.resumed_from,
         stopped_early=run.stopped_early,
         rows_trained=len(strategy.shard(data.train_idx)),
@@ -346,9 +367,16 @@ def finish(run: Run) -> TrainResult:
     if not strategy.is_main:
         return result  # no collective follows: the other ranks leave while rank 0 saves
     provenance = build_provenance(config, run.plan, strategy, result)
-    truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]
-    with _figures(state.history, truth, state.best_predictions, data.labels, state.best_epoch) as figures:
-        result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance, extra_files=figures,
+    truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
+    with (
+        _figures(
+            state.history, truth, state.best_predictions, data.labels, state.best_epoch, run.metric
+        ) as figures,
+        _onnx_files(run, final) as onnx,
+    ):
+        provenance["onnx"] = result.onnx = onnx.record
+        result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
+                                            extra_files={**figures, **onnx.files},
                                             fallback_label=data.labels[int(np.bincount(data.targets).argmax())])  # fmt: skip
     if run.stopped_early:
         run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
@@ -360,13 +388,42 @@ def finish(run: Run) -> TrainResult:
 
 
 @contextlib.contextmanager
-def _figures(history, truth, predictions, labels, best_epoch):
+def _onnx_files(run: Run, final: torch.nn.Module):
+    """The ONNX Runtime files of the kept weights (on the host CPU copy, so never on the training device) in a
+    temporary folder, with their provenance record; none with export_onnx=False."""
+    import tempfile
+
+    from .onnx_artifact import OnnxFiles, export_for_artifact
+
+    if not run.config.export_onnx:
+        yield OnnxFiles(record={"skipped": "export_onnx=False"})
+        return
+    with tempfile.TemporaryDirectory(prefix="onnx-export-") as folder:
+        started, compiles = time.monotonic(), run.strategy.compile_count()
+        onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
+        onnx.record["seconds"] = round(time.monotonic() - started, 1)
+        if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
+            onnx.record["xla_compiles_during_export"] = run.strategy.compile_count() - compiles
+        yield onnx
+
+
+def _export_reserve(strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> float:
+    """Seconds the ONNX files will take after the last step (rank 0 decides when to stop; 0 without a budget)."""
+    if not (strategy.is_main and config.export_onnx and config.time_budget_minutes):
+        return 0.0
+    from .onnx_artifact import reserve_seconds as onnx_reserve
+
+    return onnx_reserve(model.config, data, config)
+
+
+@contextlib.contextmanager
+def _figures(history, truth, predictions, labels, best_epoch, metric):
     import tempfile
 
     with tempfile.TemporaryDirectory() as folder:
         if predictions is None:  # no validation split, or no epoch validated: curves only
             truth = predictions = np.zeros(0, dtype=np.int64)
-        yield save_training_figures(history, truth, predictions, labels, Path(folder), best_epoch)
+        yield save_training_figures(history, truth, predictions, labels, Path(folder), best_epoch, metric)
 
 
 def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
@@ -393,7 +450,7 @@ def train_step(
         with strategy.no_sync(model) if not last else contextlib.nullcontext():
             with strategy.autocast():
                 scores = model(batch["inputs"], batch["lens"], features_ready=strategy.features_on_host)
-            loss = compute_loss(loss_fn, scores, batch["labels"]) / len(micro_batches)
+            loss = loss_fn(scores, batch["labels"]) / len(micro_batches)
             strategy.backward(loss)
         total = loss.detach() if total is None else total + loss.detach()
     strategy.optimizer_step(optimizer, model, GRAD_CLIP)
@@ -403,6 +460,12 @@ def train_step(
     return total
 
 
+def selection_key(run: Run) -> str:
+    """The history entry that picks the kept epoch: the metric on labelled soundscapes (the test's domain)
+    when there are any, else on the held-out files."""
+    return f"val_soundscape_{run.metric}" if run.data.soundscapes is not None else f"val_{run.metric}"
+
+
 def _checkpoint_due(run: Run) -> bool:
     return time.monotonic() - run.last_checkpoint > run.config.checkpoint_every_minutes * 60
 
@@ -410,7 +473,8 @@ def _checkpoint_due(run: Run) -> bool:
 def _out_of_time(run: Run) -> bool:
     if run.config.time_budget_minutes is None:
         return False
-    return time.monotonic() - run.started > run.config.time_budget_minutes * 60 - reserve_seconds(run.state)
+    reserve = reserve_seconds(run.state) + run.export_reserve_s
+    return time.monotonic() - run.started > run.config.time_budget_minutes * 60 - reserve
 
 
 def reserve_seconds(state: ckpt.TrainingState) -> float:
@@ -422,10 +486,14 @@ def reserve_seconds(state: ckpt.TrainingState) -> float:
     return max(SAVE_SECONDS_MIN, 0.25 * longest_epoch) + 1.5 * validation
 
 
-def format_epoch(record: dict[str, float], epochs: int) -> str:
+def format_epoch(record: dict[str, float], epochs: int, metric: str = "accuracy") -> str:
     parts = [f"epoch {int(record['epoch'])}/{epochs}", f"loss {record['train_loss']:.3f}"]
     if "val_accuracy" in record:
         parts += [f"val_acc {record['val_accuracy']:.4f}", f"val_loss {record['val_loss']:.3f}"]
+    if f"val_{metric}" in record and metric != "accuracy":
+        parts.append(f"val_{metric} {record[f'val_{metric}']:.4f}")
+    if f"val_soundscape_{metric}" in record:
+        parts.append(f"soundscapes {metric} {record[f'val_soundscape_{metric}']:.4f}")
     parts += [f"lr {record['lr']:.2e}", f"{record.get('samples_per_s', 0):.0f} samples/s",
               f"data wait {record.get('data_wait_share', 0):.1%}", f"{record['seconds']:.0f}s"]  # fmt: skip
     return " | ".join(parts)

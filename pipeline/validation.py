@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from . import metrics
 from .batches import crops
-from .config import MAX_WINDOWS_PER_FILE, TrainConfig
-from .data import windows
+from .config import MAX_WINDOWS_PER_FILE, InferConfig, TrainConfig
 from .ema import WeightAverage, recompute_batchnorm
-from .inference import FileWindows, run_windows
+from .inference import FileWindows, WindowPlan, chunk_hop, run_windows, span_windows
+from .objectives import validation_loss
 from .store import AudioStore
+
+if TYPE_CHECKING:
+    from .dataset import LabelledSoundscapes, TrainingData
 
 # Windows per validation batch: a multiple of 8 (the XLA mesh splits it evenly), large enough for the devices.
 VALIDATION_BATCH = 64
@@ -43,7 +48,7 @@ def calibration_windows(
         return None
     rng = np.random.default_rng([config.seed, 104729])
     rows = rng.choice(np.asarray(train_idx), size=count, replace=False)
-    return crops(store, items[rows], config.window_samples, rng)
+    return crops(store, items[rows], config.window_samples, rng, on_sound=config.crop_on_sound)
 
 
 def validation_model(
@@ -60,37 +65,82 @@ def validation_model(
 
 
 def evaluate(
-    model: torch.nn.Module,
-    strategy,
-    store: AudioStore,
-    items: np.ndarray,
-    targets: np.ndarray,
-    val_idx: list[int],
-    config: TrainConfig,
+    model: torch.nn.Module, strategy, data: TrainingData, config: TrainConfig, metric: str
 ) -> Validation | None:
     """Validation exactly as at inference (windowed, length-weighted) of `model` (unwrapped, on the strategy's
-    device) on the held-out files; None without a validation split."""
-    if not val_idx:
+    device) on the held-out files, and on the labelled soundscape chunks if there are any; None with neither.
+    Every process scores its share; the scores are summed across processes, so every rank computes the same
+    metrics from all of them."""
+    if not data.val_idx and data.soundscapes is None:
         return None
+    values: dict[str, float] = {}
+    predicted = np.zeros(0, dtype=np.int64)
+    if data.val_idx:
+        scores = score_files(model, strategy, data, config)
+        truth = data.truth(data.val_idx)
+        losses = validation_loss(
+            data.objective, torch.from_numpy(scores), torch.from_numpy(truth), config.aam_scale
+        )
+        values["val_accuracy"] = metrics.score("accuracy", truth, scores)
+        values["val_loss"] = float(losses.mean())
+        if metric != "accuracy":
+            values[f"val_{metric}"] = _score(metric, truth, scores)
+        predicted = scores.argmax(axis=1)
+    if data.soundscapes is not None:
+        chunks = score_chunks(model, strategy, data.soundscapes, config)
+        values[f"val_soundscape_{metric}"] = _score(metric, data.soundscapes.truth, chunks)
+    return Validation(values, predicted)
+
+
+def score_files(model: torch.nn.Module, strategy, data: TrainingData, config: TrainConfig) -> np.ndarray:
+    """[validation files, classes] cosine scores of the held-out files, each process its share."""
+    val_idx = data.val_idx
     mine = strategy.shard(list(range(len(val_idx))))  # positions in val_idx this process scores
+    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE)
 
     def files():
         for k, position in enumerate(mine):
-            samples = store.read(int(items[val_idx[position]]))
-            yield FileWindows(k, *windows(samples, config.window_samples, MAX_WINDOWS_PER_FILE))
+            samples = data.store.read(int(data.items[val_idx[position]]))
+            yield FileWindows(k, *span_windows(samples, [(k, 0.0, None)], plan))
 
     embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
     with torch.inference_mode():
         predictions = run_windows(model, files(), len(mine), VALIDATION_BATCH, strategy.device, embed=embed)
-    truth = torch.from_numpy(targets[np.asarray(val_idx)[mine]])
-    logits = torch.from_numpy(predictions.scores) * config.aam_scale
-    # Per file, summed across processes: predicted class + 1 (0 = another process's file) and the loss.
-    predicted = torch.zeros(len(val_idx), dtype=torch.float64)
-    losses = torch.zeros(len(val_idx), dtype=torch.float64)
+    scores = torch.zeros(len(val_idx), len(data.labels), dtype=torch.float64)
     if mine:
-        predicted[mine] = torch.from_numpy(predictions.scores.argmax(1) + 1).double()
-        losses[mine] = torch.nn.functional.cross_entropy(logits, truth, reduction="none").double()
-    predicted, losses = strategy.sum_across(torch.stack([predicted, losses])).unbind(0)
-    classes = predicted.long().numpy() - 1
-    accuracy = float((classes == targets[np.asarray(val_idx)]).mean())
-    return Validation({"val_accuracy": accuracy, "val_loss": float(losses.mean())}, classes)
+        scores[mine] = torch.from_numpy(predictions.scores).double()
+    return strategy.sum_across(scores).numpy()  # other processes' rows were zeros here
+
+
+def score_chunks(
+    model: torch.nn.Module, strategy, chunks: LabelledSoundscapes, config: TrainConfig
+) -> np.ndarray:
+    """[chunks, classes] cosine scores of labelled soundscape chunks, computed as the infer notebook's defaults
+    compute a chunk's (windows half a window apart, pooled by InferConfig's chunk_pooling); each process
+    scores its share, summed across processes."""
+    pooling = InferConfig().chunk_pooling
+    hop = chunk_hop(config.window_samples, None, config.sample_rate)
+    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE, hop)
+    mine = strategy.shard(list(range(len(chunks.items))))
+    rate = config.sample_rate
+
+    def spans():
+        for k, chunk in enumerate(mine):
+            item, start, end = int(chunks.items[chunk]), chunks.starts[chunk], chunks.ends[chunk]
+            samples = chunks.store.read(item, int(round(start * rate)), int(round(end * rate)))
+            yield FileWindows(k, *span_windows(samples, [(k, 0.0, end - start)], plan))
+
+    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
+    with torch.inference_mode():
+        predictions = run_windows(model, spans(), len(mine), VALIDATION_BATCH, strategy.device, embed=embed)
+    scores = torch.zeros(len(chunks.items), chunks.truth.shape[1], dtype=torch.float64)
+    if mine:
+        scores[mine] = torch.from_numpy(np.nan_to_num(predictions.pooled[pooling], nan=-1.0)).double()
+    return strategy.sum_across(scores).numpy()
+
+
+def _score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
+    try:
+        return metrics.score(metric, truth, scores)
+    except metrics.MetricError:  # e.g. no class with both positive and negative held-out rows
+        return float("nan")

@@ -9,9 +9,11 @@ calling anything in it, never imports torch or torch_xla.
 Legs (every torch minor from 2.7 to 2.11 is one of them):
   floor       the lower bound of every range in pyproject.toml, torch_xla 2.7 beside torch 2.7.1
   kaggle-tpu  Kaggle's TPU image: torch/torchaudio/torch_xla 2.8.0; trains the artifact on 8 XLA CPU devices
+              and exports its embedding model to ONNX (fp32, int8) with torch 2.8's exporter
   dev         requirements.lock (torch 2.9.1, torch_xla 2.9.0): `make test`, not the matrix, runs it
   kaggle-gpu  Kaggle's GPU image: torch/torchaudio 2.10.0, no torch_xla; predicts offline from kaggle-tpu's
-              artifact, and SpeechBrain's EncoderClassifier loads that artifact
+              artifact, SpeechBrain's EncoderClassifier loads that artifact, and ONNX Runtime runs kaggle-tpu's
+              export (and one made here by torch 2.10) with torch's labels
   newest      the newest torch/torchaudio/speechbrain the ranges allow, and the newest of everything else
 torch_xla X.Y is built against torch X.Y (C++ ABI): it pairs with torch X.Y.* only, so the tpu extra stops at
 the newest torch_xla on PyPI (2.9) even though torch's own range goes further.
@@ -65,7 +67,8 @@ class Image:
 # Common to both images per Kaggle's published requirements (and torch's own dependencies).
 _IMAGE_COMMON: dict[str, str | None] = {
     name: None
-    for name in ("numpy", "scipy", "tqdm", "pyyaml", "safetensors", "huggingface-hub", "joblib", "packaging",
+    for name in ("numpy", "scipy", "scikit-learn", "threadpoolctl", "tqdm", "pyyaml", "safetensors",
+                 "huggingface-hub", "joblib", "packaging",
                  "requests", "cffi", "pycparser", "filelock", "typing-extensions", "sympy", "networkx",
                  "jinja2", "fsspec", "setuptools")
 }  # fmt: skip
@@ -93,34 +96,43 @@ def _image_extra(image: Image) -> dict[str, str]:
     return {n: v for n, v in image.preinstalled.items() if n in _IMAGE_PINS and v is not None}
 
 
+# The ONNX engine's stack (pipeline/onnx_engine.py: the runtime, and torch's exporter): one tested version of
+# each, pinned alike by every leg but the newest (which takes the newest releases) and bundled by `kaggle
+# package` for both images, whose published requirements have none of them.
+ONNX_STACK = {"onnxruntime": "1.32.0", "onnxscript": "0.7.2", "onnx": "1.23.2"}
+
+
 LEGS: tuple[Leg, ...] = (
     Leg(
         "floor", "2.7.1", "2.7.1", "2.7.0", "1.1.0",
         about="lower bound of every range in pyproject.toml",
         checks=("pytest -m 'not slow'", "pytest -m xla", "train -> infer notebooks (cpu)", "SpeechBrain client"),
         extra={"numpy": "1.26.0", "scipy": "1.11.2", "safetensors": "0.4.0", "soundfile": "0.12.1",
-               "pyyaml": "6.0.1", "tqdm": "4.64.0", "packaging": "22.0"},
+               "pyyaml": "6.0.1", "tqdm": "4.64.0", "packaging": "22.0", "scikit-learn": "1.3.1",
+               **ONNX_STACK},
     ),
     Leg(
         "kaggle-tpu", KAGGLE_TPU.preinstalled["torch"], KAGGLE_TPU.preinstalled["torchaudio"],
         KAGGLE_TPU.preinstalled["torch_xla"], "1.1.2",
         about="Kaggle TPU image: trains the handoff artifact",
-        checks=("pytest -m xla", "train notebook on 8 XLA CPU devices -> artifact"),
-        extra=_image_extra(KAGGLE_TPU),
+        checks=("pytest -m xla", "train notebook on 8 XLA CPU devices -> artifact",
+                "ONNX export of the artifact's embedding model (fp32, int8)"),
+        extra={**_image_extra(KAGGLE_TPU), **ONNX_STACK},
     ),
     Leg(
         "dev", "2.9.1", "2.9.1", "2.9.0", "1.1.2",
         about="requirements.lock, run by `make test`",
         checks=("ruff; the whole pytest suite (XLA, DDP, notebooks, offline guard)",),
-        extra={"numpy": "2.4.6"},
+        extra={"numpy": "2.4.6", **ONNX_STACK},
         in_matrix=False,
     ),
     Leg(
         "kaggle-gpu", KAGGLE_GPU.preinstalled["torch"], KAGGLE_GPU.preinstalled["torchaudio"], None, "1.1.2",
         about="Kaggle GPU image: predicts from kaggle-tpu's artifact, offline",
         checks=("no torch_xla in the kernel", "infer notebook offline on the kaggle-tpu artifact",
-                "SpeechBrain client agrees with the submission"),
-        extra=_image_extra(KAGGLE_GPU),
+                "SpeechBrain client agrees with the submission",
+                "ONNX engine on the kaggle-tpu export agrees with torch"),
+        extra={**_image_extra(KAGGLE_GPU), **ONNX_STACK},
     ),
     Leg(
         "newest", "2.11.0", "2.11.0", None, "1.1.2",

@@ -23,9 +23,10 @@ requires_torch_xla = pytest.mark.skipif(
     importlib.util.find_spec("torch_xla") is None, reason="torch_xla is not installed in this environment"
 )
 
-# Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores.
+# Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores. No ONNX files (their
+# export takes ~20 s): the session artifact below has them, and the tests of the ONNX path use it.
 TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_batch_size=8, n_mels=40,
-                  window_seconds=0.5, accelerator="cpu", progress=False, num_threads=2)  # fmt: skip
+                  window_seconds=0.5, accelerator="cpu", progress=False, num_threads=2, export_onnx=False)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -56,7 +57,8 @@ def tiny_artifact(tmp_path_factory, synthetic_data) -> Path:
     from pipeline.train import train
 
     out = tmp_path_factory.mktemp("art") / "model"
-    train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(out), **TINY_TRAIN))
+    with_onnx = {**TINY_TRAIN, "export_onnx": True}
+    train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(out), **with_onnx))
     return out
 
 

@@ -13,7 +13,8 @@ from conftest import TINY_TRAIN
 from helpers import run_papermill
 
 from pipeline.config import InferConfig
-from pipeline.submission import run_inference, score_submission
+from pipeline.scoring import score_submission
+from pipeline.submission import run_inference
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -85,7 +86,9 @@ def test_a_probability_competition_in_its_own_layout_through_the_notebooks(synth
         probs = np.array([float(v) for k, v in row.items() if k != "fname"])
         assert probs.min() >= 0 and abs(probs.sum() - 1) < 1e-4 and float(row["Unseen_class"]) == 0.0
     assert "Unseen_class" in infer.stderr and "never saw" in infer.stderr  # said in the notebook's output
-    assert score_submission(submission / "submission.csv", data / "solution.csv") >= 0.6  # argmax, tiny model
+    assert (
+        score_submission(submission / "submission.csv", data / "solution.csv")[1] >= 0.6
+    )  # argmax, tiny model
 
 
 def test_placeholder_rows_give_one_row_per_test_file(tiny_artifact, synthetic_data, tmp_path, capsys):
@@ -97,7 +100,7 @@ def test_placeholder_rows_give_one_row_per_test_file(tiny_artifact, synthetic_da
     written = read_rows(tmp_path / "sub.csv")
     assert [r["fname"] for r in written] == files  # one per file, sorted by id, named like the sample (name)
     assert "one per test file" in result.report["row_rule"] and "placeholders" in capsys.readouterr().out
-    assert score_submission(tmp_path / "sub.csv", data / "solution.csv") >= 0.5
+    assert score_submission(tmp_path / "sub.csv", data / "solution.csv")[1] >= 0.5
 
     # The same notebook on the public copy, where the test folder is empty or nearly so.
     for keep in (2, 0):

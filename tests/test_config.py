@@ -41,6 +41,13 @@ def test_mistyped_parameter_is_named():
         ("precision", "fp8"),
         ("epochs", 0),
         ("base_lr", -1.0),
+        ("sample_rate", 4000),
+        ("objective", "softmax"),
+        ("metric", "f1"),
+        ("noise_probability", 1.5),
+        ("mix_probability", -0.1),
+        ("secondary_label_weight", 0.0),
+        ("crops_per_file", 0),
     ],
 )
 def test_invalid_values_name_the_parameter(field, value):
@@ -53,9 +60,18 @@ def test_freeze_encoder_needs_init_from():
         TrainConfig(freeze_encoder=True)
 
 
+def test_a_noise_range_must_go_from_low_to_high():
+    with pytest.raises(ConfigError, match="noise_snr_db_low=10.0 > noise_snr_db_high=5.0"):
+        TrainConfig(noise_snr_db_low=10.0, noise_snr_db_high=5.0)
+
+
 def test_infer_config_validation():
     with pytest.raises(ConfigError, match="device"):
         InferConfig(device="tpu")
+    for field, value in (("segment_seconds", 0.0), ("chunk_pooling", "median"), ("time_limit_minutes", -5.0),
+                         ("expected_test_files", 0), ("window_hop_seconds", 0.0)):  # fmt: skip
+        with pytest.raises(ConfigError, match=field):
+            InferConfig(**{field: value})
     with pytest.raises(ConfigError, match="submision_path"):
         from_params(InferConfig, {"submision_path": "x.csv"})
 

@@ -103,3 +103,21 @@ def test_windows_cover_long_clips_and_cap_very_long_ones():
     assert w.shape == (7, 100)
     w, lens = windows(np.ones(40, dtype=np.float32), 100, max_windows=7)
     assert w.shape == (1, 100) and lens[0] == pytest.approx(0.4)
+
+
+def test_overlapping_windows_cover_a_clip_with_starts_at_most_a_hop_apart():
+    clip = np.arange(10_000, dtype=np.float32)
+    wavs, lens = windows(clip, 4000, 100, hop=2000)
+    starts = [int(w[0]) for w in wavs]
+    assert starts[0] == 0 and starts[-1] == 6000 and max(np.diff(starts)) <= 2000 and len(wavs) == 4
+    assert (lens == 1).all()
+    assert len(windows(clip, 4000, 100)[0]) == 3  # no hop: ceil(10000 / 4000) windows, as before
+
+
+def test_audio_seconds_reads_the_header_only(tmp_path):
+    from pipeline.data import audio_seconds
+
+    sf.write(tmp_path / "a.wav", np.zeros(24_000, dtype=np.float32), 8000)
+    assert audio_seconds(tmp_path / "a.wav") == 3.0
+    (tmp_path / "b.wav").write_bytes(b"not audio")
+    assert audio_seconds(tmp_path / "b.wav") is None and audio_seconds(tmp_path / "missing.wav") is None

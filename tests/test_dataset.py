@@ -83,7 +83,7 @@ def test_repeated_rows_are_dropped_and_said(tmp_path, capsys):
     """Issue 14: the same clip twice was accepted silently (and could land in training and validation)."""
     rows = [("a.wav", "x"), ("b.wav", "y"), ("a.wav", "x"), ("c.wav", "x"), ("c.wav", "z")]
     root = write_folder(tmp_path / "d", rows, {f"{n}.wav": tone() for n in "abc"})
-    data = load(root)
+    data = load(root, objective="aam")  # one class per clip: c.wav is trained on as x and as z
     assert [(r.rel_path, r.label) for r in data.rows] == [("a.wav", "x"), ("b.wav", "y"), ("c.wav", "x"),
                                                            ("c.wav", "z")]  # fmt: skip
     said = "\n".join(data.log)
@@ -98,7 +98,7 @@ def test_a_file_with_several_labels_is_never_on_both_sides_of_the_split(tmp_path
     names = [f"f{k:02d}.wav" for k in range(20)]
     root = write_folder(tmp_path / "d", [(n, "x;y;z") for n in names], {n: tone(freq=200 + 10 * k) for k, n in
                                                                        enumerate(names)})  # fmt: skip
-    data = load(root, label_separator=";", val_fraction=0.2)
+    data = load(root, label_separator=";", val_fraction=0.2, objective="aam")
     paths = [row.rel_path for row in data.rows]
     assert len(paths) == 60
     by_label_alone = stratified_split([row.label for row in data.rows], 0.2, 0)
@@ -167,3 +167,71 @@ def test_fsdd_like_splits_are_unchanged_by_the_guarantee():
     labels = [f"s{k}" for k in range(6) for _ in range(360)]
     _, val, note = stratified_split(labels, 0.1, seed=0)
     assert len(val) == 216 and note is None
+
+
+def write_birdclef_table(root, rows):
+    """train.csv with BirdCLEF's primary_label / secondary_labels / filename columns."""
+    import csv
+
+    root.mkdir(parents=True)
+    with open(root / "train.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["primary_label", "secondary_labels", "filename", "rating"])
+        for k, (label, secondary) in enumerate(rows):
+            sf.write(root / f"f{k}.wav", tone(freq=200 + 50 * k), SAMPLE_RATE)
+            writer.writerow([label, secondary, f"f{k}.wav", "4.0"])
+    return root
+
+
+def test_secondary_labels_make_multi_hot_targets_and_a_multi_label_objective(tmp_path):
+    root = write_birdclef_table(tmp_path / "d", [("a", "['b']"), ("a", "[]"), ("b", "['a', 'zz']"), ("c", "[]"),
+                                                 ("c", "['a']"), ("b", "[]")])  # fmt: skip
+    data = load(root, path_column="filename", label_column="primary_label", secondary_labels_column="secondary_labels",
+                secondary_label_weight=0.5, val_fraction=0)  # fmt: skip
+    assert data.objective == "bce" and data.labels == ["a", "b", "c"]
+    assert data.multi_hot.tolist() == [[1, 0.5, 0], [1, 0, 0], [0.5, 1, 0], [0, 0, 1], [0.5, 0, 1], [0, 1, 0]]
+    assert data.targets.tolist() == [0, 0, 1, 2, 2, 1]  # the primary label: what the split stratifies by
+    assert data.label_counts() == {"a": 4, "b": 3, "c": 2}  # files that have the class (the prior)
+    said = "\n".join(data.log)
+    assert "objective: bce (auto: 3 of 6 files have several labels)" in said and "'zz'" in said
+    aam = load(root, path_column="filename", label_column="primary_label", secondary_labels_column="secondary_labels",
+               objective="aam", val_fraction=0)  # fmt: skip
+    assert aam.multi_hot is None and "4 secondary labels left out" in "\n".join(aam.log)
+
+
+def test_a_few_double_labelled_files_keep_one_class_per_clip(tmp_path):
+    rows = [(f"f{k:02d}.wav", "x" if k % 2 else "y") for k in range(30)] + [("f00.wav", "x")]
+    root = write_folder(tmp_path / "d", rows, {f"f{k:02d}.wav": tone(freq=100 + 20 * k) for k in range(30)})
+    data = load(root)
+    assert data.objective == "aam" and len(data.rows) == 31  # f00.wav trained on as x and as y
+    assert any("only 1 of 30 files have several labels" in line for line in data.log)
+
+
+@pytest.mark.parametrize("cell", ["['a'", "[1, 2]", "__import__('os')"])
+def test_a_secondary_label_cell_that_is_no_list_names_its_line(tmp_path, cell):
+    root = write_birdclef_table(
+        tmp_path / "d", [("a", "[]"), ("b", cell if cell.startswith("[") else f"[{cell}]")]
+    )
+    with pytest.raises(DataError, match=r"train.csv line 3, column 'secondary_labels'.*not a list of labels"):
+        load(
+            root,
+            path_column="filename",
+            label_column="primary_label",
+            secondary_labels_column="secondary_labels",
+        )
+
+
+def test_an_epoch_crops_long_files_once_per_window_of_their_audio(tmp_path):
+    lengths = {"short.wav": 0.4, "one.wav": 1.2, "six.wav": 6.1, "long.wav": 30.0}  # seconds
+    root = write_folder(tmp_path / "d", [(name, "x") for name in lengths],
+                        {name: tone(seconds=s) for name, s in lengths.items()})  # fmt: skip
+    data = load(root, val_fraction=0)
+    counts = Counter(data.rows[i].rel_path for i in data.epoch_rows(SAMPLE_RATE))
+    assert counts == {
+        "short.wav": 1,
+        "one.wav": 1,
+        "six.wav": 6,
+        "long.wav": 8,
+    }  # capped at MAX_CROPS_PER_FILE
+    fixed = Counter(data.rows[i].rel_path for i in data.epoch_rows(SAMPLE_RATE, crops_per_file=2))
+    assert set(fixed.values()) == {2}

@@ -46,12 +46,12 @@ def test_round_robin_balances_audio_between_devices():
 
 
 def test_choose_devices():
-    assert choose_devices(InferConfig(device="cpu", devices=2)) == [torch.device("cpu")] * 2
-    assert choose_devices(InferConfig(device="cpu")) == [torch.device("cpu")]
+    assert choose_devices("cpu", 2) == [torch.device("cpu")] * 2
+    assert choose_devices("cpu") == [torch.device("cpu")]
     if cuda_device_count() == 0:
-        assert choose_devices(InferConfig(device="auto", devices=2)) == [torch.device("cpu")]
+        assert choose_devices("auto", 2) == [torch.device("cpu")]
         with pytest.raises(RuntimeError, match="no GPU"):
-            choose_devices(InferConfig(device="cuda"))
+            choose_devices("cuda")
 
 
 def test_batching_is_sized_for_the_device_unless_set():
@@ -61,15 +61,19 @@ def test_batching_is_sized_for_the_device_unless_set():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     base = ModelConfig.from_preset("base", n_classes=3)
     small = ModelConfig.from_preset("small", n_classes=3)
-    assert batching_for(InferConfig(), base, cpu) == (8, 0)  # measured best on 2 cores
-    assert batching_for(InferConfig(), ModelConfig.from_preset("voxceleb", n_classes=3), cpu) == (4, 0)
-    assert batching_for(InferConfig(), small, cpu) == (32, 0)
-    assert batching_for(InferConfig(), ModelConfig.from_preset("tiny", n_classes=3), cpu) == (64, 0)  # capped
+    assert batching_for(None, None, base, cpu, cores=2) == (8, 0)  # measured best on 2 cores
+    assert batching_for(None, None, ModelConfig.from_preset("voxceleb", n_classes=3), cpu, cores=2) == (4, 0)
+    assert batching_for(None, None, small, cpu, cores=2) == (32, 0)
+    tiny = ModelConfig.from_preset("tiny", n_classes=3)
+    assert batching_for(None, None, tiny, cpu, cores=2) == (64, 0)  # capped
+    # Decoding workers from the session's cores, as threads.plan_threads shares them: one per 4 cores.
+    assert batching_for(None, None, base, cpu, cores=4) == (8, 1)
+    assert batching_for(None, None, base, cpu, cores=16) == (8, 4)
     half_second = ModelConfig.from_preset("base", n_classes=3, window_samples=8000)
-    assert batching_for(InferConfig(), half_second, cpu)[0] == 15  # shorter windows: more of them per batch
-    assert batching_for(InferConfig(), base, gpu) == (64, 1)
-    assert batching_for(InferConfig(batch_windows=5, num_workers=3), base, cpu) == (5, 3)
-    assert batching_for(InferConfig(num_workers=0), base, gpu) == (64, 0)
+    assert batching_for(None, None, half_second, cpu)[0] == 15  # shorter windows: more of them per batch
+    assert batching_for(None, None, base, gpu) == (64, 1)
+    assert batching_for(5, 3, base, cpu) == (5, 3)
+    assert batching_for(None, 0, base, gpu) == (64, 0)
 
 
 def read_rows(path):
@@ -115,7 +119,7 @@ def test_two_cpu_processes_predict_what_one_process_predicts(tiny_artifact, salt
     counts = two_report["files_per_device"]
     assert sorted(counts) == ["cpu#0", "cpu#1"]
     assert sum(counts.values()) == len(rows) and min(counts.values()) >= len(rows) // 2
-    shards = shard_indices(file_order(salted_data, rows), 2)
+    shards = shard_indices(file_order(salted_data, [r.rel_path for r in rows]), 2)
     assert [len(s) for s in shards] == [counts["cpu#0"], counts["cpu#1"]]
 
     # Same predictions, same fallbacks and repairs, rows in sample_submission order.

@@ -241,7 +241,7 @@ def test_kaggle_style_nested_directory_is_found(pretrained_dir, tmp_path):
 def test_freeze_encoder_trains_only_the_classifier_and_keeps_batchnorm_statistics(pretrained_dir):
     """Real train steps (train.py's train_step, its model.train() call, an Adam over trainable params)."""
     from pipeline.devices.strategy import SingleDevice
-    from pipeline.model import aam_loss
+    from pipeline.objectives import make_loss
     from pipeline.train import train_step
 
     directory, state = pretrained_dir
@@ -257,7 +257,7 @@ def test_freeze_encoder_trains_only_the_classifier_and_keeps_batchnorm_statistic
         assert not model.embedding_model.training and model.classifier.training
         batch = {"inputs": 0.1 * torch.randn(8, 8000, generator=generator), "lens": torch.ones(8),
                  "labels": torch.randint(0, len(LABELS), (8,), generator=generator)}  # fmt: skip
-        train_step(model, strategy, aam_loss(0.2, 30.0), optimizer, [batch])
+        train_step(model, strategy, make_loss("aam", 0.2, 30.0), optimizer, [batch])
     after = encoder_state(model)
     for key, value in state.items():
         assert torch.equal(after[key], value), f"frozen encoder entry {key} changed"

@@ -8,7 +8,8 @@ import soundfile as sf
 
 from pipeline.artifact import ArtifactError
 from pipeline.config import InferConfig
-from pipeline.submission import run_inference, score_submission
+from pipeline.scoring import score_submission
+from pipeline.submission import run_inference
 from pipeline.tables import DataError
 
 
@@ -20,7 +21,7 @@ def read_rows(path):
 def test_score_checks_ids(tmp_path):
     (tmp_path / "sol.csv").write_text("id,label\n1,a\n2,b\n")
     (tmp_path / "sub.csv").write_text("id,label\n1,a\n2,a\n")
-    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == 0.5
+    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == ("accuracy", 0.5)
     (tmp_path / "bad.csv").write_text("id,label\n1,a\n3,b\n")
     with pytest.raises(DataError, match="1 missing"):
         score_submission(tmp_path / "bad.csv", tmp_path / "sol.csv")
@@ -33,7 +34,7 @@ def test_inference_stage_on_synthetic_data(tiny_artifact, synthetic_data, tmp_pa
     result = run_inference(config)
     ids = [r["id"] for r in read_rows(synthetic_data / "sample_submission.csv")]
     assert [r["id"] for r in read_rows(out)] == ids and result.n_fallbacks == 0
-    assert score_submission(out, synthetic_data / "solution.csv") >= 0.5  # 3-epoch tiny model, 4 speakers
+    assert score_submission(out, synthetic_data / "solution.csv")[1] >= 0.5  # 3-epoch tiny model, 4 speakers
     probs = read_rows(tmp_path / "probabilities.csv")
     assert len(probs) == len(ids)
     assert abs(sum(float(v) for k, v in probs[0].items() if k != "id") - 1.0) < 1e-3
@@ -106,3 +107,24 @@ def test_awkward_ids_and_repeated_test_rows_cost_no_row(tiny_artifact, synthetic
     assert [r["id"] for r in read_rows(tmp_path / "probabilities.csv")][-2:] == awkward
     assert any(f"repeats id {first['id']!r}" in w for w in result.report["notes"])
     assert out.stat().st_mode & 0o777 == 0o644
+
+
+def test_score_uses_the_competitions_metric_for_class_column_solutions(tmp_path):
+    (tmp_path / "sol.csv").write_text("row_id,a,b\nx_5,1,0\nx_10,0,1\nx_15,1,1\nx_20,0,0\n")
+    (tmp_path / "sub.csv").write_text("row_id,b,a\nx_5,0.1,0.9\nx_10,0.8,0.2\nx_15,0.7,0.6\nx_20,0.3,0.4\n")
+    metric, value = score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv")
+    # a: positives 0.9, 0.6 vs negatives 0.2, 0.4 -> 1.0; b: positives 0.8, 0.7 vs 0.1, 0.3 -> 1.0
+    assert metric == "macro_roc_auc" and value == 1.0
+    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv", "lwlrap")[0] == "lwlrap"
+    (tmp_path / "short.csv").write_text("row_id,a\nx_5,1\nx_10,0\nx_15,1\nx_20,0\n")
+    with pytest.raises(DataError, match=r"short.csv: no column for class\(es\) \['b'\]"):
+        score_submission(tmp_path / "short.csv", tmp_path / "sol.csv")
+    (tmp_path / "text.csv").write_text("row_id,a,b\nx_5,1,high\nx_10,0,0\nx_15,1,1\nx_20,0,0\n")
+    with pytest.raises(DataError, match=r"id 'x_5', column 'b': 'high' is not a number"):
+        score_submission(tmp_path / "text.csv", tmp_path / "sol.csv")
+
+
+def test_a_label_outside_the_solutions_classes_is_simply_wrong(tmp_path):
+    (tmp_path / "sol.csv").write_text("id,label\n1,a\n2,b\n")
+    (tmp_path / "sub.csv").write_text("id,label\n1,zz\n2,b\n")  # 'zz' must not count as class 'a'
+    assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == ("accuracy", 0.5)

@@ -2,6 +2,7 @@
 cache, each process its share, every process ending with the same answer."""
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -73,7 +74,5 @@ def test_no_validation_split_means_no_validation(synthetic_data, synthetic_train
     data = synthetic_training_data
     config = TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN)
     model = torch.nn.Identity()  # never called: there is nothing to score
-    assert (
-        evaluate(model, SingleDevice(torch.device("cpu")), data.store, data.items, data.targets, [], config)
-        is None
-    )
+    without = dataclasses.replace(data, val_idx=[])
+    assert evaluate(model, SingleDevice(torch.device("cpu")), without, config, "accuracy") is None

@@ -118,6 +118,21 @@ def test_the_runner_implements_every_check_and_installs_existing_extras():
     assert [leg.name for leg in versions.MATRIX_LEGS] == ["floor", "kaggle-tpu", "kaggle-gpu", "newest"]
 
 
+def test_the_onnx_stack_is_pinned_by_the_legs_bundled_and_left_out_on_python_310():
+    from pipeline.packaging import EXTRA_WHEELS
+
+    for leg in versions.LEGS:
+        if leg.name != "newest":  # the newest leg takes the newest releases
+            assert {n: leg.pins()[n] for n in versions.ONNX_STACK} == versions.ONNX_STACK, leg.name
+    assert set(versions.ONNX_STACK) <= {canonicalize_name(name) for name, _ in EXTRA_WHEELS}
+    for name in versions.ONNX_STACK:
+        marker = DEPENDENCIES[name].marker
+        assert marker is not None, (
+            f"{name}: onnxruntime has no Python 3.10 wheel, so the stack needs a marker"
+        )
+        assert not marker.evaluate({"python_version": "3.10"}) and marker.evaluate({"python_version": "3.12"})
+
+
 def test_the_readme_shows_the_table():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Tested versions", 1)[1].split("\n## ", 1)[0]

@@ -171,3 +171,60 @@ def test_read_wheel(tmp_path):
     found = read_wheel(wheel(tmp_path, "Ruamel.Yaml", "0.18.17", requires=("a>=1",), requires_python=">=3.9"))
     assert (found.name, str(found.version), found.requires, found.requires_python) == (
         "ruamel-yaml", "0.18.17", ("a>=1",), ">=3.9")  # fmt: skip
+
+
+ONNX_REQUIRES = tuple(
+    f"{name}>={version}; python_version >= '3.11'" for name, version in versions.ONNX_STACK.items()
+)
+
+
+def onnx_stack(folder: Path, runtime_tags=(CP311, CP312)) -> Path:
+    """The ONNX engine's wheels as `kaggle package` bundles them (dependencies as their METADATA states)."""
+    for tag in runtime_tags:
+        wheel(folder, "onnxruntime", "1.32.0", tag=tag, requires_python=">=3.11",
+              requires=("flatbuffers", "numpy>=1.21.6", "packaging", "protobuf>=4.25.8", 'sympy; extra == "symbolic"'))  # fmt: skip
+    for tag in (CP311, CP312):
+        wheel(folder, "onnx", "1.23.2", tag=tag, requires=("numpy>=1.23.2", "protobuf>=6.31.1",
+              "typing_extensions>=4.7.1", "ml_dtypes>=0.5.4"))  # fmt: skip
+        wheel(folder, "ml_dtypes", "0.5.4", tag=tag, requires=("numpy>=1.21",))
+    wheel(folder, "onnxscript", "0.7.2", requires=("ml_dtypes", "numpy", "onnx_ir<2,>=0.1.16", "onnx>=1.17",
+          "packaging", "typing_extensions>=4.10"))  # fmt: skip
+    wheel(folder, "onnx_ir", "1.1.0", requires=("numpy", "onnx>=1.16", "typing_extensions>=4.10", "ml_dtypes>=0.5.0",
+          "sympy>=1.13", "packaging"))  # fmt: skip
+    wheel(folder, "flatbuffers", "25.12.19")
+    wheel(folder, "protobuf", "7.36.2", tag="cp39-abi3-manylinux2014_x86_64")
+    return folder
+
+
+def test_the_onnx_engine_stack_installs_on_both_images(tmp_path):
+    code = onnx_stack(bundle(tmp_path / "code", PROJECT_REQUIRES + ONNX_REQUIRES))
+    for image in versions.IMAGES.values():
+        check = check_bundle(code, image)
+        assert check.ok, check.summary()
+        assert check.chosen["onnxruntime"].startswith("onnxruntime-1.32.0-cp312")
+        assert {"onnxscript", "onnx", "onnx-ir", "ml-dtypes", "flatbuffers", "protobuf"} <= set(check.chosen)
+
+
+def test_the_project_requires_the_onnx_stack_on_kaggles_python(tmp_path):
+    """The markers (python_version >= '3.11') hold on the images' 3.12: a bundle without the runtime fails."""
+    code = onnx_stack(bundle(tmp_path / "code", PROJECT_REQUIRES + ONNX_REQUIRES))
+    for path in code.glob("onnxruntime-*.whl"):
+        path.unlink()
+    problems = check_bundle(code, "kaggle-gpu").problems
+    assert problems == ["kaggle-ecapa-pipeline 0.1.0 requires onnxruntime>=1.32.0; python_version >= \"3.11\": "
+                        "neither kaggle-gpu nor the bundle has onnxruntime (an offline install would fail)"]  # fmt: skip
+
+
+def test_an_onnxruntime_wheel_for_cp311_only_does_not_install_on_cp312(tmp_path):
+    code = onnx_stack(bundle(tmp_path / "code", PROJECT_REQUIRES + ONNX_REQUIRES), runtime_tags=(CP311,))
+    problems = check_bundle(code, "kaggle-tpu").problems
+    assert problems[0].startswith("onnxruntime: no wheel installs on CPython 3.12")
+
+
+def test_a_dependency_of_the_onnx_stack_missing_from_the_bundle_is_named(tmp_path):
+    code = onnx_stack(bundle(tmp_path / "code", PROJECT_REQUIRES + ONNX_REQUIRES))
+    for path in code.glob("ml_dtypes-*.whl"):
+        path.unlink()
+    problems = check_bundle(code, "kaggle-gpu").problems
+    assert any("onnx 1.23.2 requires ml_dtypes>=0.5.4: neither kaggle-gpu nor the bundle has ml-dtypes" in p
+               for p in problems), problems  # fmt: skip

@@ -53,6 +53,10 @@ def test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla(syntheti
     assert all(r["xla_compiles"] == r["xla_compiles_before_validation"] for r in later)
     assert provenance["xla_compile_count"] == history[-1]["xla_compiles"] <= 4
     assert f"XLA compilations {provenance['xla_compile_count']}" in log
+    # The ONNX files come from the host copy of the weights: in the artifact, and no XLA graph compiled for them.
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert {"embedding_model.onnx", "embedding_model.int8.onnx"} <= set(manifest["files"])
+    assert provenance["onnx"]["xla_compiles_during_export"] == 0 and "passed" in provenance["onnx"]["int8"]
 
     blocker = tmp_path / "blocker"
     blocker.mkdir()
@@ -61,9 +65,13 @@ def test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla(syntheti
     no_xla.pop("PJRT_DEVICE", None)
     submission = tmp_path / "submission.csv"
     infer = run_papermill("notebooks/infer.ipynb", tmp_path / "infer.out.ipynb", {
-        "data_dir": synthetic_data, "artifact_dir": artifact, "submission_path": submission,
+        "data_dir": synthetic_data, "artifact_dir": artifact, "submission_path": submission, "engine": "onnx",
     }, env=no_xla)  # fmt: skip
     assert infer.returncode == 0, infer.stderr[-3000:]
+    report = json.loads((tmp_path / "submission_report.json").read_text())
+    assert report["engine"]["ran"].startswith(
+        "onnx-"
+    )  # the files torch 2.x + torch_xla exported, run offline
     with open(submission) as handle:
         rows = list(csv.DictReader(handle))
     with open(synthetic_data / "sample_submission.csv") as handle:

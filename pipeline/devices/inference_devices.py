@@ -11,22 +11,23 @@ from collections.abc import Sequence
 
 import torch
 
-from ..config import InferConfig
 from ..model import ModelConfig
 from .probe import cuda_device_count
+from .threads import available_cores, plan_threads
 
 
-def choose_devices(config: InferConfig) -> list[torch.device]:
-    """The devices to run on. `device="cpu", devices=N` runs N CPU processes: the multi-GPU code path with
-    CPUs standing in for the GPUs (how it is tested here), and a speed-up on many-core CPU sessions."""
-    if config.device == "cpu":
-        return [torch.device("cpu")] * (config.devices or 1)
+def choose_devices(device: str = "auto", devices: int | None = None) -> list[torch.device]:
+    """The devices to run on (InferConfig's `device` and `devices`). `device="cpu", devices=N` runs N CPU
+    processes: the multi-GPU code path with CPUs standing in for the GPUs (how it is tested here), and a
+    speed-up on many-core CPU sessions."""
+    if device == "cpu":
+        return [torch.device("cpu")] * (devices or 1)
     available = cuda_device_count()
-    if config.device == "cuda" and available == 0:
+    if device == "cuda" and available == 0:
         raise RuntimeError("device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
     if available == 0:
         return [torch.device("cpu")]
-    count = min(config.devices or available, available)
+    count = min(devices or available, available)
     return [torch.device("cuda", i) for i in range(count)]
 
 
@@ -41,19 +42,27 @@ def shard_indices(order: Sequence[int], n_shards: int) -> list[list[int]]:
 CPU_BATCH_BUDGET = 8 * 1536 * 101
 
 
-def batching_for(config: InferConfig, model_config: ModelConfig, device: torch.device) -> tuple[int, int]:
-    """(windows per batch, DataLoader workers) for `device`, where the config leaves them to us (None).
+def batching_for(
+    batch_windows: int | None,
+    num_workers: int | None,
+    model_config: ModelConfig,
+    device: torch.device,
+    cores: int | None = None,
+) -> tuple[int, int]:
+    """(windows per batch, DataLoader workers) for `device`, where the parameters leave them to us (None).
 
-    CPU: batches sized to the cache (CPU_BATCH_BUDGET) and decoding in the compute process: a worker
-    process only takes cores from torch's threads (on 2 cores, 1 worker cost 10-30% of throughput on FSDD).
-    GPU: 64 windows per batch and one worker decoding while the GPU computes.
+    CPU: batches sized to the cache (CPU_BATCH_BUDGET) and decoding workers as devices/threads.plan_threads
+    shares `cores` (default: this session's, threads.available_cores): none below 4 cores, where a worker
+    process only takes cores from the compute threads (on 2 cores, 1 worker cost 10-30% of throughput on
+    FSDD), then one per 4 cores. GPU: 64 windows per batch and one worker decoding while the GPU computes.
     """
     if device.type == "cpu":
-        frames = model_config.window_samples // 160 + 1  # Fbank: 10 ms hop
+        frames = model_config.window_samples * 100 // model_config.sample_rate + 1  # Fbank: 10 ms hop
         widest = model_config.channels[-1]  # the multi-layer feature aggregation: ECAPA's widest activation
-        auto_batch, auto_workers = max(4, min(64, CPU_BATCH_BUDGET // (widest * frames))), 0
+        auto_batch = max(4, min(64, CPU_BATCH_BUDGET // (widest * frames)))
+        auto_workers = plan_threads(cores if cores is not None else available_cores()).decode_workers
     else:
         auto_batch, auto_workers = 64, 1
-    batch = config.batch_windows if config.batch_windows is not None else auto_batch
-    workers = config.num_workers if config.num_workers is not None else auto_workers
+    batch = batch_windows if batch_windows is not None else auto_batch
+    workers = num_workers if num_workers is not None else auto_workers
     return batch, workers

@@ -131,5 +131,5 @@ def evaluate_artifact(
     from pipeline.validation import evaluate
 
     model = load_artifact(artifact_dir).model.to(strategy.device).eval()
-    result = evaluate(model, strategy, data.store, data.items, data.targets, data.val_idx, config)
+    result = evaluate(model, strategy, data, config, "accuracy")
     return result.metrics, result.predictions.tolist()

@@ -1,0 +1,86 @@
+"""Competition metrics over per-row class scores, computed with scikit-learn (both Kaggle images ship it).
+
+    accuracy       the most probable class equals the row's (first) true class: speaker and single-label tasks
+    macro_roc_auc  BirdCLEF 2024-2026: ROC-AUC of each class over the rows, averaged over the classes with a
+                   positive row (Kaggle's metric drops the others; a class positive in every row has no
+                   AUC either and is dropped too, where Kaggle's code would fail)
+    lwlrap         label-weighted label-ranking average precision (Freesound Audio Tagging 2019, Rainforest
+                   Connection): scikit-learn's LRAP with each row weighted by its number of positive labels,
+                   which is exactly the label-weighted form (rows without a positive weigh nothing)
+    padded_cmap    BirdCLEF 2023: 5 rows positive for every class are appended to both the truth and the
+                   scores, then scikit-learn's macro average precision (the competition's own variant)
+
+`truth` is a [rows, classes] 0/1 matrix, `scores` a [rows, classes] matrix of any monotone scores (cosines,
+probabilities): every metric here depends only on how scores rank, except accuracy (the argmax).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+METRICS = ("accuracy", "macro_roc_auc", "lwlrap", "padded_cmap")
+PADDING_ROWS = 5  # BirdCLEF 2023's padding_factor
+
+
+class MetricError(ValueError):
+    """The metric cannot be computed on these rows (no row, no class with a positive row). Says why."""
+
+
+def score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
+    """`metric` of `scores` against `truth` (see the module docstring)."""
+    truth = np.asarray(truth, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    if truth.shape != scores.shape or truth.ndim != 2:
+        raise MetricError(f"truth {truth.shape} and scores {scores.shape} must both be [rows, classes]")
+    if len(truth) == 0:
+        raise MetricError("no rows to score")
+    if not np.isfinite(scores).all():
+        raise MetricError("scores hold NaN or infinite values")
+    positive = truth > 0
+    if metric == "accuracy":
+        has_label = positive.any(axis=1)
+        if not has_label.any():
+            raise MetricError("accuracy needs rows with a true class; no row has one")
+        first = positive.argmax(axis=1)
+        return float((scores.argmax(axis=1) == first)[has_label].mean())
+    if metric == "macro_roc_auc":
+        from sklearn.metrics import roc_auc_score
+
+        scored = positive.any(axis=0) & ~positive.all(axis=0)
+        if not scored.any():
+            raise MetricError(
+                "macro_roc_auc needs a class with both positive and negative rows; there is none"
+            )
+        return float(roc_auc_score(positive[:, scored], scores[:, scored], average="macro"))
+    if metric == "lwlrap":
+        from sklearn.metrics import label_ranking_average_precision_score
+
+        weights = positive.sum(axis=1)
+        if weights.sum() == 0:
+            raise MetricError("lwlrap needs rows with a positive label; there is none")
+        return float(label_ranking_average_precision_score(positive, scores, sample_weight=weights))
+    if metric == "padded_cmap":
+        from sklearn.metrics import average_precision_score
+
+        pad = np.ones((PADDING_ROWS, truth.shape[1]))
+        return float(
+            average_precision_score(np.vstack([positive, pad]), np.vstack([scores, pad]), average="macro")
+        )
+    raise MetricError(f"unknown metric {metric!r}; use one of {list(METRICS)}")
+
+
+def selection_metric(metric: str, objective: str) -> str:
+    """The metric validation selects by: `metric`, or for "auto" accuracy (aam) or macro_roc_auc (multi-label)."""
+    if metric != "auto":
+        return metric
+    return "accuracy" if objective == "aam" else "macro_roc_auc"
+
+
+def one_hot(classes: np.ndarray, n_classes: int) -> np.ndarray:
+    """[rows, n_classes] 0/1 truth of single-label rows (class indices)."""
+    truth = np.zeros((len(classes), n_classes), dtype=np.float32)
+    truth[np.arange(len(classes)), np.asarray(classes, dtype=np.int64)] = 1.0
+    return truth
+
+
+__all__ = ["METRICS", "MetricError", "one_hot", "score", "selection_metric"]

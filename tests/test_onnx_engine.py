@@ -1,0 +1,225 @@
+"""pipeline/onnx_engine.py with the real exporter and the real ONNX Runtime, on a trained tiny model.
+
+Skipped where onnxruntime or torch's exporter (onnxscript, onnx) is not installed: Python 3.10 has no
+onnxruntime wheel, and a leg of the version matrix may lack them.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline import onnx_engine
+from pipeline.artifact import load_artifact
+from pipeline.data import load_audio, windows
+from pipeline.inference import FileWindows, WindowPlan, clip_items, cosine_scores, run_windows
+from pipeline.onnx_engine import (
+    GuardedEmbedder,
+    OnnxEmbedder,
+    TorchEmbedder,
+    export_embedding_model,
+    int8_acceptable,
+    make_embedder,
+    quantize_embedding_model,
+)
+
+pytestmark = pytest.mark.skipif(
+    onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
+    reason=f"{onnx_engine.onnxruntime_missing() or onnx_engine.exporter_missing()}: the ONNX engine is off here",
+)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_artifact):
+    return load_artifact(tiny_artifact).model
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    return export_embedding_model(model, tmp_path_factory.mktemp("onnx") / onnx_engine.ONNX_FP32)
+
+
+def clips_of(model, seconds: list[float], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise windows of other lengths than the export's example (2 windows of 0.5 s: 51 frames)."""
+    rng = np.random.default_rng(seed)
+    longest = int(max(seconds) * model.config.sample_rate)
+    wavs = torch.zeros(len(seconds), longest)
+    for row, length in enumerate(seconds):
+        n = int(length * model.config.sample_rate)
+        wavs[row, :n] = torch.from_numpy((0.1 * rng.standard_normal(n)).astype(np.float32))
+    lens = torch.tensor([s / max(seconds) for s in seconds])
+    return wavs, lens
+
+
+def test_export_is_dynamic_in_batch_and_time(exported):
+    session = onnx_engine.load_session(exported.path, threads=1)
+    shapes = {node.name: node.shape for node in session.get_inputs()}
+    assert isinstance(shapes["feats"][0], str) and isinstance(shapes["feats"][1], str)
+    assert shapes["wav_lens"][0] == shapes["feats"][0]  # one symbolic batch
+    assert exported.max_abs_diff < 1e-5 and exported.path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("seconds", [[0.3, 1.3, 0.9], [0.8] * 7 + [0.25]])
+def test_onnx_embeddings_and_scores_equal_torchs(model, exported, seconds):
+    wavs, lens = clips_of(model, seconds)
+    expected = TorchEmbedder(model)(wavs, lens)
+    found = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")(wavs, lens)
+    assert found.shape == expected.shape == (len(seconds), model.config.lin_neurons)
+    assert float((found - expected).abs().max()) < 1e-4
+    unit_classes = torch.nn.functional.normalize(model.classifier.weight.detach(), dim=1)
+    scores = [cosine_scores(e, unit_classes).numpy() for e in (expected, found)]
+    np.testing.assert_allclose(scores[1], scores[0], atol=1e-4)
+    assert (scores[1].argmax(1) == scores[0].argmax(1)).all()
+
+
+def file_items(clips: list[np.ndarray], window: int) -> list[FileWindows]:
+    return list(clip_items(clips, WindowPlan(window, 16000, 8)))
+
+
+def test_run_windows_with_the_onnx_engine_predicts_torchs_labels(model, exported, synthetic_data):
+    clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:12]]
+    window, cpu = model.config.window_samples, torch.device("cpu")
+    reference = run_windows(model, iter(file_items(clips, window)), len(clips), 3, cpu)
+    embed = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")
+    found = run_windows(model, iter(file_items(clips, window)), len(clips), 3, cpu, embed=embed)
+    assert found.ok.all() and reference.ok.all()
+    np.testing.assert_allclose(found.scores, reference.scores, atol=1e-4)
+    assert (found.scores.argmax(1) == reference.scores.argmax(1)).all()
+
+
+def test_forced_onnx_announces_itself_once(model, exported):
+    lines: list[str] = []
+    embed = make_embedder(
+        model, "onnx", onnx_path=exported.path, threads=1, batch_windows=3, log=lines.append
+    )
+    assert embed.engine == "onnx-fp32"
+    assert len(lines) == 1 and lines[0].startswith("inference engine: onnx-fp32")
+    wavs, lens = clips_of(model, [0.5, 0.4])
+    assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
+
+
+def test_auto_exports_here_without_a_file_and_agrees_with_torch_whichever_it_picks(model):
+    """No ONNX file (an artifact from before the ONNX engine): make_embedder exports from the loaded weights."""
+    lines: list[str] = []
+    embed = make_embedder(model, "auto", threads=1, batch_windows=4, log=lines.append)
+    assert len(lines) == 1 and embed.engine in lines[0]
+    wavs, lens = clips_of(model, [0.6, 0.5, 0.2])
+    assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
+
+
+def test_torch_engine_and_a_bad_engine_name(model):
+    lines: list[str] = []
+    assert isinstance(make_embedder(model, "torch", log=lines.append), TorchEmbedder)
+    assert lines == ["inference engine: torch (engine='torch')"]
+    with pytest.raises(ValueError, match="engine='tensorrt': use one of auto, torch, onnx"):
+        make_embedder(model, "tensorrt")
+
+
+def test_a_corrupt_onnx_file_falls_back_to_torch_with_one_line(model, exported, tmp_path):
+    corrupt = tmp_path / "embedding_model.onnx"
+    corrupt.write_bytes(exported.path.read_bytes()[:5000])  # a truncated download or copy
+    for engine in ("onnx", "auto"):
+        lines: list[str] = []
+        embed = make_embedder(model, engine, onnx_path=corrupt, threads=1, batch_windows=2, log=lines.append)
+        assert isinstance(embed, TorchEmbedder)
+        assert len(lines) == 1 and lines[0].startswith("inference engine: torch (ONNX Runtime unavailable:")
+        wavs, lens = clips_of(model, [0.5, 0.3])
+        assert torch.equal(embed(wavs, lens), TorchEmbedder(model)(wavs, lens))
+
+
+def test_an_onnx_file_of_other_weights_is_refused(model, exported, tmp_path):
+    """A file that loads and runs but holds other weights (an artifact mixed up with another's file)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(exported.path))
+    weight = next(t for t in graph.graph.initializer if len(t.dims) == 3)  # the first convolution's kernel
+    weight.CopyFrom(numpy_helper.from_array(1.5 * numpy_helper.to_array(weight), weight.name))
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(graph, str(foreign))
+    lines: list[str] = []
+    embed = make_embedder(model, "onnx", onnx_path=foreign, threads=1, batch_windows=2, log=lines.append)
+    assert isinstance(embed, TorchEmbedder)
+    assert len(lines) == 1 and "differs from torch" in lines[0]
+
+
+class Unexportable(torch.nn.Module):
+    """Data-dependent Python control flow: torch.export (strict) cannot trace it."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, feats: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        if float(feats.mean()) > -1e9:
+            return self.encoder(feats, lens)
+        return self.encoder(feats.flip(1), lens)
+
+
+def test_an_export_that_fails_falls_back_to_torch_with_one_line(model):
+    broken = copy.deepcopy(model)
+    broken.embedding_model = Unexportable(broken.embedding_model)
+    with pytest.raises(onnx_engine.ExportError, match="could not export the embedding model"):
+        export_embedding_model(broken, "/nonexistent/never-written.onnx")
+    lines: list[str] = []
+    embed = make_embedder(broken, "onnx", threads=1, batch_windows=2, log=lines.append)  # exports here
+    assert isinstance(embed, TorchEmbedder)
+    assert len(lines) == 1 and "ExportError" in lines[0] and "could not export" in lines[0]
+    wavs, lens = clips_of(model, [0.5, 0.5])
+    assert torch.equal(embed(wavs, lens), TorchEmbedder(model)(wavs, lens))
+
+
+def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(model, tmp_path, synthetic_data):
+    """An ONNX file for 80 mel bands behind a 40-band model: ONNX Runtime rejects every batch at run time."""
+    wider = type(model)(type(model.config)(**{**model.config.to_dict(), "n_mels": 80})).eval()
+    mismatched = export_embedding_model(wider, tmp_path / "wider.onnx").path
+    lines: list[str] = []
+    guarded = GuardedEmbedder(OnnxEmbedder(model, mismatched, threads=1, precision="fp32"), TorchEmbedder(model),
+                              model.config.lin_neurons, "test", lines.append)  # fmt: skip
+    clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:6]]
+    window, cpu = model.config.window_samples, torch.device("cpu")
+    found = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu, embed=guarded)
+    reference = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu)
+    assert found.ok.all() and not found.problems
+    np.testing.assert_allclose(found.scores, reference.scores, atol=1e-6)
+    assert len(lines) == 1 and "onnx-fp32 failed on a batch" in lines[0] and guarded.engine == "torch"
+
+
+def fsdd_windows(model, paths) -> tuple[torch.Tensor, torch.Tensor]:
+    cut = [windows(load_audio(path)[0], model.config.window_samples, 64) for path in paths]
+    return torch.from_numpy(np.concatenate([w for w, _ in cut])), torch.from_numpy(
+        np.concatenate([r for _, r in cut])
+    )
+
+
+def test_int8_embeddings_stay_close_to_fp32_on_real_speech(model, exported, fsdd_recordings, tmp_path):
+    recordings = sorted(fsdd_recordings.glob("*.wav"))
+    calibration = fsdd_windows(model, recordings[::40])  # 68 recordings across speakers and digits
+    int8_path = quantize_embedding_model(model, exported.path, tmp_path / onnx_engine.ONNX_INT8, *calibration)
+    held_out = fsdd_windows(model, recordings[7::50])  # other recordings than the calibration's
+    fp32 = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")(*held_out)
+    int8 = OnnxEmbedder(model, int8_path, threads=2, precision="int8")(*held_out)
+    cosine = torch.nn.functional.cosine_similarity(int8, fp32, dim=1)
+    assert float(cosine.mean()) > 0.99 and float(cosine.min()) > 0.95, cosine
+    assert int8_path.stat().st_size < exported.path.stat().st_size  # int8 weights are in it
+    lines: list[str] = []
+    embed = make_embedder(model, "onnx", int8_path=int8_path, threads=1, batch_windows=4, log=lines.append)
+    assert embed.engine == "onnx-int8" and len(lines) == 1
+
+
+def test_the_int8_rule():
+    assert int8_acceptable(0.990, 0.985) and int8_acceptable(0.990, 0.995)
+    assert not int8_acceptable(0.990, 0.984)
+    assert importlib.util.find_spec("onnxruntime.quantization") is not None
+
+
+def test_the_exported_frame_range_keeps_every_preset_within_int32():
+    """torch 2.10 refuses a voxceleb-size export whose frames x (3 x widest channels) may pass 2^31."""
+    from pipeline.config import MODEL_PRESETS
+
+    for preset, sizes in MODEL_PRESETS.items():
+        assert onnx_engine.MAX_FRAMES * 3 * sizes["channels"][-1] < 2**31, preset
