@@ -78,7 +78,8 @@ def measure_in_this_process(batches: list[int], steps: int, flat_adam: bool, fla
     from pipeline.devices.probe import detect_topology
     from pipeline.devices.xla import XLASpmdStrategy
     from pipeline.ema import WeightAverage
-    from pipeline.model import ModelConfig, SpeakerClassifier, aam_loss
+    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.objectives import make_loss
     from pipeline.train import train_step
 
     strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16", flat_adam=flat_adam)
@@ -90,8 +91,10 @@ def measure_in_this_process(batches: list[int], steps: int, flat_adam: bool, fla
         average = WeightAverage(model, 100, flat=flat_average)
         model = strategy.setup_model(model)
         average.module.to(strategy.device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=2e-5, foreach=True)  # as train.py
-        loss_fn = aam_loss(0.2, 30.0)
+        optimizer = torch.optim.Adam(
+            model.parameters(), lr=1e-3, weight_decay=2e-5, foreach=True
+        )  # as train.py
+        loss_fn = make_loss("aam", 0.2, 30.0)
         rows = per_device * strategy.num_devices
         generator = torch.Generator().manual_seed(1)
         host = [{"inputs": torch.randn(rows, 101, 80, generator=generator), "lens": torch.ones(rows),
@@ -178,7 +181,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         "configurations": configurations,
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
         "assumed_v5e_chip_tflops": V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION / 1e12,
-        "trace_speedup_vs_today": round(today["trace_ms_worst_median"] / production["trace_ms_worst_median"], 2),
+        "trace_speedup_vs_today": round(
+            today["trace_ms_worst_median"] / production["trace_ms_worst_median"], 2
+        ),
         "per_device_batch_whose_device_time_covers_the_trace": production[
             "per_device_batch_whose_device_time_covers_the_trace"
         ],
