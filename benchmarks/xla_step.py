@@ -1,4 +1,5 @@
-"""How big a TPU batch must be to keep the chips busy: host trace time per step vs the device work it launches.
+"""How big a TPU batch must be to keep the chips busy: host trace time per step vs the device work it launches,
+for the production step and for the step without each of its trace remedies.
 
     python -m benchmarks.xla_step [--quick]
 
@@ -6,16 +7,24 @@ torch_xla re-traces the training step in Python on every step (lazy tensors), an
 graph while the host builds it. The trace costs the same whatever the batch (the graph has the same operations;
 only shapes differ), while the device work grows with it: the per-device batch decides whether a step is
 host-bound. Measured here on torch_xla's CPU backend with 8 devices (the stand-in for a v5e-8), through the
-production train_step and XLASpmdStrategy:
+production train_step and XLASpmdStrategy, once per configuration of the remedies (each in a fresh process:
+functionalization is chosen before the first XLA tensor):
 
-- host time to trace one step (forward + backward + Adam + weight average, up to the sync) per batch size;
-- torch_xla's TensorsGraphSize (IR nodes per step) and the compile count;
-- the 'voxceleb' preset's FLOPs per training window (torch's FLOP counter on the CPU), hence the device time of
-  a step on a v5e-8 at an assumed 40 % of its 197 bf16 TFLOP/s per chip, and the smallest per-device batch whose
-  device time covers the trace.
+- `today`: the step as it was (functionalization on, torch's foreach Adam, a per-tensor weight average);
+- each remedy added in turn (XLA_DISABLE_FUNCTIONALIZATION, devices/flat_adam.py, ema.py's flat average), and
+  the production step without functionalization off;
+
+per configuration: the host time to trace one step (forward + backward + clip + Adam + weight average, up to
+the sync; the next batch already on the devices and the previous step finished, so only the trace is timed),
+wall-clock (median, min) and the process's CPU time (robust to a shared machine's load), torch_xla's
+TensorsGraphSize (IR nodes per step), the compile count, and the losses of the steps (the same seed and batches
+in every configuration: the remedies must not change them). Then the 'voxceleb' preset's FLOPs per training
+window (torch's FLOP counter on the CPU), hence the device time of a step on a v5e-8 at an assumed 40 % of its
+197 bf16 TFLOP/s per chip, and the smallest per-device batch whose device time covers the trace.
 
 The op count of ECAPA-TDNN does not depend on its width, so the trace is timed on the 'tiny' preset (whose
-steps the CPU backend can also execute quickly); FLOPs are counted on 'voxceleb'.
+steps the CPU backend can also execute quickly); FLOPs are counted on 'voxceleb'. `today` and the production
+step are timed at every batch size; the other configurations at the smallest (the trace does not depend on it).
 """
 
 from __future__ import annotations
@@ -32,6 +41,16 @@ from typing import Any
 V5E_CHIP_BF16_FLOPS = 197e12
 ASSUMED_UTILISATION = 0.4
 CHIPS = 8
+# name: (functionalization off, flat Adam, flat weight average); the first is today's step, the last-but-one
+# the production step.
+CONFIGURATIONS: dict[str, tuple[bool, bool, bool]] = {
+    "today": (False, False, False),
+    "+ functionalization off": (True, False, False),
+    "+ flat Adam": (True, True, False),
+    "production (+ flat average)": (True, True, True),
+    "production, functionalization on": (False, True, True),
+}
+TODAY, PRODUCTION = "today", "production (+ flat average)"
 
 
 def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels: int = 80) -> float:
@@ -50,7 +69,7 @@ def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels
     return 3.0 * counter.get_total_flops() / 2
 
 
-def measure_in_this_process(batches: list[int], steps: int) -> dict[str, Any]:
+def measure_in_this_process(batches: list[int], steps: int, flat_adam: bool, flat_average: bool) -> dict:
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
@@ -59,74 +78,124 @@ def measure_in_this_process(batches: list[int], steps: int) -> dict[str, Any]:
     from pipeline.devices.probe import detect_topology
     from pipeline.devices.xla import XLASpmdStrategy
     from pipeline.ema import WeightAverage
-    from pipeline.model import Frontend, ModelConfig, SpeakerClassifier, aam_loss
+    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.objectives import make_loss
     from pipeline.train import train_step
 
-    strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16")
-    results = {}
+    strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16", flat_adam=flat_adam)
+    results: dict[str, Any] = {"strategy": strategy.describe()}
     for per_device in batches:
         torch.manual_seed(0)
         config = ModelConfig.from_preset("tiny", n_classes=100, n_mels=80, window_samples=16000)
         model = SpeakerClassifier(config)
-        average = WeightAverage(model, 100)
+        average = WeightAverage(model, 100, flat=flat_average)
         model = strategy.setup_model(model)
         average.module.to(strategy.device)
-        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-        loss_fn = aam_loss(0.2, 30.0)
+        optimizer = torch.optim.Adam(
+            model.parameters(), lr=1e-3, weight_decay=2e-5, foreach=True
+        )  # as train.py
+        loss_fn = make_loss("aam", 0.2, 30.0)
         rows = per_device * strategy.num_devices
-        wavs, lens = 0.1 * torch.randn(rows, 16000), torch.ones(rows)
-        host = {"inputs": Frontend(80)(wavs, lens), "lens": lens, "labels": torch.randint(0, 100, (rows,))}
-        batches_iter = strategy.device_batches(iter([host] * (steps + 2)))
-        traces, compiles_before = [], met.metric_data("CompileTime")
-        for _ in range(steps + 2):
-            batch = next(batches_iter)
+        generator = torch.Generator().manual_seed(1)
+        host = [{"inputs": torch.randn(rows, 101, 80, generator=generator), "lens": torch.ones(rows),
+                 "labels": torch.randint(0, 100, (rows,), generator=generator)} for _ in range(steps + 2)]  # fmt: skip
+        batches_on_device = list(strategy.device_batches(iter(host)))  # sent before timing: the trace alone
+        compiles_before = met.metric_data("CompileTime")
+        wall, cpu, losses = [], [], []
+        for batch in batches_on_device:
             xm.wait_device_ops()  # the previous step has run: what is timed next is the host's trace alone
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             # train_step ends in the sync that hands the graph to the runtime: its host time is the trace.
-            loss = train_step(model, strategy, loss_fn, optimizer, [batch], average)
-            traces.append(time.perf_counter() - started)
-        float(loss)
+            losses.append(train_step(model, strategy, loss_fn, optimizer, [batch], average))
+            wall.append(1000 * (time.perf_counter() - started))
+            cpu.append(1000 * (time.process_time() - started_cpu))
         sizes = met.metric_data("TensorsGraphSize")
-        results[per_device] = {
-            "trace_ms_median": 1000 * sorted(traces[2:])[len(traces[2:]) // 2],
+        timed = slice(2, None)  # the first two steps compile
+        results[str(per_device)] = {
+            "trace_ms_median": round(_median(wall[timed]), 1),
+            "trace_ms_min": round(min(wall[timed]), 1),
+            "trace_cpu_ms_median": round(_median(cpu[timed]), 1),
             "graph_nodes_last": int(sizes[2][-1][1]) if sizes else None,
             "compiles": int(met.metric_data("CompileTime")[0])
             - int(compiles_before[0] if compiles_before else 0),
+            "losses": [round(float(loss), 6) for loss in losses],
         }
-        del batches_iter
+        del batches_on_device
         torch_xla.sync()
     return results
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _child(name: str, batches: list[int], steps: int) -> dict[str, Any]:
+    functionalization_off, flat_adam, flat_average = CONFIGURATIONS[name]
+    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2",
+           "XLA_DISABLE_FUNCTIONALIZATION": "1" if functionalization_off else "0"}  # fmt: skip
+    spec = json.dumps([batches, steps, flat_adam, flat_average])
+    child = subprocess.run([sys.executable, "-m", "benchmarks.xla_step", "--child", spec], env=env,
+                           capture_output=True, text=True, timeout=3000)  # fmt: skip
+    if child.returncode != 0:
+        raise RuntimeError(f"XLA step benchmark ({name}) failed: {child.stderr[-2000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def covering_batch(trace_ms: float, per_window_s: float) -> int:
+    """Windows per device whose v5e device time hides a trace of `trace_ms`."""
+    return math.ceil(trace_ms / 1000 / per_window_s)
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     batches = [8, 32] if quick else [8, 32, 128]
-    steps = 3 if quick else 5
-    env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    child = subprocess.run([sys.executable, "-m", "benchmarks.xla_step", "--child", json.dumps([batches, steps])],
-                           env=env, capture_output=True, text=True, timeout=3000)  # fmt: skip
-    if child.returncode != 0:
-        raise RuntimeError(f"XLA step benchmark failed: {child.stderr[-2000:]}")
-    per_batch = {int(k): v for k, v in json.loads(child.stdout.strip().splitlines()[-1]).items()}
+    steps = 4 if quick else 8
     flops = train_flops_per_window()
-    per_chip_flops = V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION
-    traces_ms = [r["trace_ms_median"] for r in per_batch.values()]
-    trace_s = max(traces_ms) / 1000
-    per_window_s = flops / per_chip_flops
-    covering = math.ceil(trace_s / per_window_s)  # windows per device whose device time hides the trace
-    for batch, row in per_batch.items():
-        row["v5e8_device_ms_voxceleb"] = round(1000 * batch * per_window_s, 1)
-    largest = max(per_batch)
-    nodes = sorted({r["graph_nodes_last"] for r in per_batch.values()})
+    per_window_s = flops / (V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION)
+    configurations: dict[str, Any] = {}
+    for name in CONFIGURATIONS:
+        sizes = batches if name in (TODAY, PRODUCTION) else batches[:1]
+        measured = _child(name, sizes, steps)
+        rows = {int(k): v for k, v in measured.items() if k != "strategy"}
+        for batch, row in rows.items():
+            row["v5e8_device_ms_voxceleb"] = round(1000 * batch * per_window_s, 1)
+        worst = max(row["trace_ms_median"] for row in rows.values())
+        configurations[name] = {
+            "strategy": measured["strategy"],
+            "per_device_batch": rows,
+            "trace_ms_worst_median": worst,
+            "trace_cpu_ms_worst_median": max(row["trace_cpu_ms_median"] for row in rows.values()),
+            "graph_nodes": rows[batches[0]]["graph_nodes_last"],
+            "per_device_batch_whose_device_time_covers_the_trace": covering_batch(worst, per_window_s),
+        }
+    today, production = configurations[TODAY], configurations[PRODUCTION]
+    reference = today["per_device_batch"][batches[0]]["losses"]
+    for row in configurations.values():
+        losses = row["per_device_batch"][batches[0]]["losses"]
+        row["max_relative_loss_difference_vs_today"] = max(
+            abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference, strict=True)
+        )
+    largest = max(batches)
+    device_ms = production["per_device_batch"][largest]["v5e8_device_ms_voxceleb"]
     return {
-        "per_device_batch": per_batch,
+        "configurations": configurations,
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
-        "assumed_v5e_chip_tflops": per_chip_flops / 1e12,
-        "per_device_batch_whose_device_time_covers_the_trace": covering,
+        "assumed_v5e_chip_tflops": V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION / 1e12,
+        "trace_speedup_vs_today": round(
+            today["trace_ms_worst_median"] / production["trace_ms_worst_median"], 2
+        ),
+        "per_device_batch_whose_device_time_covers_the_trace": production[
+            "per_device_batch_whose_device_time_covers_the_trace"
+        ],
         "headline": (
-            f"trace {min(traces_ms):.0f}-{max(traces_ms):.0f} ms/step, graph {'/'.join(map(str, nodes))} nodes "
-            f"at batches {'/'.join(map(str, per_batch))}; a v5e-8 voxceleb step at {largest}/device is "
-            f"{per_batch[largest]['v5e8_device_ms_voxceleb']} ms of device time: trace-bound (device time covers "
-            f"the trace only from ~{covering} windows/device)"
+            f"trace {production['trace_ms_worst_median']:.0f} ms/step (today {today['trace_ms_worst_median']:.0f}; "
+            f"CPU {production['trace_cpu_ms_worst_median']:.0f} vs {today['trace_cpu_ms_worst_median']:.0f} ms), "
+            f"graph {production['graph_nodes']} nodes (today {today['graph_nodes']}) at batches "
+            f"{'/'.join(map(str, batches))}; a v5e-8 voxceleb step at {largest}/device is {device_ms} ms of device "
+            f"time, which covers the trace from "
+            f"~{production['per_device_batch_whose_device_time_covers_the_trace']} windows/device (today "
+            f"~{today['per_device_batch_whose_device_time_covers_the_trace']}); losses within "
+            f"{production['max_relative_loss_difference_vs_today']:.1e} of today's"
         ),
     }
 
@@ -137,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        batches, steps = json.loads(args.child)
-        print(json.dumps(measure_in_this_process(batches, steps)))
+        batches, steps, flat_adam, flat_average = json.loads(args.child)
+        print(json.dumps(measure_in_this_process(batches, steps, flat_adam, flat_average)))
         return 0
     print(json.dumps(run(quick=args.quick), indent=2))
     return 0

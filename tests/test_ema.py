@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 
 from pipeline.ema import WeightAverage, recompute_batchnorm
@@ -16,9 +17,12 @@ def tiny_classifier(seed: int = 0) -> SpeakerClassifier:
     return SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=3, n_mels=40, window_samples=8000))
 
 
-def test_the_average_follows_the_ramped_decay():
+@pytest.mark.parametrize("flat", [True, False])
+def test_the_average_follows_the_ramped_decay(flat):
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
-    average = WeightAverage(model, horizon_steps=4)  # decay 0.75 once the ramp (1+n)/(10+n) passes it
+    average = WeightAverage(
+        model, horizon_steps=4, flat=flat
+    )  # decay 0.75 once the ramp (1+n)/(10+n) passes it
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     for step in range(1, 30):
         with torch.no_grad():
@@ -50,6 +54,51 @@ def test_a_checkpointed_average_resumes_identically():
         average.module.state_dict().items(), restored.module.state_dict().values(), strict=True
     ):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def moving(model: torch.nn.Module, average: WeightAverage, steps: int, seed: int = 0) -> None:
+    """`steps` optimizer-like weight changes and training forwards of `model`, each followed by an update."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(0.1 * torch.randn(parameter.shape, generator=generator))
+            model.train().embed(model.features(0.1 * torch.randn(4, 8000, generator=generator), torch.ones(4)),
+                                torch.ones(4))  # fmt: skip
+        average.update(model)
+
+
+def test_the_flat_average_is_the_per_tensor_average_exactly():
+    """One vector instead of a tensor each (fewer operations and graph outputs on XLA), the same arithmetic."""
+    per_tensor, flat = tiny_classifier(), tiny_classifier()
+    averages = WeightAverage(per_tensor, horizon_steps=5, flat=False), WeightAverage(flat, horizon_steps=5)
+    moving(per_tensor, averages[0], steps=6)
+    moving(flat, averages[1], steps=6)
+    saved = averages[1].state_dict()  # read from the vector, before the module has been written back
+    for name, value in averages[0].module.state_dict().items():
+        assert torch.equal(saved["weights"][name], value), name
+        assert torch.equal(averages[1].module.state_dict()[name], value), name
+
+
+def test_a_flat_average_resumed_from_its_checkpoint_goes_on_identically():
+    straight, stopped = tiny_classifier(), tiny_classifier()
+    straight_average, stopped_average = WeightAverage(straight, 5), WeightAverage(stopped, 5)
+    moving(straight, straight_average, steps=3)
+    moving(stopped, stopped_average, steps=3)
+    saved = copy.deepcopy((stopped.state_dict(), stopped_average.state_dict()))
+    resumed = tiny_classifier(seed=1)
+    resumed_average = WeightAverage(resumed, 5)
+    moving(resumed, resumed_average, steps=2, seed=2)  # a vector of its own, which the load must replace
+    resumed.load_state_dict(saved[0])
+    resumed_average.load_state_dict(saved[1])
+    moving(straight, straight_average, steps=3, seed=1)
+    moving(resumed, resumed_average, steps=3, seed=1)
+    for (name, value), other in zip(
+        straight_average.module.state_dict().items(),
+        resumed_average.module.state_dict().values(),
+        strict=True,
+    ):
+        assert torch.equal(value, other), name
 
 
 def test_recompute_batchnorm_gives_the_statistics_of_these_weights_on_these_windows():

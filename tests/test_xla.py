@@ -170,3 +170,62 @@ def test_a_host_side_error_reaches_the_training_loop_as_itself():
         "raised": "ValueError",
         "message": "train.csv line 7 ('a.wav'): the host pipeline's own message",
     }
+
+
+SAME_STEPS = """
+import json, sys, torch
+from pipeline.devices.strategy import SingleDevice
+from pipeline.ema import WeightAverage
+from pipeline.model import ModelConfig, SpeakerClassifier
+from pipeline.objectives import make_loss
+from pipeline.train import train_step
+
+mode = sys.argv[1]  # production | today (XLA) | eager (CPU)
+if mode == "eager":
+    strategy = SingleDevice(torch.device("cpu"), "fp32")
+    strategy.features_on_host = True  # the same host-made features as the XLA runs
+else:
+    from pipeline.devices.probe import detect_topology
+    from pipeline.devices.xla import XLASpmdStrategy
+    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32", flat_adam=mode == "production")
+torch.manual_seed(0)
+model = SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=10, n_mels=40, window_samples=8000))
+average = WeightAverage(model, 4, flat=mode == "production")
+model = strategy.setup_model(model)
+average.module.to(strategy.device)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, weight_decay=2e-5, foreach=True)
+generator = torch.Generator().manual_seed(1)
+host = [{"inputs": torch.randn(16, 51, 40, generator=generator), "lens": torch.ones(16),
+         "labels": torch.randint(0, 10, (16,), generator=generator)} for _ in range(4)]
+losses = [float(train_step(model, strategy, make_loss("aam", 0.2, 30.0), optimizer, [batch], average))
+          for batch in strategy.device_batches(iter(host))]
+compiles = strategy.compile_count() if mode != "eager" else 0  # the step's graphs, before reading weights
+averaged = sum(float(p.detach().double().sum().cpu()) for p in average.module.parameters())
+print(json.dumps({"losses": losses, "averaged": averaged,
+                  "compiles": compiles,
+                  "described": strategy.describe()}))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_the_trace_remedies_keep_the_losses_of_todays_xla_step_and_of_eager_cpu():
+    """Issue 20: functionalization off, the flat Adam and the flat weight average change the host's trace,
+    not the arithmetic: four steps from one seed give the losses (and the averaged weights) of the XLA step as
+    it was and of eager CPU, and the step still compiles at most two graphs for its one input shape."""
+    found = {}
+    for mode, functionalization_off in (("production", None), ("today", "0"), ("eager", None)):
+        extra = {} if mode == "eager" else {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
+        if functionalization_off is not None:
+            extra["XLA_DISABLE_FUNCTIONALIZATION"] = functionalization_off
+        env = venv_env(TF_CPP_MIN_LOG_LEVEL="2", **extra)
+        run = subprocess.run([sys.executable, "-c", SAME_STEPS, mode], env=env, capture_output=True, text=True,
+                             timeout=300)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        found[mode] = json.loads(run.stdout.strip().splitlines()[-1])
+    assert "functionalization off, flat Adam" in found["production"]["described"]
+    assert "functionalization on, foreach Adam" in found["today"]["described"]
+    assert 1 <= found["production"]["compiles"] <= 2
+    for other in ("today", "eager"):
+        assert found["production"]["losses"] == pytest.approx(found[other]["losses"], rel=1e-4), other
+        assert found["production"]["averaged"] == pytest.approx(found[other]["averaged"], rel=1e-5), other
+    assert len(set(found["eager"]["losses"])) == 4  # the steps moved the weights

@@ -9,27 +9,44 @@ SpeechBrain's Fbank on the XLA device under SPMD crashed the compiler (../shared
 the devices too, at one fixed batch shape (one more graph), and so does the BatchNorm recalibration before it
 (one more): a validation pass on the host CPU would leave the chips idle for minutes at real size.
 
+The host traces the whole step again at every step (lazy tensors) and pays per operation and per graph
+output; on a TPU the chips wait for it unless the per-device batch is large (benchmarks/xla_step.py). Two
+remedies keep that trace short without changing the arithmetic: functionalization off (TRACE_ENVIRONMENT),
+and Adam with gradient clipping on one flat vector (flat_adam.py; the weight average does the same in ema.py).
+
 This is the only module that imports torch_xla; inference never imports it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from ..model import Frontend, SpeakerClassifier
+from .flat_adam import FlatAdam
 from .probe import Topology
 from .strategy import SingleDevice
+
+# torch_xla wraps every XLA tensor for PyTorch's functionalization pass, which replays views and mutations
+# at each operation: about half of the host's trace of this training step (benchmarks/xla_step.py). Turning
+# it off is torch_xla's own switch (2.7-2.9 and after; upstream runs its operator tests with it, and its
+# TorchBench runs default to it). Read at each operation, so it must be in place before this process makes its
+# first XLA tensor; a value already set (to "0" to compare) is kept.
+TRACE_ENVIRONMENT = {"XLA_DISABLE_FUNCTIONALIZATION": "1"}
 
 
 class XLASpmdStrategy(SingleDevice):
     name = "xla-spmd"
     features_on_host = True
 
-    def __init__(self, topology: Topology, precision: str) -> None:
+    def __init__(self, topology: Topology, precision: str, flat_adam: bool = True) -> None:
+        for name, value in TRACE_ENVIRONMENT.items():
+            os.environ.setdefault(name, value)
         import torch_xla  # TF_CPP_MIN_LOG_LEVEL was set when pipeline.devices was imported
         import torch_xla.debug.metrics as met
         import torch_xla.distributed.spmd as xs
@@ -47,6 +64,8 @@ class XLASpmdStrategy(SingleDevice):
         self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
         self._frontend: torch.nn.Module | None = None  # host features for validation (training's come ready)
         self._compiles_at_start = self._compile_total()
+        self.flat_adam = flat_adam  # benchmarks/xla_step.py compares both
+        self._stepper: tuple[torch.optim.Optimizer, FlatAdam | None] | None = None
 
     def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
         # Parameters are replicated (no sharding annotation); only the batch is split across devices.
@@ -103,8 +122,15 @@ class XLASpmdStrategy(SingleDevice):
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, clip: float) -> None:
         # Under SPMD the gradients are already global: a plain step, no xm.optimizer_step all-reduce.
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
+        if self._stepper is None or self._stepper[0] is not optimizer:
+            usable = self.flat_adam and FlatAdam.supports(optimizer)
+            self._stepper = (optimizer, FlatAdam(optimizer) if usable else None)
+        flat = self._stepper[1]
+        if flat is not None:
+            flat.step(clip)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
     def mark_step(self) -> None:
@@ -124,7 +150,20 @@ class XLASpmdStrategy(SingleDevice):
         return int(data[0]) if data else 0
 
     def describe(self) -> str:
-        return f"XLA SPMD over {self.num_devices} devices ({self.precision})"
+        trace = f"functionalization {'off' if functionalization_disabled() else 'on'}, " + (
+            "flat Adam" if self.flat_adam else "foreach Adam"
+        )
+        return f"XLA SPMD over {self.num_devices} devices ({self.precision}; step trace: {trace})"
+
+
+def functionalization_disabled() -> bool:
+    """XLA_DISABLE_FUNCTIONALIZATION as torch_xla reads it: "true", "false", else C's atoi (GetEnvBool in
+    its runtime/sys_util.cpp)."""
+    value = os.environ.get("XLA_DISABLE_FUNCTIONALIZATION")
+    if value is None or value == "false":
+        return False
+    number = re.match(r"\s*[+-]?\d+", value)
+    return value == "true" or (number is not None and int(number.group()) != 0)
 
 
 class _ErrorKeeping:

@@ -1,0 +1,119 @@
+"""torch.optim.Adam's step, with clip_grad_norm_ before it, over all parameters as one flat vector.
+
+Why: on XLA the host traces every operation of the training step again at every step, and pays per
+operation. torch's foreach Adam still issues ~8 operations per parameter tensor and clip_grad_norm_ two
+more (ECAPA-TDNN has 139 tensors: ~1,400 operations), and every Adam moment is a graph output of its own.
+The same arithmetic on one vector is a dozen operations, plus one flatten of the gradients and parameters
+and one copy back into the parameters (benchmarks/xla_step.py measures it).
+
+The torch optimizer stays the owner of the hyperparameters (the LR scheduler writes its `lr`) and of the
+checkpoint format: its `state_dict()` is completed from the flat moments by a hook, and a state loaded into
+it (a resumed run) is taken over at the next step. Only a plain Adam qualifies (`FlatAdam.supports`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch._utils import _flatten_dense_tensors as flatten
+from torch._utils import _unflatten_dense_tensors as unflatten
+
+
+class FlatAdam:
+    """Steps `optimizer` (a torch.optim.Adam that `supports` accepts) on flat vectors."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self.optimizer = optimizer
+        self.params: list[torch.Tensor] = list(optimizer.param_groups[0]["params"])
+        self.exp_avg: torch.Tensor | None = None  # the moments of all parameters, in `params` order
+        self.exp_avg_sq: torch.Tensor | None = None
+        self.steps = 0
+        optimizer.register_state_dict_post_hook(self._complete_state_dict)
+
+    @staticmethod
+    def supports(optimizer: torch.optim.Optimizer) -> bool:
+        """A plain Adam (L2 weight decay, no AMSGrad/maximize) with one group of float32 parameters on one
+        device: what training builds. Anything else keeps torch's own step."""
+        if type(optimizer) is not torch.optim.Adam or len(optimizer.param_groups) != 1:
+            return False
+        group = optimizer.param_groups[0]
+        params = group["params"]
+        plain = not any(group.get(flag) for flag in ("amsgrad", "maximize", "differentiable", "fused",
+                                                     "decoupled_weight_decay"))  # fmt: skip
+        scalars = not any(isinstance(group[k], torch.Tensor) for k in ("lr", "betas", "eps", "weight_decay"))
+        scalars = scalars and not any(isinstance(beta, torch.Tensor) for beta in group["betas"])
+        uniform = len({(p.dtype, p.device) for p in params}) == 1 and params[0].dtype == torch.float32
+        return bool(params) and plain and scalars and uniform
+
+    @torch.no_grad()
+    def step(self, max_grad_norm: float) -> None:
+        """clip_grad_norm_(max_grad_norm) then optimizer.step(), as torch computes them (foreach Adam, not
+        capturable); gradients are left in place for the caller's zero_grad."""
+        if not self._flat_applies():
+            self._hand_back()
+            torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
+            self.optimizer.step()
+            return
+        if self.optimizer.state:  # a loaded checkpoint, or torch's own step before
+            self._take_over()
+        group = self.optimizer.param_groups[0]
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        weight_decay = group["weight_decay"]
+        grads = flatten([p.grad for p in self.params])
+        # clip_grad_norm_: the norm of the per-tensor norms is the norm of the whole vector.
+        clip = torch.clamp(max_grad_norm / (torch.linalg.vector_norm(grads) + 1e-6), max=1.0)
+        grads = grads * clip
+        params = flatten(self.params)
+        if weight_decay != 0:
+            grads = grads.add(params, alpha=weight_decay)
+        if self.exp_avg is None or self.exp_avg_sq is None:
+            self.exp_avg, self.exp_avg_sq = torch.zeros_like(grads), torch.zeros_like(grads)
+        self.steps += 1
+        self.exp_avg.lerp_(grads, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grads, grads, value=1 - beta2)
+        bias_correction1 = 1 - beta1**self.steps
+        bias_correction2 = 1 - beta2**self.steps
+        denom = self.exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(eps)
+        params.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
+        torch._foreach_copy_(self.params, unflatten(params, self.params))
+
+    def _flat_applies(self) -> bool:
+        """Every parameter has a gradient and one step count (torch skips a parameter without a gradient,
+        whose own count then falls behind): one vector can hold their state."""
+        if any(p.grad is None for p in self.params):
+            return False
+        state = self.optimizer.state
+        if not state:
+            return True
+        counts = {float(state[p]["step"]) if "step" in state.get(p, {}) else None for p in self.params}
+        return len(counts) == 1 and None not in counts
+
+    def _take_over(self) -> None:
+        """Adopt the per-parameter state torch holds (all parameters have it, with one step count)."""
+        state = self.optimizer.state
+        self.exp_avg = flatten([state[p]["exp_avg"] for p in self.params])
+        self.exp_avg_sq = flatten([state[p]["exp_avg_sq"] for p in self.params])
+        self.steps = int(float(state[self.params[0]]["step"]))
+        state.clear()  # one owner at a time: the flat vectors now
+
+    def _hand_back(self) -> None:
+        """Give the moments back to torch's per-parameter state (torch's format: a float step on the CPU)."""
+        if self.exp_avg is None or self.exp_avg_sq is None:
+            return
+        averages, squares = unflatten(self.exp_avg, self.params), unflatten(self.exp_avg_sq, self.params)
+        for p, exp_avg, exp_avg_sq in zip(self.params, averages, squares, strict=True):
+            self.optimizer.state[p] = {"step": torch.tensor(float(self.steps)), "exp_avg": exp_avg.clone(),
+                                       "exp_avg_sq": exp_avg_sq.clone()}  # fmt: skip
+        self.exp_avg = self.exp_avg_sq = None
+
+    def _complete_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+        """torch's state_dict() with the flat moments as its per-parameter state, read to the host in one
+        transfer each and split there: reading each parameter's slice on the device would compile a graph
+        per slice on XLA."""
+        if self.exp_avg is None or self.exp_avg_sq is None:
+            return state_dict
+        averages = unflatten(self.exp_avg.detach().to("cpu"), self.params)
+        squares = unflatten(self.exp_avg_sq.detach().to("cpu"), self.params)
+        for index, (exp_avg, exp_avg_sq) in enumerate(zip(averages, squares, strict=True)):
+            state_dict["state"][index] = {"step": torch.tensor(float(self.steps)), "exp_avg": exp_avg.clone(),
+                                          "exp_avg_sq": exp_avg_sq.clone()}  # fmt: skip
+        return state_dict
