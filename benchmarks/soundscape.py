@@ -96,13 +96,19 @@ def _solution(path: Path) -> tuple[dict[str, list[float]], list[str]]:
 
 def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
     """Seconds of audio per second for 5 s chunks of noise at 1 and 2 threads, for the trained model and the
-    'voxceleb' preset (random weights), and BirdCLEF 2025's hidden set projected onto 4 cores."""
+    'voxceleb' preset (random weights), with torch eager and with ONNX Runtime fp32 (what a CPU submission runs
+    when the artifact has the file: training writes it; the voxceleb model is exported here), and BirdCLEF
+    2025's hidden set projected onto 4 cores from the faster engine."""
+    import tempfile
+
     import torch
 
     from pipeline.artifact import load_artifact
     from pipeline.config import InferConfig
-    from pipeline.inference import FileWindows, run_windows, span_windows, use_fast_reflect_padding
+    from pipeline.devices.inference_devices import batching_for
+    from pipeline.inference import use_fast_reflect_padding
     from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.onnx_engine import ONNX_FP32, export_embedding_model, make_embedder
     from pipeline.submission import window_plan
 
     trained = load_artifact(artifact)
@@ -111,29 +117,53 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
     spans = [(k, 5.0 * k, 5.0 * (k + 1)) for k in range(int(seconds // 5))]
     out: dict[str, Any] = {}
     threads_before = torch.get_num_threads()
-    for name, model in (("default", trained.model), ("voxceleb", voxceleb)):
-        use_fast_reflect_padding(model)
-        plan = window_plan(InferConfig(segment_seconds=5), trained)
-        from pipeline.devices.inference_devices import batching_for
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, model in (("default", trained.model), ("voxceleb", voxceleb)):
+            use_fast_reflect_padding(model)
+            plan = window_plan(InferConfig(segment_seconds=5), trained)
+            batch, _ = batching_for(None, None, model.config, torch.device("cpu"))
+            onnx_path = trained.listed_file(ONNX_FP32) if name == "default" else None
+            if onnx_path is None:
+                onnx_path = Path(scratch) / f"{name}.onnx"
+                export_embedding_model(model, onnx_path)
+            row: dict[str, Any] = {}
+            for engine in ("torch", "onnx"):
+                rates = {}
+                for threads in (1, 2):
+                    torch.set_num_threads(threads)
+                    embed = make_embedder(model, engine, onnx_path=onnx_path, threads=threads, batch_windows=batch,
+                                          log=lambda line: print(line, file=sys.stderr))  # fmt: skip
 
-        batch, _ = batching_for(None, None, model.config, torch.device("cpu"))
-        rates = {}
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
-            item = FileWindows(0, *span_windows(noise, spans, plan))
-            run_windows(model, iter([item]), len(spans), batch, torch.device("cpu"))  # warm-up
-            started = time.perf_counter()
-            run_windows(model, iter([FileWindows(0, *span_windows(noise, spans, plan))]), len(spans), batch,
-                        torch.device("cpu"))  # fmt: skip
-            rates[threads] = seconds / (time.perf_counter() - started)
-        scaling = rates[2] / rates[1]  # per doubling of cores, measured here
-        projected_4 = rates[2] * scaling
-        hidden = HIDDEN_SET[0] * HIDDEN_SET[1]
-        out[name] = {"audio_s_per_s_1_thread": round(rates[1], 1), "audio_s_per_s_2_threads": round(rates[2], 1),
-                     "scaling_1_to_2": round(scaling, 2), "projected_4_cores_audio_s_per_s": round(projected_4, 1),
-                     "projected_minutes_700x60_4_cores": round(hidden / projected_4 / 60, 1)}  # fmt: skip
+                    args = (model, embed, noise, spans, plan, batch)
+                    _timed_pass(*args)  # warm-up
+                    rates[threads] = seconds / min(_timed_pass(*args), _timed_pass(*args))
+                scaling = rates[2] / rates[1]  # per doubling of cores, measured here
+                row[engine] = {"audio_s_per_s_1_thread": round(rates[1], 1),
+                               "audio_s_per_s_2_threads": round(rates[2], 1), "scaling_1_to_2": round(scaling, 2),
+                               "projected_4_cores_audio_s_per_s": round(rates[2] * scaling, 1)}  # fmt: skip
+            best = max(row.values(), key=lambda r: r["projected_4_cores_audio_s_per_s"])
+            hidden = HIDDEN_SET[0] * HIDDEN_SET[1]
+            row["onnx_vs_torch_2_threads"] = round(
+                row["onnx"]["audio_s_per_s_2_threads"] / row["torch"]["audio_s_per_s_2_threads"], 2
+            )
+            row["projected_minutes_700x60_4_cores"] = round(
+                hidden / best["projected_4_cores_audio_s_per_s"] / 60, 1
+            )
+            out[name] = row
     torch.set_num_threads(threads_before)
     return out
+
+
+def _timed_pass(model, embed, noise, spans, plan, batch: int) -> float:
+    """Seconds to window, embed and pool one soundscape's chunks."""
+    import torch
+
+    from pipeline.inference import FileWindows, run_windows, span_windows
+
+    started = time.perf_counter()
+    item = FileWindows(0, *span_windows(noise, spans, plan))
+    run_windows(model, iter([item]), len(spans), batch, torch.device("cpu"), embed=embed)
+    return time.perf_counter() - started
 
 
 def decode_rates(folder: Path) -> dict[str, Any]:
@@ -258,8 +288,10 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
         f"BirdCLEF layout from FSDD: {hidden['rows']} rows ({'all present, Kaggle format' if hidden['format_ok'] else 'FORMAT WRONG'}), "
         f"macro ROC-AUC {hidden['macro_roc_auc']:.4f} with the defaults (target {TARGET_AUC}: "
         f"{'met' if hidden['macro_roc_auc'] >= TARGET_AUC else 'MISSED'}; best pooling here {best[0]} {best[1]:.4f}); "
-        f"CPU rate {speed['default']['audio_s_per_s_2_threads']:.0f} s/s (default model) and "
-        f"{speed['voxceleb']['audio_s_per_s_2_threads']:.0f} s/s (voxceleb) on 2 threads; 700 x 60 s on 4 cores: "
+        f"CPU rate on 2 threads, ONNX Runtime / torch: {speed['default']['onnx']['audio_s_per_s_2_threads']:.0f} / "
+        f"{speed['default']['torch']['audio_s_per_s_2_threads']:.0f} s/s (default model), "
+        f"{speed['voxceleb']['onnx']['audio_s_per_s_2_threads']:.0f} / "
+        f"{speed['voxceleb']['torch']['audio_s_per_s_2_threads']:.0f} s/s (voxceleb); 700 x 60 s on 4 cores: "
         f"{speed['default']['projected_minutes_700x60_4_cores']:.1f} / {speed['voxceleb']['projected_minutes_700x60_4_cores']:.1f} min; "
         f"decoding 32 kHz Ogg: {results['decode']['seconds_per_audio_hour_to_16khz']:.0f} s per audio hour; classes above "
         f"8 kHz: accuracy {results['sample_rate']['accuracy_32khz']:.2f} at 32 kHz, "
