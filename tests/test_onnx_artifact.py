@@ -7,8 +7,8 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 from conftest import TINY_TRAIN
+from onnx_fixtures import Unexportable
 
 from pipeline import onnx_artifact, onnx_engine
 from pipeline.artifact import load_artifact
@@ -20,19 +20,6 @@ needs_onnx = pytest.mark.skipif(
     onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
     reason=f"{onnx_engine.onnxruntime_missing() or onnx_engine.exporter_missing()}: the ONNX engine is off here",
 )
-
-
-class Unexportable(torch.nn.Module):
-    """Data-dependent Python control flow: torch.export (strict) cannot trace it."""
-
-    def __init__(self, encoder: torch.nn.Module) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, feats: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        if float(feats.mean()) > -1e9:
-            return self.encoder(feats, lens)
-        return self.encoder(feats.flip(1), lens)
 
 
 @needs_onnx

@@ -12,6 +12,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from onnx_fixtures import Unexportable
 
 from pipeline import onnx_engine
 from pipeline.artifact import load_artifact
@@ -145,19 +146,6 @@ def test_an_onnx_file_of_other_weights_is_refused(model, exported, tmp_path):
     embed = make_embedder(model, "onnx", onnx_path=foreign, threads=1, batch_windows=2, log=lines.append)
     assert isinstance(embed, TorchEmbedder)
     assert len(lines) == 1 and "differs from torch" in lines[0]
-
-
-class Unexportable(torch.nn.Module):
-    """Data-dependent Python control flow: torch.export (strict) cannot trace it."""
-
-    def __init__(self, encoder: torch.nn.Module) -> None:
-        super().__init__()
-        self.encoder = encoder
-
-    def forward(self, feats: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        if float(feats.mean()) > -1e9:
-            return self.encoder(feats, lens)
-        return self.encoder(feats.flip(1), lens)
 
 
 def test_an_export_that_fails_falls_back_to_torch_with_one_line(model):
