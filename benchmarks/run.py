@@ -1,6 +1,6 @@
 """`make bench`: every benchmark of the project in one run on one machine -> results.json + results.md.
 
-    python -m benchmarks.run [--quick] [--only SECTION ... [--merge]] [--out DIR]
+    python -m benchmarks.run [--quick] [--only SECTION ... [--fresh]] [--out DIR]
 
 Sections (each fails soft: an error is recorded and the next section runs):
   inference     naive one-file loop, today's torch path and the default (ONNX + length buckets) (inference.py)
@@ -410,14 +410,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=SECTIONS, help="run only these sections")
     parser.add_argument("--out", help="output folder (default: benchmarks/, or benchmarks/out/ with --quick)")
     parser.add_argument(
-        "--merge",
+        "--fresh",
         action="store_true",
-        help="with --only: replace just those sections in the existing results (noted as rerun)",
+        help="with --only: write only these sections, dropping the other sections' earlier results "
+        "(by default a rerun replaces just its own sections, noted as rerun)",
     )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / ("out" if args.quick else "")
     results = run_all(quick=args.quick, only=args.only)
-    if args.merge and (out / "results.json").exists():
+    # A partial rerun must not wipe the other sections' figures (an hour of measurements): merge by default.
+    if args.only and not args.fresh and (out / "results.json").exists():
         results = merged(json.loads((out / "results.json").read_text()), results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
