@@ -119,6 +119,9 @@ def run(
             )
             t2 = time.perf_counter()
         _, accuracy = score_submission(submission, data / "solution.csv")
+        # Training's int8 verdict (the 0.5-point rule on the validation split) and what inference then ran.
+        onnx_record = json.loads((artifact / "manifest.json").read_text())["provenance"].get("onnx") or {}
+        engine = inferred.report["engine"]
         n_train = sum(1 for _ in open(data / "train.csv")) - 1
         n_test = inferred.n_rows
         heldout_result = {}
@@ -155,6 +158,9 @@ def run(
         "target_accuracy": TARGETS[task],
         "time_limit_s": TIME_LIMIT_S,
         "meets_target": bool(accuracy >= TARGETS[task] and total <= TIME_LIMIT_S) if not quick else None,
+        "int8": onnx_record.get("int8"),
+        "inference_engine": engine["ran"],
+        "inference_engine_lines": engine["lines"],
         **heldout_result,
         **meter.result,
     }

@@ -151,12 +151,14 @@ def run(
     result["speedup_default"] = ours["files_per_s"] / result["naive"]["files_per_s"]
     result["targets"] = targets(result, threads)
     vox = result["voxceleb"][most][DEFAULT]
+    vox8, ours8 = result["voxceleb"][most][DEFAULT_INT8], result["ours"][most][DEFAULT_INT8]
     result["headline"] = (
         f"{most}: default {ours['files_per_s']:.1f} FSDD files/s = {ours['vs_today']:.2f}x today's torch path "
         f"({today['files_per_s']:.1f}), {ours['files_per_s'] / result['plain_sorted_batches'][most]['files_per_s']:.2f}x "
         f"plain length-sorted batching, {result['speedup_default']:.1f}x the naive loop; voxceleb "
-        f"{vox['audio_s_per_s']:.1f} audio s/s = {vox['vs_today']:.2f}x today ({vox['engine']}); labels differing "
-        f"from today: {ours['labels_differing_from_today']} of {n_files}"
+        f"{vox['audio_s_per_s']:.1f} audio s/s = {vox['vs_today']:.2f}x today ({vox['engine']}); with an int8 file "
+        f"that passed at training: {ours8['vs_today']:.2f}x (FSDD), {vox8['vs_today']:.2f}x (voxceleb, "
+        f"{vox8['engine']}); fp32 labels differing from today: {ours['labels_differing_from_today']} of {n_files}"
     )  # fmt: skip
     result["table"] = report(result)
     return result
@@ -164,24 +166,31 @@ def run(
 
 TODAY = "today: torch, full windows"
 DEFAULT = "default: auto engine, length buckets"
-VOXCELEB_SETTINGS = (TODAY, DEFAULT, "torch, length buckets", "onnx fp32, full windows", "onnx int8 (forced)")
+# What the default runs on an artifact whose int8 file passed its rule at training (auto precision then picks
+# it, and the race is torch against int8). The benchmark's untrained weights cannot be judged, so the rule's
+# outcome is set here; the fsdd and soundscape sections record the verdict on trained models.
+DEFAULT_INT8 = "default, int8 passed at training"
+VOXCELEB_SETTINGS = (TODAY, DEFAULT, DEFAULT_INT8, "torch, length buckets", "onnx fp32, full windows",
+                     "onnx int8 (forced)")  # fmt: skip
 
 
 def targets(result: dict[str, Any], threads: list[int]) -> dict[str, Any]:
-    """Issue 19's targets, per thread count: voxceleb audio s/s >= 2x today's; FSDD files/s >= 1.3x today's and
-    >= plain length-sorted batching; the same labels as today."""
+    """Issue 19's targets, per thread count and for both outcomes of training's int8 rule: voxceleb audio s/s
+    >= 2x today's; FSDD files/s >= 1.3x today's and >= plain length-sorted batching; the same labels as today
+    (fp32; int8 is judged by its accuracy rule instead)."""
     out = {}
     for count in threads:
         key = f"{count} thread(s)"
-        ours = result["ours"][key][DEFAULT]
-        out[key] = {
-            "voxceleb_vs_today": result["voxceleb"][key][DEFAULT]["vs_today"],
-            "voxceleb_at_least_2x": result["voxceleb"][key][DEFAULT]["vs_today"] >= 2.0,
-            "fsdd_vs_today": ours["vs_today"],
-            "fsdd_at_least_1_3x": ours["vs_today"] >= 1.3,
-            "fsdd_vs_plain_sorted": round(ours["files_per_s"] / result["plain_sorted_batches"][key]["files_per_s"], 3),
-            "same_labels_as_today": ours["labels_differing_from_today"] == 0,
-        }  # fmt: skip
+        for name, label in ((DEFAULT, "int8 not passed"), (DEFAULT_INT8, "int8 passed")):
+            ours = result["ours"][key][name]
+            out[f"{key}, {label}"] = {
+                "voxceleb_vs_today": result["voxceleb"][key][name]["vs_today"],
+                "voxceleb_at_least_2x": result["voxceleb"][key][name]["vs_today"] >= 2.0,
+                "fsdd_vs_today": ours["vs_today"],
+                "fsdd_at_least_1_3x": ours["vs_today"] >= 1.3,
+                "fsdd_vs_plain_sorted": round(ours["files_per_s"] / result["plain_sorted_batches"][key]["files_per_s"], 3),
+                "labels_differing_from_today": ours["labels_differing_from_today"],
+            }  # fmt: skip
     return out
 
 
@@ -253,6 +262,7 @@ def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
     runs: list[tuple[str, dict[str, Any]]] = [
         (TODAY, {"engine": "torch", "length_buckets": 1}),
         (DEFAULT, {}),
+        (DEFAULT_INT8, {"onnx_precision": "int8"}),
         ("torch, length buckets", {"engine": "torch"}),
         ("onnx fp32, full windows", {"engine": "onnx", "onnx_precision": "fp32", "length_buckets": 1}),
         ("onnx int8 (forced)", {"engine": "onnx", "onnx_precision": "int8"}),

@@ -143,8 +143,10 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
             if r["quick"]
             else f", target {r['target_accuracy']}: {'met' if r['meets_target'] else 'MISSED'}"
         )
+        int8 = r.get("int8") or {}
+        rule = f"; int8 {'passed' if int8.get('passed') else 'failed'} its rule" if "passed" in int8 else ""
         parts.append(f"{task} acc {r['accuracy']:.4f} in {r['total_s']:.0f}s "
-                     f"({r['vs_time_limit']:.2f}x the 180s limit{verdict})")  # fmt: skip
+                     f"({r['vs_time_limit']:.2f}x the 180s limit{verdict}{rule}, inference ran {r['inference_engine']})")  # fmt: skip
     results["headline"] = "; ".join(parts) or "failed"
     return results
 

@@ -254,9 +254,9 @@ class InferConfig:
         None  # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
     )
     progress: bool = True
-    # CPU inference engine (pipeline/onnx_engine.py): auto runs ONNX Runtime when it is installed, agrees with
-    # torch and is faster on a probe batch, else torch; torch | onnx force one (any ONNX failure still falls
-    # back to torch). GPUs run torch fp16 whatever it says. onnx_precision auto runs the artifact's int8 file
+    # CPU inference engine (pipeline/onnx_engine.py): auto races torch and ONNX Runtime (when installed) on the
+    # run's first batches and runs the faster; torch | onnx force one (any ONNX failure still falls back to
+    # torch). GPUs run torch fp16 whatever it says. onnx_precision auto runs the artifact's int8 file
     # only if it kept the validation metric within 0.5 points of fp32 at training; fp32 | int8 force one.
     engine: str = "auto"
     onnx_precision: str = "auto"

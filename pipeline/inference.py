@@ -538,10 +538,7 @@ def make_engine(
 
 
 def engine_label(embed: Embed) -> str:
-    """What computed the batches: the engine's name, and the fallback if a batch failed mid-run."""
-    primary = getattr(getattr(embed, "primary", None), "engine", None)
-    if getattr(embed, "failure", None) and primary:
-        return f"{primary}, then torch (a batch failed)"
+    """What computed the batches: the engine's name (onnx_engine's embedders also say when torch took over)."""
     return str(getattr(embed, "engine", "torch"))
 
 

@@ -18,10 +18,12 @@ combination on x86 with VNNI), calibrated on real windows. ECAPA's squeeze-excit
 quantisation-sensitive, so int8 is used only when held-out accuracy stays within INT8_MAX_ACCURACY_DROP of
 fp32 (`int8_acceptable`); only training has labelled held-out data to decide that.
 
-`make_embedder` never raises for an engine problem: onnxruntime missing, an export that fails, a corrupt or
-foreign .onnx file, ONNX output that disagrees with torch, or a batch that fails mid-run all fall back to
-torch with one printed line. Imports of onnxruntime / onnxscript happen inside the functions that need them,
-so this module imports where they are not installed.
+Which engine runs (`make_embedder`): forced, or with engine='auto' raced on the run's own first batches
+(RacingEmbedder): ONNX Runtime fp32 is not always faster than torch eager (0.85x on this machine's CPU), so it
+is measured where the submission runs, not assumed. `make_embedder` never raises for an engine problem:
+onnxruntime missing, an export that fails, a corrupt or foreign .onnx file, ONNX output that disagrees with
+torch, or a batch that fails mid-run all fall back to torch with one printed line. Imports of onnxruntime /
+onnxscript happen inside the functions that need them, so this module imports where they are not installed.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ EXPORT_TOLERANCE = 1e-4
 # or a broken quantisation, not quantisation noise (measured on FSDD: 0.99+ for trained and random weights).
 INT8_MIN_COSINE = 0.95
 INT8_MAX_ACCURACY_DROP = 0.005  # 0.5 points of held-out accuracy
+# Windows of a run's first batch that ONNX Runtime computes too, to check it against torch (engine auto): a
+# file of other weights shows on any window, and the rest of the batch would be computed twice for nothing.
+CHECK_WINDOWS = 2
 # Only the matrix products are quantised: they are the compute. ECAPA's BatchNorms follow a ReLU, so they are
 # not folded into a convolution, and quantising them per channel breaks them (rank-1 weights).
 INT8_OPERATORS = ("Conv", "MatMul", "Gemm")
@@ -348,6 +353,15 @@ class OnnxEmbedder:
         return torch.from_numpy(run_session(self.session, feats, lens))
 
 
+def checked_output(out: torch.Tensor, wavs: torch.Tensor, dim: int) -> torch.Tensor:
+    """`out` when it is one finite `dim`-wide embedding per window of `wavs`; RuntimeError otherwise."""
+    if tuple(out.shape) != (wavs.shape[0], dim) or not bool(torch.isfinite(out).all()):
+        raise RuntimeError(
+            f"returned {tuple(out.shape)} embeddings (expected {(wavs.shape[0], dim)}, finite)"
+        )
+    return out
+
+
 class GuardedEmbedder:
     """`primary` until a batch fails (an exception, a wrong shape, a non-finite value); then `fallback`
     computes that batch and every later one, after one printed line. No batch, so no row, is lost."""
@@ -360,40 +374,118 @@ class GuardedEmbedder:
 
     @property
     def engine(self) -> str:
-        return "torch" if self.failure else getattr(self.primary, "engine", "primary")
+        """What computed the batches, for the report: the primary's name, and the fallback if a batch failed."""
+        name = getattr(self.primary, "engine", "primary")
+        return f"{name}, then torch (a batch failed)" if self.failure else name
 
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self.failure is None:
             try:
-                out = self.primary(wavs, lens)
-                if tuple(out.shape) != (wavs.shape[0], self.dim) or not bool(torch.isfinite(out).all()):
-                    raise RuntimeError(f"returned {tuple(out.shape)} embeddings (expected {(wavs.shape[0], self.dim)}, "
-                                       "finite)")  # fmt: skip
-                return out
+                return checked_output(self.primary(wavs, lens), wavs, self.dim)
             except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
                 self.failure = f"{type(error).__name__}: {_first_line(error)}"
-                self.log(f"inference engine: {self.primary.engine} failed on a batch of {wavs.shape[0]} windows "
-                         f"({self.failure}); torch computes this batch and the rest")  # fmt: skip
+                self.log(f"inference engine: {getattr(self.primary, 'engine', 'primary')} failed on a batch of "
+                         f"{wavs.shape[0]} windows ({self.failure}); torch computes this batch and the rest")  # fmt: skip
         return self.fallback(wavs, lens)
 
 
+class RacingEmbedder:
+    """engine='auto': torch and ONNX Runtime take the run's first batches in turn, and the faster computes the rest.
+
+    Why on the run's own batches and not on a probe batch before it: a probe is compute spent on nothing (it
+    cost a 300-file FSDD run a fifth of its time), it is timed on one full-window shape while length buckets
+    run several shorter ones, and two timings of one small batch are noise (it picked each engine in turn on
+    this machine). Here every raced batch is a batch of the run. The first is torch's, and ONNX Runtime computes
+    its first CHECK_WINDOWS windows too, checked against torch's (_agreement: fp32 within EXPORT_TOLERANCE,
+    int8 by cosine); both are warm-ups, untimed. Then the engines alternate until each has computed
+    `race_batches` batches (2 when they are clearly apart), timed in seconds per input sample (batches of
+    different lengths compare; ECAPA's cost is linear in frames), and the lower median wins: one line says which and by how much. A failure or a
+    disagreement ends the race for torch, with one line; no batch is lost. A run shorter than the race ends
+    with both engines having computed part of it (`engine` says so)."""
+
+    def __init__(
+        self, candidate: Embed, torch_embed: Embed, dim: int, precision: str, log: Callable[[str], None],
+        race_batches: int = 3,
+    ) -> None:  # fmt: skip
+        self.candidate, self.torch_embed, self.dim, self.precision = candidate, torch_embed, dim, precision
+        self.log, self.race_batches = log, race_batches
+        self.name = str(getattr(candidate, "engine", "onnx"))
+        self.per_sample: dict[str, list[float]] = {self.name: [], "torch": []}
+        self.winner: Embed | None = None
+        self.calls = 0
+
+    @property
+    def engine(self) -> str:
+        if self.winner is None:
+            return f"torch and {self.name} in turn (the run ended during the race)"
+        return str(getattr(self.winner, "engine", "torch"))
+
+    def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        if self.winner is not None:
+            return self.winner(wavs, lens)
+        self.calls += 1
+        if self.calls == 1:  # torch's batch, the candidate's check on a few of its windows: untimed warm-ups
+            expected = self.torch_embed(wavs, lens)
+            few = slice(0, CHECK_WINDOWS)
+            found = self._candidate(wavs[few], lens[few])
+            disagreement = None if found is None else _agreement(self.precision, found, expected[few])
+            if disagreement:
+                self._decide_torch(f"{disagreement} on the first batch")
+            return expected
+        racer = self.name if self.calls % 2 == 0 else "torch"
+        started = time.perf_counter()
+        out = self._candidate(wavs, lens) if racer == self.name else self.torch_embed(wavs, lens)
+        if out is None:  # the candidate failed: torch computes this batch and the rest
+            return self.torch_embed(wavs, lens)
+        self.per_sample[racer].append((time.perf_counter() - started) / max(1, wavs.numel()))
+        if self._raced_enough():
+            self._decide()
+        return out
+
+    def _raced_enough(self) -> bool:
+        """`race_batches` timed batches each; or 2 each when every batch of one engine was faster than every
+        batch of the other (a clear gap: each batch raced costs the run the gap, ~2x with int8)."""
+        onnx_s, torch_s = self.per_sample[self.name], self.per_sample["torch"]
+        if min(len(onnx_s), len(torch_s)) >= self.race_batches:
+            return True
+        return min(len(onnx_s), len(torch_s)) >= 2 and (
+            max(onnx_s) < min(torch_s) or max(torch_s) < min(onnx_s)
+        )
+
+    def _candidate(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return checked_output(self.candidate(wavs, lens), wavs, self.dim)
+        except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
+            self._decide_torch(f"failed on a batch of {wavs.shape[0]} windows: {type(error).__name__}: "
+                               f"{_first_line(error)}")  # fmt: skip
+            return None
+
+    def _decide_torch(self, why: str) -> None:
+        self.winner = self.torch_embed
+        self.log(f"inference engine: torch ({self.name} {why})")
+
+    def _decide(self) -> None:
+        onnx_s, torch_s = (float(np.median(self.per_sample[name])) for name in (self.name, "torch"))
+        raced = len(self.per_sample["torch"])
+        timing = (f"{onnx_s * 1e9:.0f} vs torch {torch_s * 1e9:.0f} ns per input sample, median of "
+                  f"{raced} of the run's batches each")  # fmt: skip
+        if onnx_s < torch_s:
+            reason = f"{self.name}, {torch_s / onnx_s:.2f}x torch ({timing})"
+            self.winner = GuardedEmbedder(self.candidate, self.torch_embed, self.dim, reason, self.log)
+            self.log(f"inference engine: {reason}")
+        else:
+            self.winner = self.torch_embed
+            self.log(f"inference engine: torch, {onnx_s / torch_s:.2f}x faster than {self.name} ({timing})")
+
+
 def probe_windows(model: SpeakerClassifier, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` full windows of quiet noise: a batch shaped as inference shapes it, for timing and a check."""
+    """`count` full windows of quiet noise: a batch shaped as inference shapes it, for a check."""
     generator = torch.Generator().manual_seed(seed)
     return 0.05 * torch.randn(count, model.config.window_samples, generator=generator), torch.ones(count)
 
 
-def _best_seconds(fn: Embed, wavs: torch.Tensor, lens: torch.Tensor, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn(wavs, lens)
-        best = min(best, time.perf_counter() - started)
-    return best
-
-
 def _agreement(precision: str, found: torch.Tensor, expected: torch.Tensor) -> str | None:
-    """Why `found` (ONNX) disagrees with torch's `expected` on the probe, or None."""
+    """Why `found` (ONNX) disagrees with torch's `expected`, or None."""
     if tuple(found.shape) != tuple(expected.shape) or not bool(torch.isfinite(found).all()):
         return f"returned {tuple(found.shape)} embeddings for {tuple(expected.shape)}"
     if precision == "int8":
@@ -417,16 +509,17 @@ def make_embedder(
     torch_embed: Embed | None = None,
     log: Callable[[str], None] = print,
 ) -> Embed:
-    """The `embed(wavs, lens)` for CPU inference with `model` (in eval mode, on the CPU), announced in one
+    """The `embed(wavs, lens)` for CPU inference with `model` (in eval mode, on the CPU), announced in a
     printed line that says which engine runs and why.
 
     engine "torch": PyTorch eager. "onnx": ONNX Runtime, the int8 file if given, else the fp32 one, exported
-    here from `model` when `onnx_path` is None (needs onnxscript). "auto": ONNX Runtime when it is installed,
-    agrees with torch and is faster on a probe batch of `batch_windows` windows (best of 2 timed runs each,
-    after a warm-up); else torch. `threads`: ONNX Runtime's intra-op threads (None: the available cores).
+    here from `model` when `onnx_path` is None (needs onnxscript), checked against torch on a probe batch of
+    `batch_windows` windows. "auto": when ONNX Runtime is installed and its session loads, torch and ONNX
+    Runtime race on the run's first batches and the faster computes the rest (RacingEmbedder; a second line
+    says which won); else torch. `threads`: ONNX Runtime's intra-op threads (None: the available cores).
     `torch_embed`: the torch computation to fall back on (default TorchEmbedder(model)).
     Never raises for an engine problem: whatever fails falls back to torch with one printed line, at set-up
-    or on the first batch that fails (see GuardedEmbedder).
+    or on the first batch that fails (GuardedEmbedder, RacingEmbedder).
     """
     if engine not in ENGINES:
         raise ValueError(f"engine={engine!r}: use one of {', '.join(ENGINES)}")
@@ -436,35 +529,34 @@ def make_embedder(
         return torch_embed
     threads = threads or available_cores()
     try:
-        candidate, seconds = _onnx_candidate(
-            model, engine, onnx_path, int8_path, threads, batch_windows, torch_embed
-        )
+        candidate = _onnx_candidate(model, onnx_path, int8_path, threads)
+        if engine == "onnx":
+            wavs, lens = probe_windows(model, batch_windows)
+            disagreement = _agreement(candidate.precision, candidate(wavs, lens), torch_embed(wavs, lens))
+            if disagreement:
+                raise ExportError(f"{candidate.path.name}: {disagreement} on the probe batch")
     except Exception as error:  # noqa: BLE001 - never raise: torch is always there
         log(
             f"inference engine: torch (ONNX Runtime unavailable: {type(error).__name__}: {_first_line(error)})"
         )
         return torch_embed
-    onnx_s, torch_s = seconds
-    timing = f"{onnx_s * 1e3:.0f} ms vs torch {torch_s * 1e3:.0f} ms" if torch_s else "not timed"
-    if engine == "auto" and not onnx_s < torch_s:
-        log(f"inference engine: torch ({candidate.engine} was slower on a probe batch: {timing})")
-        return torch_embed
-    reason = f"{candidate.engine}, {threads} thread(s), {candidate.path.name}; probe batch of {batch_windows} windows: {timing}"
+    where = f"{threads} thread(s), {candidate.path.name}"
+    if engine == "auto":
+        log(f"inference engine: auto: torch and {candidate.engine} ({where}) race on the run's first batches")
+        return RacingEmbedder(candidate, torch_embed, model.config.lin_neurons, candidate.precision, log)
+    reason = f"{candidate.engine}, {where}; agrees with torch on a probe batch of {batch_windows} windows"
     log(f"inference engine: {reason}")
     return GuardedEmbedder(candidate, torch_embed, model.config.lin_neurons, reason, log)
 
 
 def _onnx_candidate(
-    model: SpeakerClassifier, engine: str, onnx_path: str | Path | None, int8_path: str | Path | None,
-    threads: int, batch_windows: int, torch_embed: Embed,
-) -> tuple[OnnxEmbedder, tuple[float, float]]:  # fmt: skip
-    """The ONNX embedder, checked against torch on a probe batch, and (its, torch's) probe seconds; raises
-    with the reason when there is none to use."""
+    model: SpeakerClassifier, onnx_path: str | Path | None, int8_path: str | Path | None, threads: int
+) -> OnnxEmbedder:
+    """The ONNX Runtime embedder of the int8 file if given, else of the fp32 one (exported here when None);
+    raises with the reason when there is none to use."""
     missing = onnxruntime_missing()
     if missing:
         raise ExportError(missing)
-    wavs, lens = probe_windows(model, batch_windows)
-    expected = torch_embed(wavs, lens)  # also torch's warm-up
     with contextlib.ExitStack() as stack:
         if int8_path is not None:
             path, precision = Path(int8_path), "int8"
@@ -473,14 +565,4 @@ def _onnx_candidate(
         else:  # no file: export here (the session holds the graph once loaded; the file can go)
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnx-engine-")))
             path, precision = export_embedding_model(model, folder / ONNX_FP32).path, "fp32"
-        candidate = OnnxEmbedder(model, path, threads, precision)
-    disagreement = _agreement(precision, candidate(wavs, lens), expected)  # also the session's warm-up
-    if disagreement:
-        raise ExportError(f"{path.name}: {disagreement} on the probe batch")
-    if engine != "auto":
-        return candidate, (0.0, 0.0)
-    onnx_s, torch_s = float("inf"), float("inf")
-    for _ in range(2):  # interleaved: a neighbour's burst of load hits both
-        onnx_s = min(onnx_s, _best_seconds(candidate, wavs, lens, 1))
-        torch_s = min(torch_s, _best_seconds(torch_embed, wavs, lens, 1))
-    return candidate, (onnx_s, torch_s)
+        return OnnxEmbedder(model, path, threads, precision)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import time
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from pipeline.inference import FileWindows, WindowPlan, clip_items, cosine_score
 from pipeline.onnx_engine import (
     GuardedEmbedder,
     OnnxEmbedder,
+    RacingEmbedder,
     TorchEmbedder,
     export_embedding_model,
     int8_acceptable,
@@ -104,12 +106,87 @@ def test_forced_onnx_announces_itself_once(model, exported):
 
 
 def test_auto_exports_here_without_a_file_and_agrees_with_torch_whichever_it_picks(model):
-    """No ONNX file (an artifact from before the ONNX engine): make_embedder exports from the loaded weights."""
+    """No ONNX file (an artifact from before the ONNX engine): make_embedder exports from the loaded weights,
+    then torch and ONNX Runtime race on the first batches; every batch agrees with torch, during and after."""
     lines: list[str] = []
     embed = make_embedder(model, "auto", threads=1, batch_windows=4, log=lines.append)
-    assert len(lines) == 1 and embed.engine in lines[0]
-    wavs, lens = clips_of(model, [0.6, 0.5, 0.2])
-    assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
+    assert isinstance(embed, RacingEmbedder)
+    assert lines == ["inference engine: auto: torch and onnx-fp32 (1 thread(s), embedding_model.onnx) race on "
+                     "the run's first batches"]  # fmt: skip
+    for seed in range(9):  # 1 batch both compute, 3 each timed, then the winner's
+        wavs, lens = clips_of(model, [0.6, 0.5, 0.2], seed)
+        assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
+    assert len(lines) == 2 and lines[1].startswith(f"inference engine: {embed.engine}")
+    assert embed.engine in ("torch", "onnx-fp32") and "ns per input sample" in lines[1]
+
+
+class Slowed:
+    """An engine `seconds` slower per batch than the one it wraps: the race's outcome made certain."""
+
+    def __init__(self, embed, seconds: float, name: str | None = None) -> None:
+        self.embed, self.seconds, self.engine, self.calls = embed, seconds, name or embed.engine, 0
+
+    def __call__(self, wavs, lens):
+        self.calls += 1
+        time.sleep(self.seconds)
+        return self.embed(wavs, lens)
+
+
+@pytest.mark.parametrize("slow", ["onnx", "torch"])
+def test_the_race_runs_the_faster_engine_after_two_batches_each_when_clearly_apart(model, exported, slow):
+    onnx = OnnxEmbedder(model, exported.path, threads=1, precision="fp32")
+    torch_embed = TorchEmbedder(model)
+    onnx_side = Slowed(onnx, 0.2 if slow == "onnx" else 0.0)
+    torch_side = Slowed(torch_embed, 0.2 if slow == "torch" else 0.0)
+    lines: list[str] = []
+    race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "fp32", lines.append)
+    batches = [clips_of(model, [0.7, 0.4], seed) for seed in range(10)]
+    for count, (wavs, lens) in enumerate(batches, 1):
+        assert float((race(wavs, lens) - torch_embed(wavs, lens)).abs().max()) < 1e-4
+        assert len(lines) == (1 if count >= 5 else 0)  # the first batch, then 2 each: decided after the 5th
+        if count == 4:
+            assert race.engine == "torch and onnx-fp32 in turn (the run ended during the race)"
+    winner = "torch" if slow == "onnx" else "onnx-fp32"
+    assert race.engine == winner and lines[0].startswith(f"inference engine: {winner}")
+    assert "median of 2 of the run's batches each" in lines[0]
+    # the first batch by both (ONNX Runtime: 2 of its windows), 2 timed each, then the 5 left by the winner
+    assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 5) if winner == "torch" else (3 + 5, 3))
+
+
+def test_engines_close_together_race_three_batches_each(model, exported):
+    """Two copies of one engine: no clear gap (each batch's time varies), so the race takes 3 batches each
+    unless 2 each happened to be apart; either way the decision comes by the 7th batch, and torch's
+    results come back throughout."""
+    torch_embed = TorchEmbedder(model)
+    lines: list[str] = []
+    race = RacingEmbedder(
+        Slowed(torch_embed, 0.0), torch_embed, model.config.lin_neurons, "fp32", lines.append
+    )
+    for seed in range(7):
+        wavs, lens = clips_of(model, [0.7, 0.4], seed)
+        assert torch.equal(race(wavs, lens), torch_embed(wavs, lens))
+    assert len(lines) == 1 and race.engine == "torch" and race.winner is not None
+
+
+def test_the_race_ends_for_torch_when_onnx_disagrees_or_fails(model, exported, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(exported.path))
+    weight = next(t for t in graph.graph.initializer if len(t.dims) == 3)
+    weight.CopyFrom(numpy_helper.from_array(1.5 * numpy_helper.to_array(weight), weight.name))
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(graph, str(foreign))
+    wider = type(model)(type(model.config)(**{**model.config.to_dict(), "n_mels": 80})).eval()
+    mismatched = export_embedding_model(wider, tmp_path / "wider.onnx").path
+    for path, why in ((foreign, "differs from torch by"), (mismatched, "failed on a batch of 2 windows")):
+        lines: list[str] = []
+        race = RacingEmbedder(OnnxEmbedder(model, path, threads=1, precision="fp32"), TorchEmbedder(model),
+                              model.config.lin_neurons, "fp32", lines.append)  # fmt: skip
+        for seed in range(3):
+            wavs, lens = clips_of(model, [0.5, 0.3], seed)
+            assert torch.equal(race(wavs, lens), TorchEmbedder(model)(wavs, lens))
+        assert race.engine == "torch" and len(lines) == 1 and why in lines[0], lines
 
 
 def test_torch_engine_and_a_bad_engine_name(model):
@@ -174,7 +251,8 @@ def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(mode
     reference = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu)
     assert found.ok.all() and not found.problems
     np.testing.assert_allclose(found.scores, reference.scores, atol=1e-6)
-    assert len(lines) == 1 and "onnx-fp32 failed on a batch" in lines[0] and guarded.engine == "torch"
+    assert len(lines) == 1 and "onnx-fp32 failed on a batch" in lines[0]
+    assert guarded.engine == "onnx-fp32, then torch (a batch failed)"
 
 
 def fsdd_windows(model, paths) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,6 +84,33 @@ def test_the_infer_stage_on_onnx_predicts_torchs_labels_and_scores(tiny_artifact
 
 
 @needs_onnx
+def test_the_default_auto_engine_races_on_the_runs_batches_and_keeps_torchs_labels(
+    tiny_artifact, synthetic_data, tmp_path
+):
+    """engine auto (the default): torch and ONNX Runtime race on the run's first batches. One window per batch:
+    16 batches, so the race is decided; 64 windows per batch: 1 batch, which both compute, so the run ends
+    during the race and the report says that both engines ran."""
+    _, torch_rows, torch_scores = infer(tiny_artifact, synthetic_data, tmp_path / "torch", engine="torch")
+    passed = load_artifact(tiny_artifact).manifest["provenance"]["onnx"]["int8"]["passed"]
+    onnx = "onnx-int8" if passed else "onnx-fp32"
+    decided, rows, scores = infer(tiny_artifact, synthetic_data, tmp_path / "decided", batch_windows=1)
+    lines = decided["engine"]["lines"]
+    assert (
+        len(lines) == 2 and f"torch and {onnx}" in lines[0] and "race on the run's first batches" in lines[0]
+    )
+    assert decided["engine"]["ran"] in ("torch", onnx) and lines[1].startswith(
+        f"inference engine: {decided['engine']['ran']}"
+    )
+    assert rows == torch_rows or passed  # int8 may move a label; fp32 may not
+    if not passed:
+        np.testing.assert_allclose(scores, torch_scores, atol=1e-4)
+    short, rows, _ = infer(tiny_artifact, synthetic_data, tmp_path / "short", batch_windows=64)
+    assert short["engine"]["ran"] == f"torch and {onnx} in turn (the run ended during the race)"
+    assert short["engine"]["precision"] == (["fp32+int8"] if passed else ["fp32"])
+    assert rows == torch_rows  # the only batch: torch's result, ONNX Runtime's checked against it
+
+
+@needs_onnx
 def test_a_damaged_onnx_file_fails_verification_and_the_run(artifact_copy, synthetic_data, tmp_path):
     """The ONNX files are part of the artifact: a changed byte is a damaged artifact, named, as for any file."""
     path = artifact_copy / ONNX_FP32
