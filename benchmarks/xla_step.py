@@ -12,7 +12,8 @@ functionalization is chosen before the first XLA tensor):
 
 - `today`: the step as it was (functionalization on, torch's foreach Adam, a per-tensor weight average);
 - each remedy added in turn (XLA_DISABLE_FUNCTIONALIZATION, devices/flat_adam.py, ema.py's flat average), and
-  the production step without functionalization off;
+  the production step without functionalization off; then those two again in alternating processes, 3 rounds
+  (paired ratios: the one remedy whose gain is small enough for a single run to get its sign wrong);
 
 per configuration: the host time to trace one step (forward + backward + clip + Adam + weight average, up to
 the sync; the next batch already on the devices and the previous step finished, so only the trace is timed),
@@ -34,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -52,6 +54,7 @@ CONFIGURATIONS: dict[str, tuple[bool, bool, bool]] = {
     "production, functionalization on": (False, True, True),
 }
 TODAY, PRODUCTION = "today", "production (+ flat average)"
+FUNCTIONALIZATION_ON = "production, functionalization on"
 
 
 def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels: int = 80) -> float:
@@ -185,6 +188,23 @@ def covering_batch(trace_ms: float, per_window_s: float) -> int:
     return math.ceil(trace_ms / 1000 / per_window_s)
 
 
+def functionalization_paired(rounds: int, steps: int) -> dict[str, Any]:
+    """The production step with functionalization off (production) and on, in alternating child processes at
+    8 windows per device, `rounds` times: is XLA_DISABLE_FUNCTIONALIZATION still worth setting once the
+    optimizer and the average are flat? (A single run of each differed in sign between two sessions.)"""
+    times: dict[str, list[float]] = {PRODUCTION: [], FUNCTIONALIZATION_ON: []}
+    for index in range(rounds):
+        for name in (PRODUCTION, FUNCTIONALIZATION_ON)[:: 1 if index % 2 == 0 else -1]:
+            times[name].append(_child(name, [8], steps)["8"]["trace_ms_median"])
+    ratios = [off / on for off, on in zip(times[PRODUCTION], times[FUNCTIONALIZATION_ON], strict=True)]
+    return {
+        "trace_ms_off_by_round": times[PRODUCTION],
+        "trace_ms_on_by_round": times[FUNCTIONALIZATION_ON],
+        "off_over_on_by_round": [round(r, 3) for r in ratios],
+        "off_over_on_median": round(statistics.median(ratios), 3),
+    }
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     batches = [8, 32] if quick else [8, 32, 128]
     steps = 4 if quick else 8
@@ -223,8 +243,10 @@ def run(quick: bool = False) -> dict[str, Any]:
         )
     largest = max(batches)
     device_ms = production["per_device_batch"][largest]["v5e8_device_ms_voxceleb"]
+    paired = functionalization_paired(1 if quick else 3, steps)
     return {
         "configurations": configurations,
+        "functionalization_off_vs_on_paired": paired,
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
         "assumed_v5e_chip_tflops": V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION / 1e12,
         "trace_speedup_vs_today": round(
@@ -241,7 +263,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"time, which covers the trace from "
             f"~{production['per_device_batch_whose_device_time_covers_the_trace']} windows/device (today "
             f"~{today['per_device_batch_whose_device_time_covers_the_trace']}); losses within "
-            f"{production['max_relative_loss_difference_vs_today']:.1e} of today's (bf16)"
+            f"{production['max_relative_loss_difference_vs_today']:.1e} of today's (bf16); functionalization off "
+            f"{paired['off_over_on_median']:.2f}x the trace of on (paired rounds: {paired['off_over_on_by_round']})"
         ),
     }
 
