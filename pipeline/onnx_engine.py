@@ -390,18 +390,27 @@ class GuardedEmbedder:
 
 
 class RacingEmbedder:
-    """engine='auto': torch and ONNX Runtime take the run's first batches in turn, and the faster computes the rest.
+    """engine='auto': torch and ONNX Runtime race on the run's first batches, and the faster computes the rest.
 
     Why on the run's own batches and not on a probe batch before it: a probe is compute spent on nothing (it
     cost a 300-file FSDD run a fifth of its time), it is timed on one full-window shape while length buckets
     run several shorter ones, and two timings of one small batch are noise (it picked each engine in turn on
-    this machine). Here every raced batch is a batch of the run. The first is torch's, and ONNX Runtime computes
-    its first CHECK_WINDOWS windows too, checked against torch's (_agreement: fp32 within EXPORT_TOLERANCE,
-    int8 by cosine); both are warm-ups, untimed. Then the engines alternate until each has computed
-    `race_batches` batches (2 when they are clearly apart), timed in seconds per input sample (batches of
-    different lengths compare; ECAPA's cost is linear in frames), and the lower median wins: one line says which and by how much. A failure or a
-    disagreement ends the race for torch, with one line; no batch is lost. A run shorter than the race ends
-    with both engines having computed part of it (`engine` says so)."""
+    this machine). The first batch is torch's, and ONNX Runtime computes its first CHECK_WINDOWS windows too,
+    checked against torch's (_agreement: fp32 within EXPORT_TOLERANCE, int8 by cosine); both are warm-ups,
+    untimed. Then, timed in seconds per input sample (batches of different lengths compare; ECAPA's cost is
+    linear in frames), until each engine has `race_batches` timings (2 when they are clearly apart), the lower
+    median wins, and one line says which and by how much:
+
+    - fp32 (live race): the engines alternate on the run's next batches, so no batch is computed twice. Their
+      embeddings agree within EXPORT_TOLERANCE, so which engine computed a batch does not show in the rows.
+      A run shorter than the race ends with both engines having computed part of it (`engine` says so).
+    - int8: its embeddings differ from torch's by quantisation noise (~1e-2), so the rows of one run must come
+      from one engine: identical audio gets identical scores. (Several CPU processes race each on its own:
+      where the engines are close in speed, 1.06x was measured, two shards can pick different ones.)
+      The race is run on the first batch alone, computed again by each engine in turn, and the winner's result
+      is returned: a few batches' compute, once per run.
+
+    A failure or a disagreement ends the race for torch, with one line; no batch is lost."""
 
     def __init__(
         self, candidate: Embed, torch_embed: Embed, dim: int, precision: str, log: Callable[[str], None],
@@ -409,6 +418,7 @@ class RacingEmbedder:
     ) -> None:  # fmt: skip
         self.candidate, self.torch_embed, self.dim, self.precision = candidate, torch_embed, dim, precision
         self.log, self.race_batches = log, race_batches
+        self.live = precision == "fp32"
         self.name = str(getattr(candidate, "engine", "onnx"))
         self.per_sample: dict[str, list[float]] = {self.name: [], "torch": []}
         self.winner: Embed | None = None
@@ -431,16 +441,35 @@ class RacingEmbedder:
             disagreement = None if found is None else _agreement(self.precision, found, expected[few])
             if disagreement:
                 self._decide_torch(f"{disagreement} on the first batch")
-            return expected
+            if self.live or self.winner is not None:
+                return expected
+            return self._race_on(wavs, lens, expected)
         racer = self.name if self.calls % 2 == 0 else "torch"
-        started = time.perf_counter()
-        out = self._candidate(wavs, lens) if racer == self.name else self.torch_embed(wavs, lens)
+        out = self._timed(racer, wavs, lens)
         if out is None:  # the candidate failed: torch computes this batch and the rest
             return self.torch_embed(wavs, lens)
-        self.per_sample[racer].append((time.perf_counter() - started) / max(1, wavs.numel()))
         if self._raced_enough():
             self._decide()
         return out
+
+    def _timed(self, racer: str, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
+        started = time.perf_counter()
+        out = self._candidate(wavs, lens) if racer == self.name else self.torch_embed(wavs, lens)
+        if out is not None:
+            self.per_sample[racer].append((time.perf_counter() - started) / max(1, wavs.numel()))
+        return out
+
+    def _race_on(self, wavs: torch.Tensor, lens: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+        """The int8 race: the first batch again and again, each engine in turn; the winner's embeddings."""
+        results = {"torch": expected}
+        while not self._raced_enough():
+            for racer in (self.name, "torch"):
+                out = self._timed(racer, wavs, lens)
+                if out is None:  # the candidate failed (one line said so): torch's result stands
+                    return expected
+                results[racer] = out
+        self._decide()
+        return results["torch"] if self.winner is self.torch_embed else results[self.name]
 
     def _raced_enough(self) -> bool:
         """`race_batches` timed batches each; or 2 each when every batch of one engine was faster than every
@@ -467,8 +496,10 @@ class RacingEmbedder:
     def _decide(self) -> None:
         onnx_s, torch_s = (float(np.median(self.per_sample[name])) for name in (self.name, "torch"))
         raced = len(self.per_sample["torch"])
-        timing = (f"{onnx_s * 1e9:.0f} vs torch {torch_s * 1e9:.0f} ns per input sample, median of "
-                  f"{raced} of the run's batches each")  # fmt: skip
+        where = "of the run's batches each" if self.live else "runs each on the run's first batch"
+        timing = (
+            f"{onnx_s * 1e9:.0f} vs torch {torch_s * 1e9:.0f} ns per input sample, median of {raced} {where}"
+        )
         if onnx_s < torch_s:
             reason = f"{self.name}, {torch_s / onnx_s:.2f}x torch ({timing})"
             self.winner = GuardedEmbedder(self.candidate, self.torch_embed, self.dim, reason, self.log)

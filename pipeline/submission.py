@@ -221,10 +221,8 @@ def engine_report(config: InferConfig, artifact: Artifact, predictions: SpanPred
 
 
 def engine_precision(engine: str) -> str:
-    """The arithmetic an engine label stands for: int8, fp16 (CUDA autocast), fp32, or both engines' of a race
-    the run ended during (onnx_engine.RacingEmbedder)."""
-    if " in turn" in engine and "int8" in engine:
-        return "fp32+int8"
+    """The arithmetic an engine label stands for: int8, fp16 (CUDA autocast) or fp32 (an fp32 race the run ended
+    during, onnx_engine.RacingEmbedder, is fp32 on both engines; an int8 race is decided on the first batch)."""
     return "int8" if "int8" in engine.split(",")[0] else "fp16" if "fp16" in engine else "fp32"
 
 

@@ -153,6 +153,29 @@ def test_the_race_runs_the_faster_engine_after_two_batches_each_when_clearly_apa
     assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 5) if winner == "torch" else (3 + 5, 3))
 
 
+@pytest.mark.parametrize("slow", ["onnx", "torch"])
+def test_an_int8_race_is_run_on_the_first_batch_and_every_row_comes_from_the_winner(model, exported, slow):
+    """int8 differs from torch by quantisation noise: the race is decided on the first batch (computed again by
+    each engine in turn), whose result is the winner's, so a run's rows all come from one engine. The race's
+    int8 mode is chosen by `precision`; the engine here is the fp32 file (the mechanics, not the quantisation:
+    int8 on this tiny model and noise is test_int8_embeddings_stay_close_to_fp32_on_real_speech's subject)."""
+    onnx = OnnxEmbedder(model, exported.path, threads=1, precision="fp32")
+    torch_embed = TorchEmbedder(model)
+    onnx_side = Slowed(onnx, 0.2 if slow == "onnx" else 0.0)
+    torch_side = Slowed(torch_embed, 0.2 if slow == "torch" else 0.0)
+    lines: list[str] = []
+    race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "int8", lines.append)
+    winner = onnx if slow == "torch" else torch_embed
+    for seed in range(4):
+        wavs, lens = clips_of(model, [0.7, 0.4, 0.9], seed)
+        assert torch.equal(race(wavs, lens), winner(wavs, lens))
+        assert len(lines) == 1  # decided during the first batch
+    assert race.engine == ("torch" if slow == "onnx" else "onnx-fp32")
+    assert "median of 2 runs each on the run's first batch" in lines[0]
+    # first batch: torch once untimed + 2 timed, ONNX on 2 windows + 2 timed; then 3 batches by the winner
+    assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 3) if winner is torch_embed else (3 + 3, 3))
+
+
 def test_engines_close_together_race_three_batches_each(model, exported):
     """Two copies of one engine: no clear gap (each batch's time varies), so the race takes 3 batches each
     unless 2 each happened to be apart; either way the decision comes by the 7th batch, and torch's
