@@ -370,13 +370,13 @@ class GuardedEmbedder:
         self, primary: Embed, fallback: Embed, dim: int, reason: str, log: Callable[[str], None]
     ) -> None:
         self.primary, self.fallback, self.dim, self.reason, self.log = primary, fallback, dim, reason, log
+        self.name = str(getattr(primary, "engine", "primary"))
         self.failure: str | None = None
 
     @property
     def engine(self) -> str:
         """What computed the batches, for the report: the primary's name, and the fallback if a batch failed."""
-        name = getattr(self.primary, "engine", "primary")
-        return f"{name}, then torch (a batch failed)" if self.failure else name
+        return f"{self.name}, then torch (a batch failed)" if self.failure else self.name
 
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self.failure is None:
@@ -384,8 +384,8 @@ class GuardedEmbedder:
                 return checked_output(self.primary(wavs, lens), wavs, self.dim)
             except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
                 self.failure = f"{type(error).__name__}: {_first_line(error)}"
-                self.log(f"inference engine: {getattr(self.primary, 'engine', 'primary')} failed on a batch of "
-                         f"{wavs.shape[0]} windows ({self.failure}); torch computes this batch and the rest")  # fmt: skip
+                self.log(f"inference engine: {self.name} failed on a batch of {wavs.shape[0]} windows "
+                         f"({self.failure}); torch computes this batch and the rest")  # fmt: skip
         return self.fallback(wavs, lens)
 
 

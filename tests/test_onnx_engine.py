@@ -132,12 +132,20 @@ class Slowed:
         return self.embed(wavs, lens)
 
 
+def slowed_pair(model, exported, slow: str) -> tuple:
+    """ONNX Runtime fp32 and torch, and each wrapped in Slowed: the one named by `slow` 0.2 s slower a batch."""
+    onnx, torch_embed = OnnxEmbedder(model, exported.path, threads=1, precision="fp32"), TorchEmbedder(model)
+    return (
+        onnx,
+        torch_embed,
+        Slowed(onnx, 0.2 * (slow == "onnx")),
+        Slowed(torch_embed, 0.2 * (slow == "torch")),
+    )
+
+
 @pytest.mark.parametrize("slow", ["onnx", "torch"])
 def test_the_race_runs_the_faster_engine_after_two_batches_each_when_clearly_apart(model, exported, slow):
-    onnx = OnnxEmbedder(model, exported.path, threads=1, precision="fp32")
-    torch_embed = TorchEmbedder(model)
-    onnx_side = Slowed(onnx, 0.2 if slow == "onnx" else 0.0)
-    torch_side = Slowed(torch_embed, 0.2 if slow == "torch" else 0.0)
+    onnx, torch_embed, onnx_side, torch_side = slowed_pair(model, exported, slow)
     lines: list[str] = []
     race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "fp32", lines.append)
     batches = [clips_of(model, [0.7, 0.4], seed) for seed in range(10)]
@@ -159,10 +167,7 @@ def test_an_int8_race_is_run_on_the_first_batch_and_every_row_comes_from_the_win
     each engine in turn), whose result is the winner's, so a run's rows all come from one engine. The race's
     int8 mode is chosen by `precision`; the engine here is the fp32 file (the mechanics, not the quantisation:
     int8 on this tiny model and noise is test_int8_embeddings_stay_close_to_fp32_on_real_speech's subject)."""
-    onnx = OnnxEmbedder(model, exported.path, threads=1, precision="fp32")
-    torch_embed = TorchEmbedder(model)
-    onnx_side = Slowed(onnx, 0.2 if slow == "onnx" else 0.0)
-    torch_side = Slowed(torch_embed, 0.2 if slow == "torch" else 0.0)
+    onnx, torch_embed, onnx_side, torch_side = slowed_pair(model, exported, slow)
     lines: list[str] = []
     race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "int8", lines.append)
     winner = onnx if slow == "torch" else torch_embed
