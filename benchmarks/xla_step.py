@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -201,7 +200,7 @@ def functionalization_paired(rounds: int, steps: int) -> dict[str, Any]:
         "trace_ms_off_by_round": times[PRODUCTION],
         "trace_ms_on_by_round": times[FUNCTIONALIZATION_ON],
         "off_over_on_by_round": [round(r, 3) for r in ratios],
-        "off_over_on_median": round(statistics.median(ratios), 3),
+        "off_over_on_median": round(_median(ratios), 3),
     }
 
 
