@@ -11,9 +11,11 @@ production train_step and XLASpmdStrategy, once per configuration of the remedie
 functionalization is chosen before the first XLA tensor):
 
 - `today`: the step as it was (functionalization on, torch's foreach Adam, a per-tensor weight average);
-- each remedy added in turn (XLA_DISABLE_FUNCTIONALIZATION, devices/flat_adam.py, ema.py's flat average), and
-  the production step without functionalization off; then those two again in alternating processes, 3 rounds
-  (paired ratios: the one remedy whose gain is small enough for a single run to get its sign wrong);
+- each remedy added in turn (XLA_DISABLE_FUNCTIONALIZATION, devices/flat_adam.py, ema.py's flat average, and
+  the flat Adam's parameter vector reused by its next step and by the average, whose BatchNorm statistics are
+  then copied, not averaged: validation recomputes them), and the production step without functionalization off;
+  then the production step against each of the last two in alternating processes, 3 rounds (paired ratios:
+  remedies whose gain is small enough for a single run to get its sign wrong);
 
 per configuration: the host time to trace one step (forward + backward + clip + Adam + weight average, up to
 the sync; the next batch already on the devices and the previous step finished, so only the trace is timed),
@@ -43,17 +45,18 @@ from typing import Any
 V5E_CHIP_BF16_FLOPS = 197e12
 ASSUMED_UTILISATION = 0.4
 CHIPS = 8
-# name: (functionalization off, flat Adam, flat weight average); the first is today's step, the last-but-one
-# the production step.
-CONFIGURATIONS: dict[str, tuple[bool, bool, bool]] = {
-    "today": (False, False, False),
-    "+ functionalization off": (True, False, False),
-    "+ flat Adam": (True, True, False),
-    "production (+ flat average)": (True, True, True),
-    "production, functionalization on": (False, True, True),
+# name: (functionalization off, flat Adam, flat weight average, flat vectors reused); the first is today's step,
+# the last-but-one the production step.
+CONFIGURATIONS: dict[str, tuple[bool, bool, bool, bool]] = {
+    "today": (False, False, False, False),
+    "+ functionalization off": (True, False, False, False),
+    "+ flat Adam": (True, True, False, False),
+    "+ flat average": (True, True, True, False),
+    "production (+ flat vectors reused)": (True, True, True, True),
+    "production, functionalization on": (False, True, True, True),
 }
-TODAY, PRODUCTION = "today", "production (+ flat average)"
-FUNCTIONALIZATION_ON = "production, functionalization on"
+TODAY, PRODUCTION = "today", "production (+ flat vectors reused)"
+FLAT_AVERAGE, FUNCTIONALIZATION_ON = "+ flat average", "production, functionalization on"
 
 
 def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels: int = 80) -> float:
@@ -72,7 +75,9 @@ def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels
     return 3.0 * counter.get_total_flops() / 2
 
 
-def measure_in_this_process(batches: list[int], steps: int, flat_adam: bool, flat_average: bool) -> dict:
+def measure_in_this_process(
+    batches: list[int], steps: int, flat_adam: bool, flat_average: bool, reuse: bool
+) -> dict:
     import torch
     import torch_xla
     import torch_xla.core.xla_model as xm
@@ -85,13 +90,15 @@ def measure_in_this_process(batches: list[int], steps: int, flat_adam: bool, fla
     from pipeline.objectives import make_loss
     from pipeline.train import train_step
 
-    strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16", flat_adam=flat_adam)
+    strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16", flat_adam=flat_adam, reuse_flat_vectors=reuse)
     results: dict[str, Any] = {"strategy": strategy.describe()}
     for per_device in batches:
         torch.manual_seed(0)
         config = ModelConfig.from_preset("tiny", n_classes=100, n_mels=80, window_samples=16000)
         model = SpeakerClassifier(config)
-        average = WeightAverage(model, 100, flat=flat_average)
+        average = WeightAverage(
+            model, 100, flat=flat_average, average_buffers=not reuse
+        )  # reuse: as train.py
         model = strategy.setup_model(model)
         average.module.to(strategy.device)
         optimizer = torch.optim.Adam(
@@ -171,10 +178,10 @@ def _median(values: list[float]) -> float:
 
 
 def _child(name: str, batches: list[int], steps: int) -> dict[str, Any]:
-    functionalization_off, flat_adam, flat_average = CONFIGURATIONS[name]
+    functionalization_off, *remedies = CONFIGURATIONS[name]
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2",
            "XLA_DISABLE_FUNCTIONALIZATION": "1" if functionalization_off else "0"}  # fmt: skip
-    spec = json.dumps([batches, steps, flat_adam, flat_average])
+    spec = json.dumps([batches, steps, *remedies])
     child = subprocess.run([sys.executable, "-m", "benchmarks.xla_step", "--child", spec], env=env,
                            capture_output=True, text=True, timeout=3000)  # fmt: skip
     if child.returncode != 0:
@@ -187,20 +194,20 @@ def covering_batch(trace_ms: float, per_window_s: float) -> int:
     return math.ceil(trace_ms / 1000 / per_window_s)
 
 
-def functionalization_paired(rounds: int, steps: int) -> dict[str, Any]:
-    """The production step with functionalization off (production) and on, in alternating child processes at
-    8 windows per device, `rounds` times: is XLA_DISABLE_FUNCTIONALIZATION still worth setting once the
-    optimizer and the average are flat? (A single run of each differed in sign between two sessions.)"""
-    times: dict[str, list[float]] = {PRODUCTION: [], FUNCTIONALIZATION_ON: []}
+def paired(other: str, rounds: int, steps: int) -> dict[str, Any]:
+    """The production step and configuration `other`, in alternating child processes at 8 windows per device,
+    `rounds` times: the production step's trace as a ratio to `other`'s, round by round. (For
+    XLA_DISABLE_FUNCTIONALIZATION a single run of each differed in sign between two sessions.)"""
+    times: dict[str, list[float]] = {PRODUCTION: [], other: []}
     for index in range(rounds):
-        for name in (PRODUCTION, FUNCTIONALIZATION_ON)[:: 1 if index % 2 == 0 else -1]:
+        for name in (PRODUCTION, other)[:: 1 if index % 2 == 0 else -1]:
             times[name].append(_child(name, [8], steps)["8"]["trace_ms_median"])
-    ratios = [off / on for off, on in zip(times[PRODUCTION], times[FUNCTIONALIZATION_ON], strict=True)]
+    ratios = [ours / theirs for ours, theirs in zip(times[PRODUCTION], times[other], strict=True)]
     return {
-        "trace_ms_off_by_round": times[PRODUCTION],
-        "trace_ms_on_by_round": times[FUNCTIONALIZATION_ON],
-        "off_over_on_by_round": [round(r, 3) for r in ratios],
-        "off_over_on_median": round(_median(ratios), 3),
+        "trace_ms_production_by_round": times[PRODUCTION],
+        "trace_ms_other_by_round": times[other],
+        "production_over_other_by_round": [round(r, 3) for r in ratios],
+        "production_over_other_median": round(_median(ratios), 3),
     }
 
 
@@ -242,10 +249,15 @@ def run(quick: bool = False) -> dict[str, Any]:
         )
     largest = max(batches)
     device_ms = production["per_device_batch"][largest]["v5e8_device_ms_voxceleb"]
-    paired = functionalization_paired(1 if quick else 3, steps)
+    rounds = 1 if quick else 3
+    functionalization, reuse = (
+        paired(FUNCTIONALIZATION_ON, rounds, steps),
+        paired(FLAT_AVERAGE, rounds, steps),
+    )
     return {
         "configurations": configurations,
-        "functionalization_off_vs_on_paired": paired,
+        "functionalization_off_vs_on_paired": functionalization,
+        "flat_vectors_reused_vs_not_paired": reuse,
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
         "assumed_v5e_chip_tflops": V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION / 1e12,
         "trace_speedup_vs_today": round(
@@ -262,8 +274,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"time, which covers the trace from "
             f"~{production['per_device_batch_whose_device_time_covers_the_trace']} windows/device (today "
             f"~{today['per_device_batch_whose_device_time_covers_the_trace']}); losses within "
-            f"{production['max_relative_loss_difference_vs_today']:.1e} of today's (bf16); functionalization off "
-            f"{paired['off_over_on_median']:.2f}x the trace of on (paired rounds: {paired['off_over_on_by_round']})"
+            f"{production['max_relative_loss_difference_vs_today']:.1e} of today's (bf16); paired rounds, the "
+            f"production trace as a ratio to functionalization on: {functionalization['production_over_other_median']:.2f}x "
+            f"({functionalization['production_over_other_by_round']}), to the flat vectors not reused: "
+            f"{reuse['production_over_other_median']:.2f}x ({reuse['production_over_other_by_round']})"
         ),
     }
 
@@ -274,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        batches, steps, flat_adam, flat_average = json.loads(args.child)
-        print(json.dumps(measure_in_this_process(batches, steps, flat_adam, flat_average)))
+        print(json.dumps(measure_in_this_process(*json.loads(args.child))))
         return 0
     print(json.dumps(run(quick=args.quick), indent=2))
     return 0

@@ -3,7 +3,8 @@
 With the learning rates the batch scaling produces, validation accuracy swings by several points from one epoch
 to the next (FSDD digits: 0.98 -> 0.84 -> 0.90 at epochs 3-5). Averaging the weights over the last epoch or so
 removes most of that noise for the price of one parameter copy, so the epoch picked as "best" is a good model
-and not a lucky one. BatchNorm running statistics are averaged the same way; integer buffers are copied.
+and not a lucky one. BatchNorm running statistics are averaged the same way (or, when training recomputes them
+before validation, as it does by default, copied); integer buffers are copied.
 
 Averaged statistics do not belong to the averaged weights, though, and neither do a live model's running
 statistics (a momentum average over earlier weights). `recompute_batchnorm` gives the weights that are
@@ -30,29 +31,45 @@ from torch._utils import _unflatten_dense_tensors as unflatten
 class WeightAverage:
     """`module` is a copy of the model, on the model's device, holding the averaged weights.
 
-    With `flat` (the default) the averaged floating-point tensors live in one vector between reads of
-    `module`: an update is then a handful of operations and one graph output whatever the number of tensors,
-    where XLA traces every operation again at each step and pays per operation and per output. Reading
-    `module` writes the vector back into the module's tensors (lazily on XLA: part of the next graph)."""
+    With `flat` (the default) the averaged floating-point tensors live in two vectors between reads of
+    `module` (the parameters, then the float buffers): an update is then a handful of operations and two graph
+    outputs whatever the number of tensors, where XLA traces every operation again at each step and pays per
+    operation and per output. The integer buffers (BatchNorm's batch counters) are copies, not averages: they
+    are copied when `module` is read, not at every step (and so are the float buffers with
+    `average_buffers=False`). Reading `module` writes the vectors back into the
+    module's tensors (lazily on XLA: part of the next graph)."""
 
-    def __init__(self, model: torch.nn.Module, horizon_steps: float, flat: bool = True) -> None:
+    def __init__(
+        self, model: torch.nn.Module, horizon_steps: float, flat: bool = True, average_buffers: bool = True
+    ) -> None:
         self._module = copy.deepcopy(model).eval()
         for parameter in self._module.parameters():
             parameter.requires_grad_(False)
         self.decay = 1.0 - 1.0 / max(1.0, float(horizon_steps))
         self.updates = 0
         self.flat = flat
+        # False: the float buffers (BatchNorm's running statistics) are copies of the live model's, like the
+        # integer ones, for a caller that recomputes them for the averaged weights before using them anyway
+        # (training's recompute_batchnorm): averaging them every step would be traced for nothing.
+        self.average_buffers = average_buffers
+        # (averaged floats, live floats, averaged others, live others); the floats list the parameters first
+        # (model.parameters() order, `_n_params` of them), then the float buffers.
         self._pairs: tuple[list[torch.Tensor], ...] | None = None
         self._float_names: list[str] = []
-        self._vector: torch.Tensor | None = None  # flat: the averaged floats, in _float_names order
-        self._module_behind = False  # the vector holds updates the module's tensors have not received
+        self._other_names: list[str] = []
+        self._n_params = 0
+        self._all_parameters = False  # the first _n_params floats are all of model.parameters(), in order
+        self._vectors: list[torch.Tensor] | None = None  # flat: the averaged floats, one vector per group
+        self._module_behind = False  # the vectors hold updates the module's tensors have not received
 
     @property
     def module(self) -> torch.nn.Module:
-        if self._module_behind and self._vector is not None and self._pairs is not None:
+        if self._module_behind and self._vectors is not None and self._pairs is not None:
             with torch.no_grad():
-                average_floats = self._pairs[0]
-                torch._foreach_copy_(average_floats, unflatten(self._vector, average_floats))
+                for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
+                    torch._foreach_copy_(averaged, unflatten(vector, averaged))
+                if self._pairs[2]:
+                    torch._foreach_copy_(self._pairs[2], self._pairs[3])
             self._module_behind = False
         return self._module
 
@@ -60,48 +77,74 @@ class WeightAverage:
         return min(self.decay, (1 + self.updates) / (10 + self.updates))
 
     @torch.no_grad()
-    def update(self, model: torch.nn.Module) -> None:
+    def update(self, model: torch.nn.Module, flat_parameters: torch.Tensor | None = None) -> None:
         """Move the average towards `model`'s current weights (call after every optimizer step).
 
-        One foreach operation for all floating-point tensors and one for the integer buffers (or, `flat`,
-        a few on one vector): on XLA every Python-level operation is traced again at every step, and a loop
-        over ~150 tensors cost more host time than the forward pass."""
+        `flat_parameters`: `model.parameters()` as one vector, when the caller has it (devices/flat_adam.py's
+        step leaves it): the flat average then need not flatten them again. One foreach operation for all
+        floating-point tensors (or, `flat`, a few on two vectors): on XLA every Python-level operation is
+        traced again at every step, and a loop over ~150 tensors cost more host time than the forward pass."""
         self.updates += 1
         if self._pairs is None:  # the same tensors every step (moves and loads happen in place before)
-            averaged, current = self._module.state_dict(), model.state_dict()
-            self._float_names = [name for name, tensor in averaged.items() if tensor.is_floating_point()]
-            others = [name for name in averaged if name not in set(self._float_names)]
-            self._pairs = ([averaged[n] for n in self._float_names], [current[n].detach() for n in self._float_names],
-                           [averaged[n] for n in others], [current[n].detach() for n in others])  # fmt: skip
+            self._pair_up(model)
+        assert self._pairs is not None
         average_floats, live_floats, average_others, live_others = self._pairs
         device = average_floats[0].device if average_floats else torch.device("cpu")
         weight = torch.tensor(1.0 - self.current_decay(), device=device)
         # avg += weight * (live - avg), the weight sent as a tensor: a new value never recompiles XLA's graph.
         if self.flat and average_floats:
-            if self._vector is None:
-                self._vector = flatten(average_floats)
-            self._vector.add_(torch.mul(torch.sub(flatten(live_floats), self._vector), weight))
+            if self._vectors is None:
+                self._vectors = [flatten(averaged) for averaged, _ in self._float_groups()]
+            for index, (vector, (_, live)) in enumerate(
+                zip(self._vectors, self._float_groups(), strict=True)
+            ):
+                given = flat_parameters if index == 0 and self._n_params and self._all_parameters else None
+                current = given if given is not None and given.numel() == vector.numel() else flatten(live)
+                vector.add_(torch.mul(torch.sub(current, vector), weight))
             self._module_behind = True
-        else:
-            torch._foreach_add_(
-                average_floats, torch._foreach_mul(torch._foreach_sub(live_floats, average_floats), weight)
-            )
+            return
+        torch._foreach_add_(
+            average_floats, torch._foreach_mul(torch._foreach_sub(live_floats, average_floats), weight)
+        )
         if average_others:
             torch._foreach_copy_(average_others, live_others)
 
+    def _pair_up(self, model: torch.nn.Module) -> None:
+        averaged, current = self._module.state_dict(), model.state_dict()
+        parameters = [name for name, _ in model.named_parameters() if name in current]
+        buffers = [n for n, t in averaged.items() if t.is_floating_point() and n not in set(parameters)]
+        buffers = buffers if self.average_buffers else []
+        self._float_names, self._n_params = parameters + buffers, len(parameters)
+        self._all_parameters = len(parameters) == len(list(model.parameters()))
+        others = self._other_names = [name for name in averaged if name not in set(self._float_names)]
+        self._pairs = ([averaged[n] for n in self._float_names], [current[n].detach() for n in self._float_names],
+                       [averaged[n] for n in others], [current[n].detach() for n in others])  # fmt: skip
+
+    def _float_groups(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        """(averaged, live) tensors of the parameters, then of the float buffers; empty groups left out."""
+        assert self._pairs is not None
+        averaged, live, n = self._pairs[0], self._pairs[1], self._n_params
+        return [group for group in ((averaged[:n], live[:n]), (averaged[n:], live[n:])) if group[0]]
+
     def state_dict(self) -> dict[str, object]:
-        """For checkpoints: the averaged weights (on CPU) and the update count. The flat vector is read to
-        the host in one transfer and split there (on XLA, reading each slice on the device would compile a
-        graph per slice)."""
+        """For checkpoints: the averaged weights (on CPU) and the update count. The flat vectors are read to
+        the host in one transfer each and split there (on XLA, reading each slice on the device would compile
+        a graph per slice)."""
         weights = {k: v.detach().to("cpu") for k, v in self._module.state_dict().items()}
-        if self._module_behind and self._vector is not None and self._pairs is not None:
-            host = unflatten(self._vector.detach().to("cpu"), self._pairs[0])
-            weights.update({name: value.clone() for name, value in zip(self._float_names, host, strict=True)})
+        if self._module_behind and self._vectors is not None and self._pairs is not None:
+            names = iter(self._float_names)
+            for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
+                for value in unflatten(vector.detach().to("cpu"), averaged):
+                    weights[next(names)] = value.clone()
+            others = [name for name in weights if name not in set(self._float_names)]
+            weights.update(
+                {name: live.detach().to("cpu") for name, live in zip(others, self._pairs[3], strict=True)}
+            )
         return {"weights": weights, "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         self._module.load_state_dict(state["weights"])  # type: ignore[arg-type]  # in place: pairs stay valid
-        self._vector, self._module_behind = None, False  # rebuilt from the loaded tensors at the next update
+        self._vectors, self._module_behind = None, False  # rebuilt from the loaded tensors at the next update
         self.updates = int(state["updates"])  # type: ignore[arg-type]
 
 

@@ -46,7 +46,7 @@ from .report import save_training_figures
 from .scaling import Schedule, plan_schedule
 from .staging import check_output_dir
 from .tables import TrainTable, read_train_table
-from .validation import calibration_windows, evaluate, validation_model
+from .validation import calibration_windows, evaluate, recalibrates, validation_model
 
 GRAD_CLIP = 5.0
 # Under DDP every "stop now?" / "checkpoint now?" decision is rank 0's, broadcast to the others: a collective
@@ -168,8 +168,10 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
     log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}', {count_parameters(model) / 1e6:.2f}M "
         f"parameters; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
     # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
+    # Its BatchNorm statistics are averaged only when validation does not recompute them.
+    horizon = config.ema_epochs * schedule.steps_per_epoch
     average = (
-        WeightAverage(model, config.ema_epochs * schedule.steps_per_epoch) if config.ema_epochs else None
+        WeightAverage(model, horizon, average_buffers=not recalibrates(config)) if config.ema_epochs else None
     )
     model = strategy.setup_model(model)
     if average is not None:
@@ -455,7 +457,8 @@ def train_step(
         total = loss.detach() if total is None else total + loss.detach()
     strategy.optimizer_step(optimizer, model, GRAD_CLIP)
     if average is not None:
-        average.update(strategy.unwrap(model))  # in the same XLA graph as the step: no extra compile
+        unwrapped = strategy.unwrap(model)  # the average joins the step's XLA graph: no extra compile
+        average.update(unwrapped, strategy.flat_parameters(unwrapped))
     strategy.mark_step()
     return total
 

@@ -38,13 +38,18 @@ class Validation:
     predictions: np.ndarray  # [n_val] class index, in validation-split order
 
 
+def recalibrates(config: TrainConfig) -> bool:
+    """Whether validation gives the weights it validates BatchNorm statistics of their own (see ema.py)."""
+    return config.bn_calibration_windows > 0 and not config.freeze_encoder
+
+
 def calibration_windows(
     store: AudioStore, items: np.ndarray, train_idx: list[int], config: TrainConfig
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A fixed sample of training crops for recompute_batchnorm: the same every epoch and on every rank.
     None with freeze_encoder: the pretrained encoder's weights and statistics are kept exactly as they are."""
     count = min(config.bn_calibration_windows, len(train_idx))
-    if count == 0 or config.freeze_encoder:
+    if count == 0 or not recalibrates(config):
         return None
     rng = np.random.default_rng([config.seed, 104729])
     rows = rng.choice(np.asarray(train_idx), size=count, replace=False)

@@ -166,3 +166,48 @@ def test_recompute_batchnorm_fixes_a_mismatched_average():
         fixed = model.eval().embed(model.features(wavs, lens), lens)
     assert not np.allclose(bad.numpy(), good.numpy(), atol=1e-3)
     torch.testing.assert_close(fixed, good, rtol=1e-4, atol=1e-5)
+
+
+def test_a_parameter_vector_the_caller_gives_stands_for_the_parameters():
+    """flat_parameters (flat Adam's vector) is used instead of flattening the parameters again: the same
+    average when it holds them, and visibly its own values when it does not."""
+    plain, given, wrong = tiny_classifier(), tiny_classifier(), tiny_classifier()
+    averages = [WeightAverage(m, horizon_steps=5) for m in (plain, given, wrong)]
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(4):
+        change = [0.1 * torch.randn(p.shape, generator=generator) for p in plain.parameters()]
+        for model, average in zip((plain, given, wrong), averages, strict=True):
+            with torch.no_grad():
+                for parameter, delta in zip(model.parameters(), change, strict=True):
+                    parameter.add_(delta)
+            vector = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+            average.update(
+                model, None if model is plain else vector if model is given else torch.zeros_like(vector)
+            )
+    expected = averages[0].module.state_dict()
+    for name, value in averages[1].module.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+    first = next(averages[2].module.parameters())
+    assert not torch.equal(first, next(averages[0].module.parameters()))
+    assert first.abs().max() < next(averages[0].module.parameters()).abs().max()  # pulled towards the zeros
+
+
+def test_buffers_not_averaged_are_the_live_models_copies():
+    """average_buffers=False (training recomputes the statistics of the kept weights): the parameters are
+    averaged as before, the BatchNorm statistics read as the live model's, in `module` and in checkpoints."""
+    averaged_model, copied_model = tiny_classifier(), tiny_classifier()
+    averaged = WeightAverage(averaged_model, horizon_steps=5)
+    copied = WeightAverage(copied_model, horizon_steps=5, average_buffers=False)
+    moving(averaged_model, averaged, steps=4)
+    moving(copied_model, copied, steps=4)
+    saved = copied.state_dict()["weights"]
+    live = copied_model.state_dict()
+    parameters = {name for name, _ in copied_model.named_parameters()}
+    buffers = [name for name in live if name not in parameters]
+    assert any(name.endswith("running_mean") for name in buffers)
+    for name in buffers:
+        assert torch.equal(saved[name], live[name]), name
+        assert torch.equal(copied.module.state_dict()[name], live[name]), name
+    assert not all(torch.equal(averaged.module.state_dict()[n], live[n]) for n in buffers if "running" in n)
+    for name in parameters:
+        assert torch.equal(copied.module.state_dict()[name], averaged.module.state_dict()[name]), name

@@ -116,3 +116,28 @@ def test_only_a_plain_adam_is_taken_over():
     first, second = list(model.parameters())[:2], list(model.parameters())[2:]
     assert not FlatAdam.supports(torch.optim.Adam([{"params": first}, {"params": second, "lr": 0.1}]))
     assert not FlatAdam.supports(torch.optim.Adam(model.double().parameters()))
+
+
+def test_the_next_step_starts_from_the_vector_unless_a_parameter_changed_in_between():
+    """The parameter vector a step leaves is reused by the next step (and lent to the weight average); a
+    parameter changed in place in between (a loaded state_dict) is seen, and the step is still torch's."""
+    reference, model = small_model(), small_model()
+    reference_optimizer, stepper = adam(reference), FlatAdam(adam(model))
+    steps = batches(4)
+    torch_step(reference, reference_optimizer, *steps[0])
+    flat_step(model, stepper, *steps[0])
+    vector = stepper.flat_parameters()
+    assert vector is not None and torch.equal(vector, torch.cat([p.reshape(-1) for p in model.parameters()]))
+    torch_step(reference, reference_optimizer, *steps[1])
+    flat_step(model, stepper, *steps[1])
+    assert stepper.flat_parameters() is vector  # the same vector, stepped in place
+    with torch.no_grad():
+        for network in (reference, model):
+            network[2].weight.mul_(-1.0)
+    assert stepper.flat_parameters() is None  # stale: the next step flattens the changed parameters
+    for inputs, targets in steps[2:]:
+        torch_step(reference, reference_optimizer, inputs, targets)
+        flat_step(model, stepper, inputs, targets)
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert FlatAdam(adam(small_model()), reuse_vector=False).flat_parameters() is None

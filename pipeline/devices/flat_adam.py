@@ -6,6 +6,12 @@ more (ECAPA-TDNN has 139 tensors: ~1,400 operations), and every Adam moment is a
 The same arithmetic on one vector is a dozen operations, plus one flatten of the gradients and parameters
 and one copy back into the parameters (benchmarks/xla_step.py measures it).
 
+The parameter vector a step computes is kept for the next one, which then starts from it instead of
+flattening the 139 parameters again (on XLA a flatten of that many tensors is ~2 ms of trace). It is used only
+while every parameter's version counter still reads what the step's own copy left: any in-place change since (a
+loaded state_dict, an optimizer step of torch's) makes the next step flatten afresh. Rebinding `.data` does not
+move the counter: nothing in training does it between steps (models are moved before the optimizer exists).
+
 The torch optimizer stays the owner of the hyperparameters (the LR scheduler writes its `lr`) and of the
 checkpoint format: its `state_dict()` is completed from the flat moments by a hook, and a state loaded into
 it (a resumed run) is taken over at the next step. Only a plain Adam qualifies (`FlatAdam.supports`).
@@ -21,12 +27,15 @@ from torch._utils import _unflatten_dense_tensors as unflatten
 class FlatAdam:
     """Steps `optimizer` (a torch.optim.Adam that `supports` accepts) on flat vectors."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, reuse_vector: bool = True) -> None:
         self.optimizer = optimizer
+        self.reuse_vector = reuse_vector
         self.params: list[torch.Tensor] = list(optimizer.param_groups[0]["params"])
         self.exp_avg: torch.Tensor | None = None  # the moments of all parameters, in `params` order
         self.exp_avg_sq: torch.Tensor | None = None
         self.steps = 0
+        self._flat_params: torch.Tensor | None = None  # the vector the last step copied into `params`...
+        self._versions_after_copy: list[int] = []  # ...and their version counters right after that copy
         optimizer.register_state_dict_post_hook(self._complete_state_dict)
 
     @staticmethod
@@ -50,6 +59,7 @@ class FlatAdam:
         capturable); gradients are left in place for the caller's zero_grad."""
         if not self._flat_applies():
             self._hand_back()
+            self._flat_params = None
             torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
             self.optimizer.step()
             return
@@ -62,7 +72,7 @@ class FlatAdam:
         # clip_grad_norm_: the norm of the per-tensor norms is the norm of the whole vector.
         clip = torch.clamp(max_grad_norm / (torch.linalg.vector_norm(grads) + 1e-6), max=1.0)
         grads = grads * clip
-        params = flatten(self.params)
+        params = self._flat_params if self.flat_parameters() is not None else flatten(self.params)
         if weight_decay != 0:
             grads = grads.add(params, alpha=weight_decay)
         if self.exp_avg is None or self.exp_avg_sq is None:
@@ -75,6 +85,18 @@ class FlatAdam:
         denom = self.exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(eps)
         params.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
         torch._foreach_copy_(self.params, unflatten(params, self.params))
+        self._flat_params, self._versions_after_copy = params, [p._version for p in self.params]
+
+    def flat_parameters(self) -> torch.Tensor | None:
+        """The parameters as one vector (`params` order), when the last step's still holds them: callers that
+        need that vector (the weight average) then need not flatten them again. None after any other change."""
+        if (
+            not self.reuse_vector
+            or self._flat_params is None
+            or [p._version for p in self.params] != self._versions_after_copy
+        ):
+            return None
+        return self._flat_params
 
     def _flat_applies(self) -> bool:
         """Every parameter has a gradient and one step count (torch skips a parameter without a gradient,

@@ -67,6 +67,11 @@ class SingleDevice:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    def flat_parameters(self, model: torch.nn.Module) -> torch.Tensor | None:
+        """`model.parameters()` as one vector, when the last optimizer_step left one (XLA's flat Adam): the
+        weight average takes it instead of flattening the parameters again."""
+        return None
+
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager:
         """Skip gradient all-reduce on accumulation micro-steps (DDP); nothing to skip here."""
         return contextlib.nullcontext()

@@ -44,7 +44,9 @@ class XLASpmdStrategy(SingleDevice):
     name = "xla-spmd"
     features_on_host = True
 
-    def __init__(self, topology: Topology, precision: str, flat_adam: bool = True) -> None:
+    def __init__(
+        self, topology: Topology, precision: str, flat_adam: bool = True, reuse_flat_vectors: bool = True
+    ) -> None:
         for name, value in TRACE_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         import torch_xla  # TF_CPP_MIN_LOG_LEVEL was set when pipeline.devices was imported
@@ -66,6 +68,10 @@ class XLASpmdStrategy(SingleDevice):
         self._compiles_at_start = self._compile_total()
         self.flat_adam = flat_adam  # benchmarks/xla_step.py compares both
         self._stepper: tuple[torch.optim.Optimizer, FlatAdam | None] | None = None
+        # The flat Adam's parameter vector reused by its next step and by the weight average (flat_adam.py);
+        # False: both flatten the parameters again, as before (benchmarks/xla_step.py compares both).
+        self.reuse_flat_vectors = reuse_flat_vectors
+        self._checked_order: FlatAdam | None = None
 
     def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
         # Parameters are replicated (no sharding annotation); only the batch is split across devices.
@@ -124,7 +130,7 @@ class XLASpmdStrategy(SingleDevice):
         # Under SPMD the gradients are already global: a plain step, no xm.optimizer_step all-reduce.
         if self._stepper is None or self._stepper[0] is not optimizer:
             usable = self.flat_adam and FlatAdam.supports(optimizer)
-            self._stepper = (optimizer, FlatAdam(optimizer) if usable else None)
+            self._stepper = (optimizer, FlatAdam(optimizer, self.reuse_flat_vectors) if usable else None)
         flat = self._stepper[1]
         if flat is not None:
             flat.step(clip)
@@ -132,6 +138,19 @@ class XLASpmdStrategy(SingleDevice):
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+
+    def flat_parameters(self, model: torch.nn.Module) -> torch.Tensor | None:
+        flat = self._stepper[1] if self._stepper is not None else None
+        if flat is None or not self.reuse_flat_vectors:
+            return None
+        # Checked once per optimizer: its vector must hold model.parameters(), in order.
+        if flat is not self._checked_order:
+            parameters = list(model.parameters())
+            same = len(parameters) == len(flat.params)
+            if not same or any(a is not b for a, b in zip(parameters, flat.params, strict=True)):
+                return None
+            self._checked_order = flat
+        return flat.flat_parameters()
 
     def mark_step(self) -> None:
         self._torch_xla.sync()
@@ -150,8 +169,10 @@ class XLASpmdStrategy(SingleDevice):
         return int(data[0]) if data else 0
 
     def describe(self) -> str:
-        trace = f"functionalization {'off' if functionalization_disabled() else 'on'}, " + (
-            "flat Adam" if self.flat_adam else "foreach Adam"
+        trace = (
+            f"functionalization {'off' if functionalization_disabled() else 'on'}, "
+            + ("flat Adam" if self.flat_adam else "foreach Adam")
+            + (", flat vectors reused" if self.flat_adam and self.reuse_flat_vectors else "")
         )
         return f"XLA SPMD over {self.num_devices} devices ({self.precision}; step trace: {trace})"
 
