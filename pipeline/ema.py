@@ -36,8 +36,8 @@ class WeightAverage:
     outputs whatever the number of tensors, where XLA traces every operation again at each step and pays per
     operation and per output. The integer buffers (BatchNorm's batch counters) are copies, not averages: they
     are copied when `module` is read, not at every step (and so are the float buffers with
-    `average_buffers=False`). Reading `module` writes the vectors back into the
-    module's tensors (lazily on XLA: part of the next graph)."""
+    `average_buffers=False`). Reading `module` writes the vectors back into the module's tensors (lazily on
+    XLA: part of the next graph)."""
 
     def __init__(
         self, model: torch.nn.Module, horizon_steps: float, flat: bool = True, average_buffers: bool = True
@@ -136,10 +136,8 @@ class WeightAverage:
             for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
                 for value in unflatten(vector.detach().to("cpu"), averaged):
                     weights[next(names)] = value.clone()
-            others = [name for name in weights if name not in set(self._float_names)]
-            weights.update(
-                {name: live.detach().to("cpu") for name, live in zip(others, self._pairs[3], strict=True)}
-            )
+            for name, live in zip(self._other_names, self._pairs[3], strict=True):
+                weights[name] = live.detach().to("cpu")  # copies of the live model's, as `module` makes them
         return {"weights": weights, "updates": self.updates}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
