@@ -58,7 +58,6 @@ class WeightAverage:
         self._float_names: list[str] = []
         self._other_names: list[str] = []
         self._n_params = 0
-        self._all_parameters = False  # the first _n_params floats are all of model.parameters(), in order
         self._vectors: list[torch.Tensor] | None = None  # flat: the averaged floats, one vector per group
         self._module_behind = False  # the vectors hold updates the module's tensors have not received
 
@@ -98,7 +97,8 @@ class WeightAverage:
             for index, (vector, (_, live)) in enumerate(
                 zip(self._vectors, self._float_groups(), strict=True)
             ):
-                given = flat_parameters if index == 0 and self._n_params and self._all_parameters else None
+                # The caller's vector stands for the parameters group when it is that group's size.
+                given = flat_parameters if index == 0 and self._n_params else None
                 current = given if given is not None and given.numel() == vector.numel() else flatten(live)
                 vector.add_(torch.mul(torch.sub(current, vector), weight))
             self._module_behind = True
@@ -115,7 +115,6 @@ class WeightAverage:
         buffers = [n for n, t in averaged.items() if t.is_floating_point() and n not in set(parameters)]
         buffers = buffers if self.average_buffers else []
         self._float_names, self._n_params = parameters + buffers, len(parameters)
-        self._all_parameters = len(parameters) == len(list(model.parameters()))
         others = self._other_names = [name for name in averaged if name not in set(self._float_names)]
         self._pairs = ([averaged[n] for n in self._float_names], [current[n].detach() for n in self._float_names],
                        [averaged[n] for n in others], [current[n].detach() for n in others])  # fmt: skip

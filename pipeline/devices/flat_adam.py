@@ -59,7 +59,6 @@ class FlatAdam:
         capturable); gradients are left in place for the caller's zero_grad."""
         if not self._flat_applies():
             self._hand_back()
-            self._flat_params = None
             torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
             self.optimizer.step()
             return

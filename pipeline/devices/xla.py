@@ -71,7 +71,7 @@ class XLASpmdStrategy(SingleDevice):
         # The flat Adam's parameter vector reused by its next step and by the weight average (flat_adam.py);
         # False: both flatten the parameters again, as before (benchmarks/xla_step.py compares both).
         self.reuse_flat_vectors = reuse_flat_vectors
-        self._checked_order: FlatAdam | None = None
+        self._order_checked: tuple[FlatAdam, bool] | None = None
 
     def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
         # Parameters are replicated (no sharding annotation); only the batch is split across devices.
@@ -143,14 +143,15 @@ class XLASpmdStrategy(SingleDevice):
         flat = self._stepper[1] if self._stepper is not None else None
         if flat is None or not self.reuse_flat_vectors:
             return None
-        # Checked once per optimizer: its vector must hold model.parameters(), in order.
-        if flat is not self._checked_order:
+        # Checked once per optimizer: its vector must hold model.parameters(), in order (not with
+        # freeze_encoder, whose optimizer holds the classifier alone).
+        if self._order_checked is None or self._order_checked[0] is not flat:
             parameters = list(model.parameters())
-            same = len(parameters) == len(flat.params)
-            if not same or any(a is not b for a, b in zip(parameters, flat.params, strict=True)):
-                return None
-            self._checked_order = flat
-        return flat.flat_parameters()
+            same = len(parameters) == len(flat.params) and all(
+                a is b for a, b in zip(parameters, flat.params, strict=False)
+            )
+            self._order_checked = (flat, same)
+        return flat.flat_parameters() if self._order_checked[1] else None
 
     def mark_step(self) -> None:
         self._torch_xla.sync()
