@@ -249,6 +249,7 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
         provenance = json.loads((artifact / "manifest.json").read_text())["provenance"]
         results["validation"] = {k: v for k, v in provenance["validation"].items() if k.startswith("val_")}
         results["objective"] = provenance["objective"]
+        results["onnx"] = provenance.get("onnx")  # what training exported, and int8's verdict (or its error)
 
         submission = work / "submission.csv"
         infer_params = {"data_dir": data, "artifact_dir": artifact, "submission_path": submission,

@@ -243,7 +243,7 @@ class InferConfig:
     expected_file_seconds: float | None = None
     device: str = "auto"  # auto | cuda | cpu
     devices: int | None = None  # GPUs to use (auto: all)
-    batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 64 on GPU)
+    batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 256 on GPU)
     # Longer files are covered by this many evenly spaced windows.
     max_windows_per_file: int = MAX_WINDOWS_PER_FILE
     num_workers: int | None = None  # DataLoader decode workers (None: 0 on CPU, 1 per GPU)

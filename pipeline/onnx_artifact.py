@@ -58,6 +58,7 @@ def export_for_artifact(
         ONNX_INT8,
         ExportError,
         export_embedding_model,
+        first_line,
         quantize_embedding_model,
     )
 
@@ -78,8 +79,7 @@ def export_for_artifact(
         int8_path = quantize_embedding_model(model, exported.path, folder / ONNX_INT8, wavs, lens)
         rule = int8_rule(model, data, config, metric, exported.path, int8_path)
     except Exception as error:  # noqa: BLE001 - onnxruntime.quantization raises many types; fp32 still ships
-        log(f"ONNX int8: none in the artifact ({type(error).__name__}: {str(error).splitlines()[0][:200]}); "
-            "fp32 is there")  # fmt: skip
+        log(f"ONNX int8: none in the artifact ({type(error).__name__}: {first_line(error)}); fp32 is there")
         result.record["int8"] = {"error": f"{type(error).__name__}: {error}"[:500]}
         return result
     result.files[ONNX_INT8] = int8_path

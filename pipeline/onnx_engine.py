@@ -140,7 +140,7 @@ def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: in
                                              output_names=[OUTPUT], opset_version=opset, optimize=True)  # fmt: skip
     except Exception as error:  # noqa: BLE001 - the exporter raises many types; all mean "no ONNX file"
         raise ExportError(f"torch {torch.__version__} could not export the embedding model: "
-                          f"{type(error).__name__}: {_first_line(error)}") from error  # fmt: skip
+                          f"{type(error).__name__}: {first_line(error)}") from error  # fmt: skip
     target = Path(path)
     with staged_file(target) as staging:
         onnx_program.save(str(staging))
@@ -209,7 +209,8 @@ def _quiet_exporter() -> Iterator[None]:
             logger.setLevel(level)
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """The first line of an error's message, for one-line logs (some errors carry no message at all)."""
     text = str(error).strip()
     return text.splitlines()[0][:300] if text else "(no message)"
 
@@ -383,7 +384,7 @@ class GuardedEmbedder:
             try:
                 return checked_output(self.primary(wavs, lens), wavs, self.dim)
             except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
-                self.failure = f"{type(error).__name__}: {_first_line(error)}"
+                self.failure = f"{type(error).__name__}: {first_line(error)}"
                 self.log(f"inference engine: {self.name} failed on a batch of {wavs.shape[0]} windows "
                          f"({self.failure}); torch computes this batch and the rest")  # fmt: skip
         return self.fallback(wavs, lens)
@@ -486,7 +487,7 @@ class RacingEmbedder:
             return checked_output(self.candidate(wavs, lens), wavs, self.dim)
         except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
             self._decide_torch(f"failed on a batch of {wavs.shape[0]} windows: {type(error).__name__}: "
-                               f"{_first_line(error)}")  # fmt: skip
+                               f"{first_line(error)}")  # fmt: skip
             return None
 
     def _decide_torch(self, why: str) -> None:
@@ -568,7 +569,7 @@ def make_embedder(
                 raise ExportError(f"{candidate.path.name}: {disagreement} on the probe batch")
     except Exception as error:  # noqa: BLE001 - never raise: torch is always there
         log(
-            f"inference engine: torch (ONNX Runtime unavailable: {type(error).__name__}: {_first_line(error)})"
+            f"inference engine: torch (ONNX Runtime unavailable: {type(error).__name__}: {first_line(error)})"
         )
         return torch_embed
     where = f"{threads} thread(s), {candidate.path.name}"

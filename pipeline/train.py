@@ -402,7 +402,15 @@ def _onnx_files(run: Run, final: torch.nn.Module):
         return
     with tempfile.TemporaryDirectory(prefix="onnx-export-") as folder:
         started, compiles = time.monotonic(), run.strategy.compile_count()
-        onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
+        try:
+            onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
+        except Exception as error:  # noqa: BLE001 - hours of training must not be lost to an optional file
+            # export_for_artifact turns the failures it knows into a line of its own; this is for the rest
+            # (seen on a GPU machine: an int8 failure whose message was empty broke the error report itself).
+            run.log(
+                f"ONNX files: none in the artifact ({type(error).__name__}: {error}); inference runs torch"
+            )
+            onnx = OnnxFiles(record={"error": f"{type(error).__name__}: {error}"[:500]})
         onnx.record["seconds"] = round(time.monotonic() - started, 1)
         if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
             onnx.record["xla_compiles_during_export"] = run.strategy.compile_count() - compiles

@@ -71,9 +71,12 @@ def test_batching_is_sized_for_the_device_unless_set():
     assert batching_for(None, None, base, cpu, cores=16) == (8, 4)
     half_second = ModelConfig.from_preset("base", n_classes=3, window_samples=8000)
     assert batching_for(None, None, half_second, cpu)[0] == 15  # shorter windows: more of them per batch
-    assert batching_for(None, None, base, gpu) == (64, 1)
+    assert batching_for(None, None, base, gpu, cores=2) == (256, 1)  # T4 x2 on 4 cores: 2 per GPU process
+    assert batching_for(None, None, base, gpu, cores=4) == (256, 3)  # the spare cores decode
+    assert batching_for(None, None, base, gpu, cores=1) == (256, 1)
+    assert batching_for(None, None, base, gpu, cores=64) == (256, 8)
     assert batching_for(5, 3, base, cpu) == (5, 3)
-    assert batching_for(None, 0, base, gpu) == (64, 0)
+    assert batching_for(None, 0, base, gpu) == (256, 0)
 
 
 def read_rows(path):

@@ -36,6 +36,26 @@ def test_an_export_that_fails_costs_the_files_with_one_line_never_the_artifact(
     assert len(lines) == 1 and lines[0].startswith("ONNX export: the artifact gets no ONNX files (")
 
 
+@needs_onnx
+def test_an_int8_failure_without_a_message_keeps_fp32_with_one_line(
+    tiny_artifact, synthetic_training_data, tmp_path, monkeypatch
+):
+    """Seen on a GPU machine: quantisation raised an error whose message was empty, and the line that reports
+    it raised IndexError, which cost the whole training run its artifact."""
+
+    def quantize_fails(*args, **kwargs):
+        raise AssertionError()  # what a bare `assert` inside onnxruntime.quantization raises
+
+    monkeypatch.setattr(onnx_engine, "quantize_embedding_model", quantize_fails)
+    model = load_artifact(tiny_artifact).model
+    lines: list[str] = []
+    config = TrainConfig(data_dir="unused", **TINY_TRAIN)
+    found = export_for_artifact(model, synthetic_training_data, config, "accuracy", tmp_path, lines.append)
+    assert list(found.files) == [onnx_engine.ONNX_FP32] and found.files[onnx_engine.ONNX_FP32].is_file()
+    assert found.record["int8"] == {"error": "AssertionError: "}
+    assert lines == ["ONNX int8: none in the artifact (AssertionError: (no message)); fp32 is there"]
+
+
 def test_without_a_validation_split_int8_is_not_judged_and_not_used(
     tiny_artifact, synthetic_training_data, tmp_path
 ):
@@ -72,3 +92,20 @@ def test_training_without_export_writes_no_onnx_file(synthetic_data, tmp_path):
     manifest = load_artifact(tmp_path / "a").manifest
     assert not any(name.endswith(".onnx") for name in manifest["files"])
     assert manifest["provenance"]["onnx"] == result.onnx == {"skipped": "export_onnx=False"}
+
+
+def test_any_export_failure_costs_the_onnx_files_never_the_trained_artifact(
+    synthetic_data, tmp_path, monkeypatch
+):
+    from pipeline.train import train
+
+    def export_breaks(*args, **kwargs):
+        raise RuntimeError("out of host memory")
+
+    monkeypatch.setattr(onnx_artifact, "export_for_artifact", export_breaks)
+    result = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "a"),
+                               **{**TINY_TRAIN, "epochs": 1, "export_onnx": True}))  # fmt: skip
+    manifest = load_artifact(tmp_path / "a").manifest
+    assert not any(name.endswith(".onnx") for name in manifest["files"])
+    assert manifest["provenance"]["onnx"]["error"] == "RuntimeError: out of host memory"
+    assert result.onnx == manifest["provenance"]["onnx"]

@@ -40,6 +40,13 @@ def shard_indices(order: Sequence[int], n_shards: int) -> list[list[int]]:
 # so the elementwise ops between convolutions work in cache. Measured on 2 cores (benchmarks/inference.py,
 # 300 FSDD files): C=512 fastest at 8-16 one-second windows, C=128 at 32; 64 windows cost 25-40%.
 CPU_BATCH_BUDGET = 8 * 1536 * 101
+# GPU batches: on an H100 (benchmarks/cuda.py, fp16) 64 windows ran the voxceleb size at 0.44x its rate at
+# 1024 windows and 256 at 0.90x (the small size: 0.12x and 0.44x); a T4, with a tenth of the fp16 compute,
+# fills sooner. 256 one-second windows of the voxceleb size take well under 2 GB: a T4 has 15.
+GPU_BATCH_WINDOWS = 256
+# One worker decodes ~700 s of 32 kHz Ogg/Vorbis per second (benchmarks/soundscape.py) where an H100 embeds
+# ~6,000 s of audio (voxceleb size, windows half a window apart): decoding needs every core that is spare.
+GPU_DECODE_WORKERS = 8
 
 
 def batching_for(
@@ -54,7 +61,8 @@ def batching_for(
     CPU: batches sized to the cache (CPU_BATCH_BUDGET) and decoding workers as devices/threads.plan_threads
     shares `cores` (default: this session's, threads.available_cores): none below 4 cores, where a worker
     process only takes cores from the compute threads (on 2 cores, 1 worker cost 10-30% of throughput on
-    FSDD), then one per 4 cores. GPU: 64 windows per batch and one worker decoding while the GPU computes.
+    FSDD), then one per 4 cores. GPU: GPU_BATCH_WINDOWS windows per batch, and every core of the process's
+    share but one decoding (at least one, at most GPU_DECODE_WORKERS) while the GPU computes.
     """
     if device.type == "cpu":
         frames = model_config.window_samples * 100 // model_config.sample_rate + 1  # Fbank: 10 ms hop
@@ -62,7 +70,10 @@ def batching_for(
         auto_batch = max(4, min(64, CPU_BATCH_BUDGET // (widest * frames)))
         auto_workers = plan_threads(cores if cores is not None else available_cores()).decode_workers
     else:
-        auto_batch, auto_workers = 64, 1
+        auto_batch = GPU_BATCH_WINDOWS
+        auto_workers = max(
+            1, min(GPU_DECODE_WORKERS, (cores if cores is not None else available_cores()) - 1)
+        )
     batch = batch_windows if batch_windows is not None else auto_batch
     workers = num_workers if num_workers is not None else auto_workers
     return batch, workers
