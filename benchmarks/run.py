@@ -13,6 +13,7 @@ Sections (each fails soft: an error is recorded and the next section runs):
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
+  cuda          GPU peak, training step per precision, inference per batch: where a GPU is lent (cuda.py)
 
 Ratios are the headline: absolute times depend on the machine and, on a shared machine, on the neighbours;
 every section records how much CPU other processes took while it ran (`others_cpu_share`).
@@ -52,6 +53,7 @@ SECTIONS = (
     "cold_start",
     "xla_step",
     "scale",
+    "cuda",
 )
 
 
@@ -64,6 +66,14 @@ def section_inference(quick: bool) -> dict[str, Any]:
 
 def section_engines(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.engines", quick)
+
+
+def section_cuda(quick: bool) -> dict[str, Any]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NotAvailable("no CUDA device here (benchmarks/gpu/ holds a run on a lent H100)")
+    return _external("benchmarks.cuda", quick)
 
 
 def section_training(quick: bool) -> dict[str, Any]:
@@ -271,6 +281,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,
+    "cuda": section_cuda,
 }
 
 
