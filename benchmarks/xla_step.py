@@ -1,7 +1,7 @@
 """How big a TPU batch must be to keep the chips busy: host trace time per step vs the device work it launches,
 for the production step and for the step without each of its trace remedies.
 
-    python -m benchmarks.xla_step [--quick]
+    python -m benchmarks.xla_step [--quick] [--paired-today ROUNDS]
 
 torch_xla re-traces the training step in Python on every step (lazy tensors), and the devices wait for the next
 graph while the host builds it. The trace costs the same whatever the batch (the graph has the same operations;
@@ -286,9 +286,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--paired-today", type=int, metavar="ROUNDS",
+                        help="only the production step against today's, in alternating processes (~3 min a round): "
+                        "the quick check on another torch_xla (e.g. the matrix's kaggle-tpu venv)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure_in_this_process(*json.loads(args.child))))
+        return 0
+    if args.paired_today:
+        import torch_xla
+
+        result = paired(TODAY, args.paired_today, 8)
+        per_window_s = train_flops_per_window() / (V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION)
+        production_ms = _median(result["trace_ms_production_by_round"])
+        result.update(torch_xla=torch_xla.__version__, trace_ms_production_median=production_ms,
+                      per_device_batch_whose_device_time_covers_the_trace=covering_batch(production_ms, per_window_s))  # fmt: skip
+        print(json.dumps(result, indent=2))
         return 0
     print(json.dumps(run(quick=args.quick), indent=2))
     return 0
