@@ -189,6 +189,11 @@ def _child(name: str, batches: list[int], steps: int) -> dict[str, Any]:
     return json.loads(child.stdout.strip().splitlines()[-1])
 
 
+def v5e_seconds_per_window(flops: float) -> float:
+    """Device seconds of one training window of `flops` on a v5e chip at ASSUMED_UTILISATION."""
+    return flops / (V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION)
+
+
 def covering_batch(trace_ms: float, per_window_s: float) -> int:
     """Windows per device whose v5e device time hides a trace of `trace_ms`."""
     return math.ceil(trace_ms / 1000 / per_window_s)
@@ -215,7 +220,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     batches = [8, 32] if quick else [8, 32, 128]
     steps = 4 if quick else 8
     flops = train_flops_per_window()
-    per_window_s = flops / (V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION)
+    per_window_s = v5e_seconds_per_window(flops)
     configurations: dict[str, Any] = {}
     for name in CONFIGURATIONS:
         sizes = batches if name in (TODAY, PRODUCTION) else batches[:1]
@@ -297,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         import torch_xla
 
         result = paired(TODAY, args.paired_today, 8)
-        per_window_s = train_flops_per_window() / (V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION)
+        per_window_s = v5e_seconds_per_window(train_flops_per_window())
         production_ms = _median(result["trace_ms_production_by_round"])
         result.update(torch_xla=torch_xla.__version__, trace_ms_production_median=production_ms,
                       per_device_batch_whose_device_time_covers_the_trace=covering_batch(production_ms, per_window_s))  # fmt: skip

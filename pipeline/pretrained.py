@@ -299,8 +299,10 @@ def read_encoder_state(weights: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - weights_only refusals, truncated zips, not a checkpoint...
+        from .onnx_engine import first_line
+
         raise PretrainedError(f"{weights}: cannot be read as a weights-only checkpoint "
-                              f"({type(error).__name__}: {(str(error).strip().splitlines() or ['no message'])[0][:300]})") from error  # fmt: skip
+                              f"({type(error).__name__}: {first_line(error)})") from error  # fmt: skip
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
     ):

@@ -407,9 +407,10 @@ def _onnx_files(run: Run, final: torch.nn.Module):
         except Exception as error:  # noqa: BLE001 - hours of training must not be lost to an optional file
             # export_for_artifact turns the failures it knows into a line of its own; this is for the rest
             # (seen on a GPU machine: an int8 failure whose message was empty broke the error report itself).
-            run.log(
-                f"ONNX files: none in the artifact ({type(error).__name__}: {error}); inference runs torch"
-            )
+            from .onnx_engine import first_line
+
+            run.log(f"ONNX files: none in the artifact ({type(error).__name__}: {first_line(error)}); "
+                    "inference runs torch")  # fmt: skip
             onnx = OnnxFiles(record={"error": f"{type(error).__name__}: {error}"[:500]})
         onnx.record["seconds"] = round(time.monotonic() - started, 1)
         if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
