@@ -10,6 +10,8 @@ Sections (each fails soft: an error is recorded and the next section runs):
   fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
   competition_layout  FSDD in Freesound's layout: probability and hidden-test submissions (competition_layout.py)
   soundscape    FSDD in BirdCLEF's layout: chunk rows, macro ROC-AUC, CPU rate, 32 vs 16 kHz (soundscape.py)
+  soundscape_snr  that macro ROC-AUC over 3 training seeds, by call SNR, and for the same calls in a quiet
+                background (soundscape_snr.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
@@ -50,6 +52,7 @@ SECTIONS = (
     "fsdd",
     "competition_layout",
     "soundscape",
+    "soundscape_snr",
     "cold_start",
     "xla_step",
     "scale",
@@ -175,6 +178,13 @@ def section_soundscape(quick: bool) -> dict[str, Any]:
         return run(_fsdd_source(), quick=quick)
 
 
+def section_soundscape_snr(quick: bool) -> dict[str, Any]:
+    from benchmarks.soundscape_snr import run
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(_fsdd_source(), seeds=(0,) if quick else (0, 1, 2), quick=quick)
+
+
 def section_cold_start(quick: bool) -> dict[str, Any]:
     """papermill notebooks/infer.ipynb on a small FSDD folder: time from launching papermill to the submission
     file existing, against the inference time measured inside the run (the rest is start-up overhead)."""
@@ -278,6 +288,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "fsdd": section_fsdd,
     "competition_layout": section_competition_layout,
     "soundscape": section_soundscape,
+    "soundscape_snr": section_soundscape_snr,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,

@@ -32,6 +32,7 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,18 +48,40 @@ HIDDEN_SET = (700, 60.0)  # BirdCLEF 2025: ~700 soundscapes of 1 min
 TARGET_AUC = 0.98
 
 
-def build(source: Path, out: Path, quick: bool, public: bool = False) -> Path:
+def build(source: Path, out: Path, quick: bool, public: bool = False, **options: Any) -> Path:
     from pipeline.soundscapes import make_soundscape_competition, species_from_fsdd
 
     species = species_from_fsdd(source, 6)
     sizes = {"focal_per_class": 20, "test_soundscapes": 8} if quick else {}
-    return make_soundscape_competition(out, species, public=public, overwrite=True, **sizes)
+    return make_soundscape_competition(out, species, public=public, overwrite=True, **sizes, **options)
 
 
 def chunk_scores(folder: Path, artifact: Path, hop: float | None = None) -> dict[str, Any]:
     """Macro ROC-AUC of every pooling from one prediction of the hidden chunks (the infer stage's own planning
     and prediction, without writing a submission), and the rate."""
     from pipeline import metrics
+
+    predicted = predict_chunks(folder, artifact, hop)
+    result = {pooling: round(metrics.score("macro_roc_auc", predicted.truth, scores), 4)
+              for pooling, scores in predicted.scores.items()}  # fmt: skip
+    result["audio_s_per_s"] = round(predicted.audio_s_per_s, 1)
+    return result
+
+
+@dataclass
+class ChunkPrediction:
+    """The hidden chunks as the infer stage scores them: rows in submission order, the solution's classes."""
+
+    ids: list[str]
+    classes: list[str]
+    truth: np.ndarray  # [rows, classes] 0/1
+    scores: dict[str, np.ndarray]  # pooling -> [rows, classes]
+    audio_s_per_s: float
+
+
+def predict_chunks(folder: Path, artifact: Path, hop: float | None = None) -> ChunkPrediction:
+    """Every pooling's scores of the hidden chunks from one prediction (the infer stage's own planning and
+    prediction, without writing a submission)."""
     from pipeline.artifact import load_artifact
     from pipeline.config import InferConfig
     from pipeline.inference import POOLINGS, predict_on_devices
@@ -77,17 +100,15 @@ def chunk_scores(folder: Path, artifact: Path, hop: float | None = None) -> dict
         predicted = predict_on_devices(loaded.model, folder, plan.files, plan.spans, _devices(config, loaded),
                                        window_plan(config, loaded), plan.seconds)  # fmt: skip
         seconds = time.perf_counter() - started
-    solution, classes = _solution(folder / "solution.csv")
+    solution, classes = read_solution(folder / "solution.csv")
     columns = [loaded.labels.index(c) for c in classes]
     truth = np.array([solution[row_id] for row_id in plan.ids])
     spans = np.array(plan.span_of)
-    result = {pooling: round(metrics.score("macro_roc_auc", truth, predicted.pooled[pooling][spans][:, columns]), 4)
-              for pooling in POOLINGS}  # fmt: skip
-    result["audio_s_per_s"] = round(predicted.audio_seconds / seconds, 1)
-    return result
+    scores = {pooling: predicted.pooled[pooling][spans][:, columns] for pooling in POOLINGS}
+    return ChunkPrediction(list(plan.ids), classes, truth, scores, predicted.audio_seconds / seconds)
 
 
-def _solution(path: Path) -> tuple[dict[str, list[float]], list[str]]:
+def read_solution(path: Path) -> tuple[dict[str, list[float]], list[str]]:
     with open(path, newline="") as handle:
         reader = csv.reader(handle)
         header = next(reader)
@@ -314,7 +335,7 @@ def _check_format(submission: Path, data: Path, report: dict[str, Any]) -> dict[
         rows = list(csv.reader(handle))
     with open(data / "sample_submission.csv", newline="") as handle:
         sample_header = next(csv.reader(handle))
-    solution, _ = _solution(data / "solution.csv")
+    solution, _ = read_solution(data / "solution.csv")
     stems = sorted(p.stem for p in (data / "test_soundscapes").iterdir())
     expected = [f"{stem}_{end}" for stem in stems for end in range(5, 61, 5)]
     ids = [row[0] for row in rows[1:]]

@@ -12,6 +12,8 @@
     sample_submission.csv        row_id + one column per class, 3 placeholder rows of a soundscape that is not
                                  in the folder (as Kaggle's public copy has)
     solution.csv                 row_id (`<stem>_<end second>`) + 0/1 per class: the hidden chunks' truth
+    solution_snr.csv             row_id, label, snr_db: each hidden call's level against its background (RMS
+                                 of the call over RMS of the background), for analyses by SNR
 
 Audio is 32 kHz Ogg/Vorbis, as BirdCLEF's. The classes come from `species_from_fsdd` (FSDD speakers,
 real speech, train and test from different takes) or `species_from_synthetic` (synthetic voices, no
@@ -91,9 +93,12 @@ def make_soundscape_competition(
     sample_rate: int = 32000,
     public: bool = False,
     overwrite: bool = False,
+    background_db: float = 0.0,
 ) -> Path:
     """Write the folder (see the module docstring); refuses a non-empty `out_dir` unless it is one the data
-    commands wrote and `overwrite` is set."""
+    commands wrote and `overwrite` is set. `background_db` turns the hidden soundscapes' background up or down
+    against their calls (-30: nearly clean calls, the ceiling an analysis compares with); the calls and
+    everything else stay as they are."""
     out = Path(out_dir)
     labels = sorted(species.train)
     clips = {k: [_at_rate(c, species.rate, sample_rate) for c in v] for k, v in species.train.items()}
@@ -122,7 +127,7 @@ def make_soundscape_competition(
         labelled = []
         for n in range(labelled_soundscapes):
             stem = f"labelled_{n:04d}"
-            audio, truth = _soundscape(scape_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
+            audio, truth, _ = _soundscape(scape_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
             _write(root / "train_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             labelled += [[f"{stem}.ogg", f"{c * segment_seconds:g}", f"{(c + 1) * segment_seconds:g}",
                           ";".join(present)] for c, present in enumerate(truth) if present]  # fmt: skip
@@ -132,20 +137,25 @@ def make_soundscape_competition(
             )
         (root / "test_soundscapes").mkdir()
         test_rng = np.random.default_rng([seed, 3])
-        solution = []
+        solution, snr = [], []
         for _ in range(test_soundscapes):
             stem = f"soundscape_{int(test_rng.integers(10**6, 10**7))}"
-            audio, truth = _soundscape(test_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
+            audio, truth, levels = _soundscape(test_rng, calls, soundscape_seconds, segment_seconds, sample_rate,
+                                               background_db)  # fmt: skip
             if not public:
                 _write(root / "test_soundscapes" / f"{stem}.ogg", audio, sample_rate)
-            solution += [[f"{stem}_{(c + 1) * segment_seconds:g}", *(int(lab in present) for lab in labels)]
-                         for c, present in enumerate(truth)]  # fmt: skip
+            row_ids = [f"{stem}_{(c + 1) * segment_seconds:g}" for c in range(len(truth))]
+            solution += [[row_id, *(int(lab in present) for lab in labels)]
+                         for row_id, present in zip(row_ids, truth, strict=True)]  # fmt: skip
+            snr += [[row_id, label, f"{db:.2f}"] for row_id, chunk in zip(row_ids, levels, strict=True)
+                    for label, db in chunk]  # fmt: skip
         placeholder = "soundscape_0000000"
         write_csv(root / "sample_submission.csv", ["row_id", *labels],
                   [[f"{placeholder}_{(c + 1) * segment_seconds:g}", *[f"{1 / len(labels):.6f}"] * len(labels)]
                    for c in range(PLACEHOLDER_ROWS)])  # fmt: skip
         if not public:
             write_csv(root / "solution.csv", ["row_id", *labels], solution)
+            write_csv(root / "solution_snr.csv", ["row_id", "label", "snr_db"], snr)
     return out
 
 
@@ -202,25 +212,32 @@ def _background(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarr
 
 
 def _soundscape(
-    rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int
-) -> tuple[np.ndarray, list[list[str]]]:
+    rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
+    background_db: float = 0.0,
+) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
     """Background with 0-2 calls of distinct classes per chunk, each wholly inside its chunk, at -6 to +12 dB
-    to the background. Returns the audio and each chunk's classes."""
+    to the background (turned by `background_db` after the calls' levels are set). Returns the audio, each
+    chunk's classes, and each chunk's (class, SNR in dB against the background as written)."""
     audio = _background(rng, seconds, rate)
     noise_rms = float(np.sqrt(np.mean(audio**2)))
+    audio *= _db(background_db)
     labels = sorted(calls)
-    truth = []
+    truth, levels = [], []
     for c in range(int(math.floor(seconds / segment))):
         count = min(len(labels), int(rng.choice(len(CALLS_PER_CHUNK), p=CALLS_PER_CHUNK)))
         present = sorted(rng.choice(labels, size=count, replace=False).tolist()) if count else []
         start, size = int(c * segment * rate), int(segment * rate)
+        chunk = []
         for label in present:
             call = calls[label][int(rng.integers(len(calls[label])))][:size]
-            level = noise_rms * _db(rng.uniform(-6, 12)) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
+            snr_db = rng.uniform(-6, 12)
+            level = noise_rms * _db(snr_db) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
             at = start + int(rng.integers(0, size - len(call) + 1))
             audio[at : at + len(call)] += call * level
+            chunk.append((label, snr_db - background_db))
         truth.append(present)
-    return audio, truth
+        levels.append(chunk)
+    return audio, truth, levels
 
 
 def _write(path: Path, audio: np.ndarray, rate: int) -> None:

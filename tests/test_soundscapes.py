@@ -172,3 +172,31 @@ def test_labelled_soundscapes_validate_and_select_the_kept_epoch(species, tmp_pa
     assert all(0.0 <= v <= 1.0 for v in values)
     best = max(range(3), key=lambda k: (values[k], k))  # the highest, the later one on a tie
     assert result.best_epoch == best + 1 and result.best_val_metric == values[best]
+
+
+def test_each_hidden_calls_snr_is_recorded_and_the_background_can_be_turned_down(species, tmp_path):
+    """solution_snr.csv (benchmarks/soundscape_snr.py's analysis by SNR) and background_db (its clean ceiling)."""
+    import soundfile as sf
+
+    options = {"focal_per_class": 2, "test_soundscapes": 2, "train_soundscapes": 1,
+               "soundscape_seconds": SCAPE_SECONDS}  # fmt: skip
+    noisy = make_soundscape_competition(tmp_path / "noisy", species, **options)
+    quiet = make_soundscape_competition(tmp_path / "quiet", species, background_db=-30, **options)
+    solution = read_rows(noisy / "solution.csv")
+    calls = read_rows(noisy / "solution_snr.csv")
+    positives = {(r["row_id"], k) for r in solution for k, v in r.items() if k != "row_id" and v == "1"}
+    assert len(calls) == len(positives) and {(c["row_id"], c["label"]) for c in calls} == positives
+    assert all(-6 <= float(c["snr_db"]) <= 12 for c in calls)
+    quiet_calls = read_rows(quiet / "solution_snr.csv")
+    assert [(c["row_id"], c["label"]) for c in quiet_calls] == [(c["row_id"], c["label"]) for c in calls]
+    for q, c in zip(quiet_calls, calls, strict=True):
+        assert float(q["snr_db"]) == pytest.approx(float(c["snr_db"]) + 30, abs=0.01)
+    # A chunk without a call is background alone: 30 dB quieter in the quiet folder.
+    empty = next(r["row_id"] for r in solution if not any(v == "1" for k, v in r.items() if k != "row_id"))
+    stem, end = empty.rsplit("_", 1)
+    levels = []
+    for folder in (noisy, quiet):
+        audio, rate = sf.read(folder / "test_soundscapes" / f"{stem}.ogg", dtype="float32")
+        chunk = audio[(int(end) - 5) * rate : int(end) * rate]
+        levels.append(20 * np.log10(np.sqrt(np.mean(chunk**2))))
+    assert levels[1] - levels[0] == pytest.approx(-30, abs=1.5)
