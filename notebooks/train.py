@@ -44,6 +44,7 @@ collective_timeout_minutes = 30.0  # DDP ranks give up on a collective after thi
 model_size = "auto"  # auto | tiny | small | base | voxceleb (auto: by hardware)
 sample_rate = 16000  # audio is resampled to this (32000 for birds: calls above 8 kHz)
 n_mels = 80
+frontend = "auto"  # auto | logmel | pcen (auto: pcen with noise_dir, i.e. field recordings in noise)
 window_seconds = 1.0  # training crop and inference window
 aam_margin = 0.2
 aam_scale = 30.0

@@ -104,7 +104,7 @@ def save_artifact(
         save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
         windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples,
-                                   sample_rate=model.config.sample_rate)  # fmt: skip
+                                   sample_rate=model.config.sample_rate, frontend=model.config.frontend)  # fmt: skip
         parts = {"embedding_model": windowed, "classifier": model.classifier}
         for part, module in parts.items():
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
@@ -245,6 +245,7 @@ embedding_model: !new:pipeline.model.WindowedEncoder
     window_samples: {config.window_samples}
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
     length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
+    frontend: {config.frontend}
     encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
         input_size: !ref <n_mels>
         channels: {list(config.channels)}

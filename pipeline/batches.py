@@ -50,7 +50,8 @@ class BatchRecipe:
     seed: int
     rank: int = 0
     min_short_fraction: float = 1.0
-    host_features_mels: int | None = None  # XLA: Fbank features with this many mel bands, made here
+    host_features_mels: int | None = None  # XLA: Fbank features with this many mel bands, made here...
+    host_features_frontend: str = "logmel"  # ...through this front end (model.Frontend)
     crop_on_sound: bool = False  # crops of long clips drawn by loudness (data.crop_span)
     augmentation: Augmentation | None = None
 
@@ -93,7 +94,8 @@ class TrainingBatches(Dataset):
         if self._frontend is None:
             from .model import Frontend  # SpeechBrain's Fbank: only the XLA path's workers need it
 
-            self._frontend = Frontend(self.recipe.host_features_mels, self.recipe.store.sample_rate)
+            r = self.recipe
+            self._frontend = Frontend(r.host_features_mels, r.store.sample_rate, r.host_features_frontend)
         with torch.no_grad():
             return self._frontend(wavs, lens)
 

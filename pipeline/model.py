@@ -37,6 +37,9 @@ class ModelConfig:
     # What the classifier was trained for: "aam" (one class per clip, softmax) or "bce"/"focal" (several, an
     # independent sigmoid(scale * cosine) per class; pipeline/objectives.py).
     objective: str = "aam"
+    # The features between the Fbank and the mean normalisation: "logmel" (SpeechBrain's, in dB) or "pcen"
+    # (per-channel energy normalisation: each mel band divided by its own running level; see PCEN).
+    frontend: str = "logmel"
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
@@ -53,6 +56,7 @@ class SpeakerClassifier(torch.nn.Module):
         super().__init__()
         self.config = config
         self.compute_features = fbank(config.n_mels, config.sample_rate)
+        self.pcen = PCEN() if config.frontend == "pcen" else None
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
         self.embedding_model = ECAPA_TDNN(
             input_size=config.n_mels,
@@ -93,19 +97,65 @@ def fbank(n_mels: int, sample_rate: int = SAMPLE_RATE) -> Fbank:
     return Fbank(n_mels=n_mels, sample_rate=sample_rate, n_fft=int(round(0.025 * sample_rate)))
 
 
-class Frontend(torch.nn.Module):
-    """The parameter-free front end alone (Fbank + sentence mean normalisation), for computing features on
-    the host. SpeakerClassifier.features runs this same code on its own identically named modules."""
+FRONTENDS = ("logmel", "pcen")
 
-    def __init__(self, n_mels: int, sample_rate: int = SAMPLE_RATE) -> None:
+
+class PCEN(torch.nn.Module):
+    """Per-channel energy normalisation (Wang et al., 2017; Lostanlen et al., 2019, "why and how" for
+    bioacoustics) of SpeechBrain's log-mel features, with librosa's default constants.
+
+    Each mel band's energy E is divided by its own running level M (a first-order smoother over ~0.4 s, started
+    from the band's median over the window's valid frames), then root-compressed: (E / M^0.98 + 2)^0.5 - 2^0.5,
+    where log-mel takes the logarithm of E. On the FSDD soundscape benchmark (calls at -6..12 dB in wind and
+    noise) it took macro ROC-AUC from 0.950 to 0.976 over 3 seeds each, most of it on the calls within 0 dB of
+    their background (README, "Measured decisions"); why it helps there was measured, not derived. The smoother
+    is causal, so frames after a window's valid part never change the valid ones (length buckets and padding
+    stay exact), and it is one matrix product over the frames, not a loop."""
+
+    def __init__(self, time_frames: float = 40.0, gain: float = 0.98, bias: float = 2.0, power: float = 0.5,
+                 eps: float = 1e-6) -> None:  # fmt: skip
         super().__init__()
+        # librosa.pcen's smoothing coefficient for a time constant of `time_frames` frames (0.4 s at 10 ms).
+        self.b = ((1 + 4 * time_frames**2) ** 0.5 - 1) / (2 * time_frames**2)
+        self.gain, self.bias, self.power, self.eps = gain, bias, power, eps
+
+    def forward(self, feats_db: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
+        """log-mel features [B, T, F] in dB (SpeechBrain's Fbank) and relative lengths [B] -> PCEN [B, T, F]."""
+        energy = 10.0 ** (feats_db / 10.0)
+        frames = feats_db.shape[1]
+        valid = (
+            torch.arange(frames, device=feats_db.device)[None, :]
+            < (wav_lens * frames).round().clamp(min=1)[:, None]
+        )
+        start = torch.nanmedian(energy.masked_fill(~valid[:, :, None], float("nan")), dim=1).values
+        t = torch.arange(frames, device=feats_db.device, dtype=energy.dtype)
+        lag = t[:, None] - t[None, :]
+        weights = torch.where(lag >= 0, self.b * (1 - self.b) ** lag.clamp(min=0), torch.zeros_like(lag))
+        level = (
+            torch.einsum("tk,bkf->btf", weights, energy)
+            + (1 - self.b) ** (t + 1)[None, :, None] * start[:, None]
+        )
+        return (energy / (self.eps + level) ** self.gain + self.bias) ** self.power - self.bias**self.power
+
+
+class Frontend(torch.nn.Module):
+    """The parameter-free front end alone (Fbank, PCEN if chosen, sentence mean normalisation), for computing
+    features on the host. SpeakerClassifier.features runs this same code on its own identically named modules."""
+
+    def __init__(self, n_mels: int, sample_rate: int = SAMPLE_RATE, frontend: str = "logmel") -> None:
+        super().__init__()
+        if frontend not in FRONTENDS:
+            raise ValueError(f"frontend {frontend!r} is not one of {FRONTENDS}")
         self.compute_features = fbank(n_mels, sample_rate)
+        self.pcen = PCEN() if frontend == "pcen" else None
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         # Features in fp32 even under autocast: log-mel energies lose too much in fp16/bf16.
         with torch.autocast(device_type=wavs.device.type, enabled=False):
             feats = self.compute_features(wavs.float())
+            if self.pcen is not None:
+                feats = self.pcen(feats, wav_lens)
             return self.mean_var_norm(feats, wav_lens)
 
 
@@ -128,10 +178,11 @@ class WindowedEncoder(torch.nn.Module):
         max_windows: int = MAX_WINDOWS_PER_FILE,
         sample_rate: int = SAMPLE_RATE,
         length_buckets: int = 1,
+        frontend: str = "logmel",
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.frontend = Frontend(n_mels, sample_rate)
+        self.frontend = Frontend(n_mels, sample_rate, frontend)
         self.window_samples, self.max_windows = window_samples, max_windows
         # Short windows at shorter lengths, as the infer stage runs them (pipeline/buckets.py; 1: full windows).
         self.buckets = (

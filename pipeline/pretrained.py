@@ -48,6 +48,14 @@ class PretrainedError(ConfigError):
     """`init_from` is not a usable SpeechBrain ECAPA-TDNN directory. The message names the file and key."""
 
 
+def fresh_frontend(config: TrainConfig) -> str:
+    """The front end of a model trained from scratch: `frontend`, or for auto pcen when `noise_dir` names
+    background recordings (the test audio is field recordings in noise) and logmel otherwise."""
+    if config.frontend != "auto":
+        return config.frontend
+    return "pcen" if config.noise_dir else "logmel"
+
+
 def initial_model(
     config: TrainConfig,
     model_size: str,
@@ -66,6 +74,7 @@ def initial_model(
             sample_rate=config.sample_rate,
             score_scale=config.aam_scale,
             objective=objective,
+            frontend=fresh_frontend(config),
         )
         return SpeakerClassifier(model_config)
 
@@ -80,11 +89,16 @@ def initial_model(
             f"{pretrained.model_args['n_mels']} mel bands (embedding_model input_size): set "
             f"n_mels={pretrained.model_args['n_mels']}"
         )
+    if config.frontend not in ("auto", pretrained.frontend):
+        raise PretrainedError(f"frontend={config.frontend!r} but the pretrained model {pretrained.hyperparams} "
+                              f"was trained on {pretrained.frontend!r} features: set frontend={pretrained.frontend!r} "
+                              "(or auto) to fine-tune it, or train from scratch without init_from")  # fmt: skip
     model_config = ModelConfig(
         n_classes=len(labels),
         window_samples=config.window_samples,
         score_scale=config.aam_scale,
         objective=objective,
+        frontend=pretrained.frontend,
         **pretrained.model_args,
     )
     model = SpeakerClassifier(model_config)
@@ -105,6 +119,7 @@ class Pretrained:
     hyperparams: Path
     weights: Path  # the file the encoder weights are read from
     model_args: dict[str, Any]  # ModelConfig fields: n_mels, channels, lin_neurons, attention/se_channels
+    frontend: str = "logmel"  # the features it was trained on (SpeechBrain's own models: log-mel)
 
 
 def read_pretrained(init_from: str | Path) -> Pretrained:
@@ -119,7 +134,8 @@ def read_pretrained(init_from: str | Path) -> Pretrained:
             model_config = verify_artifact(root)["model_config"]
         except ArtifactError as error:
             raise PretrainedError(str(error)) from error
-        return Pretrained(root, hyperparams, root / WEIGHTS, {k: model_config[k] for k in _MAPPED.values()})
+        return Pretrained(root, hyperparams, root / WEIGHTS, {k: model_config[k] for k in _MAPPED.values()},
+                          model_config.get("frontend", "logmel"))  # fmt: skip
     tree = read_hyperparams(hyperparams)
     model_args = ecapa_args(tree, hyperparams)
     check_front_end(tree, hyperparams, model_args["n_mels"])

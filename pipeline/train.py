@@ -166,7 +166,7 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
     model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
     export_reserve = _export_reserve(strategy, model, data, config)
     log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}', {count_parameters(model) / 1e6:.2f}M "
-        f"parameters; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
+        f"parameters, {model.config.frontend} features; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
     # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
     # Its BatchNorm statistics are averaged only when validation does not recompute them.
     horizon = config.ema_epochs * schedule.steps_per_epoch
@@ -208,6 +208,7 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
         batches_per_epoch=schedule.steps_per_epoch * plan.batch.grad_accum, window=config.window_samples,
         seed=config.seed, rank=strategy.rank, min_short_fraction=config.min_short_fraction,
         host_features_mels=config.n_mels if strategy.features_on_host else None,
+        host_features_frontend=strategy.unwrap(model).config.frontend,
         crop_on_sound=config.crop_on_sound, augmentation=augmentation,
     )  # fmt: skip
     loader = training_loader(recipe, state.epoch, state.step_in_epoch * plan.batch.grad_accum, config.epochs,

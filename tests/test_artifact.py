@@ -211,3 +211,31 @@ def test_a_missing_folder_or_a_data_folder_is_named_for_what_it_is(tmp_path, syn
         load_artifact(tmp_path / "nope")
     with pytest.raises(ArtifactError, match="is a competition folder, not an artifact"):
         load_artifact(synthetic_data)
+
+
+def test_a_pcen_model_loads_in_speechbrain_with_its_front_end_and_agrees(tmp_path, monkeypatch):
+    """frontend pcen travels in the manifest and in hyperparams.yaml: SpeechBrain's EncoderClassifier computes
+    the same PCEN features and so the project's scores; a reloaded artifact keeps the front end."""
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import LocalStrategy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    model = SpeakerClassifier(
+        ModelConfig.from_preset("tiny", n_classes=3, n_mels=40, window_samples=8000, frontend="pcen")
+    ).eval()
+    path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {})
+    loaded = load_artifact(path)
+    assert loaded.model.config.frontend == "pcen" and loaded.model.pcen is not None
+    assert "frontend: pcen" in (path / "hyperparams.yaml").read_text()
+    sb = EncoderClassifier.from_hparams(source=str(path), savedir=str(tmp_path / "sb"),
+                                        local_strategy=LocalStrategy.COPY)  # fmt: skip
+    rng = np.random.default_rng(3)
+    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (3000, 8000, 20000)]
+    buckets = InferConfig().length_buckets
+    expected = classify_clips(loaded.model, clips, 8000, device=torch.device("cpu"), length_buckets=buckets)
+    with torch.no_grad():
+        sb_scores = [sb.classify_batch(torch.from_numpy(clip)[None])[0][0].numpy() for clip in clips]
+    np.testing.assert_allclose(np.stack(sb_scores), expected.scores, atol=2e-5)
+    logmel = classify_clips(small_model(), clips, 8000, device=torch.device("cpu"), length_buckets=buckets)
+    assert not np.allclose(logmel.scores, expected.scores, atol=1e-3)  # the front end is not a no-op

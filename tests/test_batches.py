@@ -80,3 +80,18 @@ def test_xla_batches_carry_the_host_features_of_the_same_crops(synthetic_trainin
     assert torch.equal(features["labels"], waveforms["labels"]) and torch.equal(
         features["lens"], waveforms["lens"]
     )
+
+
+def test_xla_host_features_go_through_the_models_front_end(synthetic_training_data):
+    """A PCEN model's TPU batches carry PCEN features, computed as the model's own `features` computes them."""
+    from pipeline.model import ModelConfig, SpeakerClassifier
+
+    waveforms = TrainingBatches(_recipe(synthetic_training_data))[(1, 2)]
+    recipe = _recipe(synthetic_training_data, host_features_mels=40, host_features_frontend="pcen")
+    features = TrainingBatches(recipe)[(1, 2)]
+    model = SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=3, n_mels=40, frontend="pcen"))
+    with torch.no_grad():
+        expected = model.features(waveforms["inputs"], waveforms["lens"])
+        logmel = Frontend(40)(waveforms["inputs"], waveforms["lens"])
+    torch.testing.assert_close(features["inputs"], expected)
+    assert not torch.allclose(features["inputs"], logmel, atol=1e-2)

@@ -98,6 +98,22 @@ def test_bucketed_predictions_equal_full_windows_and_no_compute_runs_on_padding(
     assert sum(expected) < 0.85 * window * len(expected)
 
 
+def test_a_pcen_models_bucketed_predictions_equal_full_windows(tiny_artifact, synthetic_data):
+    """PCEN's level smoother runs through the frames in order: the frames after a short window's audio (its
+    bucket's padding or the full window's) never reach the frames before them."""
+    from pipeline.model import ModelConfig, SpeakerClassifier
+
+    config = load_artifact(tiny_artifact).model.config.to_dict()
+    torch.manual_seed(0)
+    model = SpeakerClassifier(ModelConfig(**{**config, "frontend": "pcen"})).eval()
+    window, cpu = model.config.window_samples, torch.device("cpu")
+    clips = short_clips(model, sorted((synthetic_data / "audio").rglob("*.wav"))[:16])
+    plan = WindowPlan(window, model.config.sample_rate, 8, length_buckets=4)
+    bucketed = run_windows(model, clip_items(clips, plan), len(clips), 8, cpu, buckets=plan.buckets())
+    full = classify_clips(model, clips, window, batch_windows=8, device=cpu)
+    np.testing.assert_allclose(bucketed.scores, full.scores, atol=TOLERANCE)
+
+
 def clip_items_of(clips, plan) -> np.ndarray:
     return np.concatenate([item.windows for item in clip_items(clips, plan)])
 

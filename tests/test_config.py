@@ -48,6 +48,7 @@ def test_mistyped_parameter_is_named():
         ("mix_probability", -0.1),
         ("secondary_label_weight", 0.0),
         ("crops_per_file", 0),
+        ("frontend", "mfcc"),
     ],
 )
 def test_invalid_values_name_the_parameter(field, value):

@@ -57,3 +57,45 @@ def test_fbank_under_fp16_autocast_stays_finite_fp32_at_full_scale():
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.float16):
         feats = model.features(full_scale, torch.ones(2))
     assert feats.dtype == torch.float32 and torch.isfinite(feats).all()
+
+
+def pcen_model(n_classes=3):
+    return SpeakerClassifier(
+        ModelConfig.from_preset("tiny", n_classes=n_classes, n_mels=40, window_samples=8000, frontend="pcen")
+    )
+
+
+def test_pcen_is_the_running_level_smoother_started_from_the_valid_frames_median():
+    from pipeline.model import PCEN
+
+    pcen = PCEN()
+    feats_db = 20 * torch.randn(3, 60, 8, generator=torch.Generator().manual_seed(0)) - 30
+    lens = torch.tensor([1.0, 0.5, 0.1])
+    out = pcen(feats_db, lens)
+    for row in range(3):
+        energy = 10 ** (feats_db[row] / 10)
+        valid = max(1, round(float(lens[row]) * 60))
+        level = torch.nanmedian(energy[:valid], dim=0).values
+        expected = []
+        for frame in energy:  # M[t] = (1 - b) M[t-1] + b E[t], as librosa.pcen's filter
+            level = (1 - pcen.b) * level + pcen.b * frame
+            expected.append((frame / (1e-6 + level) ** 0.98 + 2) ** 0.5 - 2**0.5)
+        torch.testing.assert_close(out[row], torch.stack(expected), rtol=1e-5, atol=1e-5)
+
+
+def test_pcen_frames_depend_only_on_what_came_before_so_padding_changes_no_valid_frame():
+    model = pcen_model().eval()
+    clip = 0.1 * torch.randn(4000, generator=torch.Generator().manual_seed(1))
+    full, short = torch.zeros(1, 8000), torch.zeros(1, 6000)  # a window, and a length bucket's shorter tensor
+    full[0, :4000] = short[0, :4000] = clip
+    valid = (
+        4000 // 160
+    )  # frames of audio; relative lengths that keep that count, as pipeline/buckets.py makes
+    with torch.no_grad():
+        a = model.features(full, torch.tensor([valid / (8000 // 160 + 1)]))
+        b = model.features(short, torch.tensor([valid / (6000 // 160 + 1)]))
+    torch.testing.assert_close(a[0, :valid], b[0, :valid], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():  # the same without PCEN: the front end's other parts hold it too
+        logmel = tiny().eval()
+        c = logmel.features(full, torch.tensor([valid / (8000 // 160 + 1)]))
+    assert not torch.allclose(a[0, :valid], c[0, :valid], atol=1e-2)

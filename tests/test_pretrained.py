@@ -322,6 +322,30 @@ def test_one_of_our_artifacts_can_be_the_starting_point(artifact_copy):
                       "small", LABELS, lambda _: None)  # fmt: skip
 
 
+def test_the_front_end_follows_the_pretrained_model_and_auto_picks_pcen_for_noisy_field_audio(
+    pretrained_dir, artifact_copy
+):
+    directory, _ = pretrained_dir
+    # From scratch: auto is pcen when noise_dir names background recordings (soundscapes), logmel otherwise.
+    assert initial_model(TrainConfig(**TINY_TRAIN), "tiny", LABELS, print).config.frontend == "logmel"
+    noisy = TrainConfig(**{**TINY_TRAIN, "noise_dir": "train_soundscapes"})
+    assert initial_model(noisy, "tiny", LABELS, print).config.frontend == "pcen"
+    forced = TrainConfig(**{**TINY_TRAIN, "noise_dir": "train_soundscapes", "frontend": "logmel"})
+    assert initial_model(forced, "tiny", LABELS, print).config.frontend == "logmel"
+    # A fine-tune keeps the features its encoder learned on, whatever noise_dir says; asking for others is refused.
+    hub = TrainConfig(**{**tiny_config(directory).__dict__, "noise_dir": "train_soundscapes"})
+    assert initial_model(hub, "small", LABELS, lambda _: None).config.frontend == "logmel"
+    with pytest.raises(PretrainedError, match="frontend='pcen'.*'logmel'"):
+        initial_model(TrainConfig(**{**tiny_config(directory).__dict__, "frontend": "pcen"}), "small", LABELS,
+                      lambda _: None)  # fmt: skip
+    manifest = json.loads((artifact_copy / "manifest.json").read_text())
+    assert manifest["model_config"]["frontend"] == "logmel"
+    n_mels = manifest["model_config"]["n_mels"]
+    with pytest.raises(PretrainedError, match="frontend='pcen'"):
+        initial_model(TrainConfig(**{**TINY_TRAIN, "n_mels": n_mels, "init_from": str(artifact_copy),
+                                     "frontend": "pcen"}), "small", LABELS, lambda _: None)  # fmt: skip
+
+
 class NotATensor:
     pass
 

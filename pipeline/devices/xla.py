@@ -102,7 +102,7 @@ class XLASpmdStrategy(SingleDevice):
         """Features on the host, embeddings on the devices: the batch padded to `pad_to` windows (one graph for
         every batch of a validation pass) and sharded over the mesh when it divides evenly."""
         if self._frontend is None:
-            self._frontend = Frontend(model.config.n_mels, model.config.sample_rate)
+            self._frontend = Frontend(model.config.n_mels, model.config.sample_rate, model.config.frontend)
         count = len(wavs)
         with torch.no_grad():
             feats = self._frontend(wavs, lens)
