@@ -77,7 +77,7 @@ class TrainConfig:
     # The features the ECAPA-TDNN sees (model.py): "logmel" (SpeechBrain's log-mel filterbank) or "pcen" (the
     # same bands, each divided by its own running level and root-compressed: per-channel energy normalisation).
     # auto: pcen when noise_dir says the test audio is field recordings in noise (FSDD soundscape
-    # benchmark: macro ROC-AUC 0.950 -> 0.976 over 3 seeds), logmel otherwise (clean speech, and SpeechBrain's
+    # benchmark: macro ROC-AUC 0.950 -> 0.975 over 3 seeds), logmel otherwise (clean speech, and SpeechBrain's
     # pretrained models, which a fine-tune must keep).
     frontend: str = "auto"  # auto | logmel | pcen
     window_seconds: float = 1.0  # training crop = inference window (see inference.py for why they must match)

@@ -107,7 +107,7 @@ class PCEN(torch.nn.Module):
     Each mel band's energy E is divided by its own running level M (a first-order smoother over ~0.4 s, started
     from the band's median over the window's valid frames), then root-compressed: (E / M^0.98 + 2)^0.5 - 2^0.5,
     where log-mel takes the logarithm of E. On the FSDD soundscape benchmark (calls at -6..12 dB in wind and
-    noise) it took macro ROC-AUC from 0.950 to 0.976 over 3 seeds each, most of it on the calls within 0 dB of
+    noise) it took macro ROC-AUC from 0.950 to 0.975 over 3 seeds each, most of it on the calls within 0 dB of
     their background (README, "Measured decisions"); why it helps there was measured, not derived. The smoother
     is causal, so frames after a window's valid part never change the valid ones (length buckets and padding
     stay exact), and it is one matrix product over the frames, not a loop."""
