@@ -13,9 +13,11 @@ functionalization is chosen before the first XLA tensor):
 - `today`: the step as it was (functionalization on, torch's foreach Adam, a per-tensor weight average);
 - each remedy added in turn (XLA_DISABLE_FUNCTIONALIZATION, devices/flat_adam.py, ema.py's flat average, and
   the flat Adam's parameter vector reused by its next step and by the average, whose BatchNorm statistics are
-  then copied, not averaged: validation recomputes them), and the production step without functionalization off;
-  then the production step against each of the last two in alternating processes, 3 rounds (paired ratios:
-  remedies whose gain is small enough for a single run to get its sign wrong);
+  then copied, not averaged: validation recomputes them, and the forward, loss and backward traced once per
+  input shape into one XLA computation, devices/xla_traced.py), and the production step without
+  functionalization off; then the production step against functionalization on and against the same step
+  traced in full at every step, in alternating processes, 3 rounds (paired ratios: a single run of either
+  configuration varies by +-15 %);
 
 per configuration: the host time to trace one step (forward + backward + clip + Adam + weight average, up to
 the sync; the next batch already on the devices and the previous step finished, so only the trace is timed),
@@ -45,18 +47,19 @@ from typing import Any
 V5E_CHIP_BF16_FLOPS = 197e12
 ASSUMED_UTILISATION = 0.4
 CHIPS = 8
-# name: (functionalization off, flat Adam, flat weight average, flat vectors reused); the first is today's step,
-# the last-but-one the production step.
-CONFIGURATIONS: dict[str, tuple[bool, bool, bool, bool]] = {
-    "today": (False, False, False, False),
-    "+ functionalization off": (True, False, False, False),
-    "+ flat Adam": (True, True, False, False),
-    "+ flat average": (True, True, True, False),
-    "production (+ flat vectors reused)": (True, True, True, True),
-    "production, functionalization on": (False, True, True, True),
+# name: (functionalization off, flat Adam, flat weight average, flat vectors reused, forward + backward traced
+# once); the first is today's step, the last-but-one the production step.
+CONFIGURATIONS: dict[str, tuple[bool, bool, bool, bool, bool]] = {
+    "today": (False, False, False, False, False),
+    "+ functionalization off": (True, False, False, False, False),
+    "+ flat Adam": (True, True, False, False, False),
+    "+ flat average": (True, True, True, False, False),
+    "+ flat vectors reused": (True, True, True, True, False),
+    "production (+ forward and backward traced once)": (True, True, True, True, True),
+    "production, functionalization on": (False, True, True, True, True),
 }
-TODAY, PRODUCTION = "today", "production (+ flat vectors reused)"
-FLAT_AVERAGE, FUNCTIONALIZATION_ON = "+ flat average", "production, functionalization on"
+TODAY, PRODUCTION = "today", "production (+ forward and backward traced once)"
+REUSED, FUNCTIONALIZATION_ON = "+ flat vectors reused", "production, functionalization on"
 
 
 def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels: int = 80) -> float:
@@ -76,7 +79,7 @@ def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels
 
 
 def measure_in_this_process(
-    batches: list[int], steps: int, flat_adam: bool, flat_average: bool, reuse: bool
+    batches: list[int], steps: int, flat_adam: bool, flat_average: bool, reuse: bool, trace_once: bool
 ) -> dict:
     import torch
     import torch_xla
@@ -90,7 +93,9 @@ def measure_in_this_process(
     from pipeline.objectives import make_loss
     from pipeline.train import train_step
 
-    strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16", flat_adam=flat_adam, reuse_flat_vectors=reuse)
+    strategy = XLASpmdStrategy(
+        detect_topology("tpu"), "bf16", flat_adam=flat_adam, reuse_flat_vectors=reuse, trace_once=trace_once
+    )
     results: dict[str, Any] = {"strategy": strategy.describe()}
     for per_device in batches:
         torch.manual_seed(0)
@@ -155,13 +160,17 @@ def _step_in_parts(model, strategy, loss_fn, optimizer, average, batch) -> dict[
         now = time.perf_counter()
         times[name], last = 1000 * (now - last), now
 
-    with strategy.autocast():
-        scores = model(batch["inputs"], batch["lens"], features_ready=strategy.features_on_host)
-    lap("forward")
-    loss = loss_fn(scores, batch["labels"])
-    lap("loss")
-    strategy.backward(loss)
-    lap("backward")
+    if strategy.trace_once:  # one call: the traced computation
+        strategy.forward_backward(model, loss_fn, batch)
+        lap("forward + loss + backward")
+    else:
+        with strategy.autocast():
+            scores = model(batch["inputs"], batch["lens"], features_ready=strategy.features_on_host)
+        lap("forward")
+        loss = loss_fn(scores, batch["labels"])
+        lap("loss")
+        strategy.backward(loss)
+        lap("backward")
     strategy.optimizer_step(optimizer, model, GRAD_CLIP)
     lap("clip + optimizer")
     if average is not None:
@@ -255,14 +264,14 @@ def run(quick: bool = False) -> dict[str, Any]:
     largest = max(batches)
     device_ms = production["per_device_batch"][largest]["v5e8_device_ms_voxceleb"]
     rounds = 1 if quick else 3
-    functionalization, reuse = (
+    functionalization, traced = (
         paired(FUNCTIONALIZATION_ON, rounds, steps),
-        paired(FLAT_AVERAGE, rounds, steps),
+        paired(REUSED, rounds, steps),
     )
     return {
         "configurations": configurations,
         "functionalization_off_vs_on_paired": functionalization,
-        "flat_vectors_reused_vs_not_paired": reuse,
+        "traced_once_vs_every_step_paired": traced,
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
         "assumed_v5e_chip_tflops": V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION / 1e12,
         "trace_speedup_vs_today": round(
@@ -281,8 +290,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"~{today['per_device_batch_whose_device_time_covers_the_trace']}); losses within "
             f"{production['max_relative_loss_difference_vs_today']:.1e} of today's (bf16); paired rounds, the "
             f"production trace as a ratio to functionalization on: {functionalization['production_over_other_median']:.2f}x "
-            f"({functionalization['production_over_other_by_round']}), to the flat vectors not reused: "
-            f"{reuse['production_over_other_median']:.2f}x ({reuse['production_over_other_by_round']})"
+            f"({functionalization['production_over_other_by_round']}), to forward and backward traced at every "
+            f"step: {traced['production_over_other_median']:.2f}x ({traced['production_over_other_by_round']})"
         ),
     }
 

@@ -460,11 +460,8 @@ def train_step(
     for index, batch in enumerate(micro_batches):
         last = index == len(micro_batches) - 1
         with strategy.no_sync(model) if not last else contextlib.nullcontext():
-            with strategy.autocast():
-                scores = model(batch["inputs"], batch["lens"], features_ready=strategy.features_on_host)
-            loss = loss_fn(scores, batch["labels"]) / len(micro_batches)
-            strategy.backward(loss)
-        total = loss.detach() if total is None else total + loss.detach()
+            loss = strategy.forward_backward(model, loss_fn, batch, len(micro_batches))
+        total = loss if total is None else total + loss
     strategy.optimizer_step(optimizer, model, GRAD_CLIP)
     if average is not None:
         unwrapped = strategy.unwrap(model)  # the average joins the step's XLA graph: no extra compile

@@ -54,10 +54,14 @@ class FlatAdam:
         return bool(params) and plain and scalars and uniform
 
     @torch.no_grad()
-    def step(self, max_grad_norm: float) -> None:
+    def step(self, max_grad_norm: float, gradient: torch.Tensor | None = None) -> None:
         """clip_grad_norm_(max_grad_norm) then optimizer.step(), as torch computes them (foreach Adam, not
-        capturable); gradients are left in place for the caller's zero_grad."""
-        if not self._flat_applies():
+        capturable); gradients are left in place for the caller's zero_grad. `gradient`: the gradients of
+        `params` as one vector, in their order (xla_traced.py computes them so), instead of their `.grad`."""
+        if not self._flat_applies(gradient is not None):
+            if gradient is not None:  # torch's own step reads .grad
+                for param, value in zip(self.params, unflatten(gradient, self.params), strict=True):
+                    param.grad = value if param.grad is None else param.grad + value
             self._hand_back()
             torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
             self.optimizer.step()
@@ -67,7 +71,7 @@ class FlatAdam:
         group = self.optimizer.param_groups[0]
         lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
         weight_decay = group["weight_decay"]
-        grads = flatten([p.grad for p in self.params])
+        grads = gradient if gradient is not None else flatten([p.grad for p in self.params])
         # clip_grad_norm_: the norm of the per-tensor norms is the norm of the whole vector.
         clip = torch.clamp(max_grad_norm / (torch.linalg.vector_norm(grads) + 1e-6), max=1.0)
         grads = grads * clip
@@ -97,10 +101,10 @@ class FlatAdam:
             return None
         return self._flat_params
 
-    def _flat_applies(self) -> bool:
+    def _flat_applies(self, gradient_given: bool = False) -> bool:
         """Every parameter has a gradient and one step count (torch skips a parameter without a gradient,
         whose own count then falls behind): one vector can hold their state."""
-        if any(p.grad is None for p in self.params):
+        if not gradient_given and any(p.grad is None for p in self.params):
             return False
         state = self.optimizer.state
         if not state:

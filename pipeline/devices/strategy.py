@@ -7,7 +7,7 @@ parts that differ: how the model is wrapped, which rows a process reads, precisi
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -52,6 +52,21 @@ class SingleDevice:
         """Move host batches to the device (XLA overrides this with a sharding-aware background loader)."""
         for batch in batches:
             yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def forward_backward(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable,
+        batch: dict[str, torch.Tensor],
+        micro_batches: int = 1,
+    ) -> torch.Tensor:
+        """Forward, loss (divided by the step's `micro_batches`) and backward of one micro-batch on this device;
+        returns the loss, detached. XLA traces all three once instead of at every step (xla_traced.py)."""
+        with self.autocast():
+            scores = model(batch["inputs"], batch["lens"], features_ready=self.features_on_host)
+        loss = loss_fn(scores, batch["labels"]) / micro_batches
+        self.backward(loss)
+        return loss.detach()
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()

@@ -9,12 +9,15 @@ SpeechBrain's Fbank on the XLA device under SPMD crashed the compiler (../shared
 the devices too, at one fixed batch shape (one more graph), and so does the BatchNorm recalibration before it
 (one more): a validation pass on the host CPU would leave the chips idle for minutes at real size.
 
-The host traces the whole step again at every step (lazy tensors) and pays per operation and per graph
-output; on a TPU the chips wait for it unless the per-device batch is large (benchmarks/xla_step.py). Two
-remedies keep that trace short without changing the arithmetic: functionalization off (TRACE_ENVIRONMENT),
-and Adam with gradient clipping on one flat vector (flat_adam.py; the weight average does the same in ema.py).
+The host traces the step again at every step (lazy tensors) and pays per operation and per graph output;
+on a TPU the chips wait for it unless the per-device batch is large (benchmarks/xla_step.py). Three remedies
+keep that trace short without changing the arithmetic: the forward, loss and backward traced once per input
+shape into one XLA computation that each step calls (xla_traced.py), functionalization off
+(TRACE_ENVIRONMENT), and Adam with gradient clipping on one flat vector (flat_adam.py; the weight average does
+the same in ema.py).
 
-This is the only module that imports torch_xla; inference never imports it.
+This module and xla_traced.py (imported only from here) are the only ones that import torch_xla; inference
+never imports them.
 """
 
 from __future__ import annotations
@@ -22,15 +25,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch._utils import _unflatten_dense_tensors as unflatten
 
 from ..model import Frontend, SpeakerClassifier
 from .flat_adam import FlatAdam
 from .probe import Topology
 from .strategy import SingleDevice
+from .xla_traced import NotTraceable, TracedGradients
 
 # torch_xla wraps every XLA tensor for PyTorch's functionalization pass, which replays views and mutations
 # at each operation: about half of the host's trace of this training step (benchmarks/xla_step.py). Turning
@@ -45,7 +50,12 @@ class XLASpmdStrategy(SingleDevice):
     features_on_host = True
 
     def __init__(
-        self, topology: Topology, precision: str, flat_adam: bool = True, reuse_flat_vectors: bool = True
+        self,
+        topology: Topology,
+        precision: str,
+        flat_adam: bool = True,
+        reuse_flat_vectors: bool = True,
+        trace_once: bool = True,
     ) -> None:
         for name, value in TRACE_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
@@ -72,6 +82,11 @@ class XLASpmdStrategy(SingleDevice):
         # False: both flatten the parameters again, as before (benchmarks/xla_step.py compares both).
         self.reuse_flat_vectors = reuse_flat_vectors
         self._order_checked: tuple[FlatAdam, bool] | None = None
+        # Forward, loss and backward traced once per input shape (xla_traced.py); False: at every step, as
+        # before (benchmarks/xla_step.py compares both). Their gradient waits here, flat, for optimizer_step.
+        self.trace_once = trace_once
+        self._traced: TracedGradients | None = None
+        self._gradient: torch.Tensor | None = None
 
     def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
         # Parameters are replicated (no sharding annotation); only the batch is split across devices.
@@ -126,14 +141,46 @@ class XLASpmdStrategy(SingleDevice):
             return torch.autocast("xla", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def forward_backward(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable,
+        batch: dict[str, torch.Tensor],
+        micro_batches: int = 1,
+    ) -> torch.Tensor:
+        if not self.trace_once:
+            return super().forward_backward(model, loss_fn, batch, micro_batches)
+        if self._traced is None or self._traced.model is not model:
+            self._traced = TracedGradients(model)
+        try:
+            loss, gradient = self._traced(
+                loss_fn, batch["inputs"], batch["lens"], batch["labels"], self.autocast
+            )
+        except NotTraceable as error:
+            print(f"XLA: {error}: its forward and backward are traced at every step instead", flush=True)
+            self.trace_once = False
+            return super().forward_backward(model, loss_fn, batch, micro_batches)
+        if micro_batches != 1:
+            loss, gradient = loss / micro_batches, gradient / micro_batches
+        self._gradient = gradient if self._gradient is None else self._gradient + gradient
+        return loss
+
     def optimizer_step(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, clip: float) -> None:
         # Under SPMD the gradients are already global: a plain step, no xm.optimizer_step all-reduce.
         if self._stepper is None or self._stepper[0] is not optimizer:
             usable = self.flat_adam and FlatAdam.supports(optimizer)
             self._stepper = (optimizer, FlatAdam(optimizer, self.reuse_flat_vectors) if usable else None)
         flat = self._stepper[1]
+        gradient, self._gradient = self._gradient, None
+        if gradient is not None and (flat is None or not _same_tensors(flat.params, self._traced.params)):
+            # An optimizer over other tensors than the traced ones (freeze_encoder's): gradients the usual way.
+            for param, value in zip(
+                self._traced.params, unflatten(gradient, self._traced.params), strict=True
+            ):
+                param.grad = value if param.grad is None else param.grad + value
+            gradient = None
         if flat is not None:
-            flat.step(clip)
+            flat.step(clip, gradient)
         else:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             optimizer.step()
@@ -146,11 +193,7 @@ class XLASpmdStrategy(SingleDevice):
         # Checked once per optimizer: its vector must hold model.parameters(), in order (not with
         # freeze_encoder, whose optimizer holds the classifier alone).
         if self._order_checked is None or self._order_checked[0] is not flat:
-            parameters = list(model.parameters())
-            same = len(parameters) == len(flat.params) and all(
-                a is b for a, b in zip(parameters, flat.params, strict=False)
-            )
-            self._order_checked = (flat, same)
+            self._order_checked = (flat, _same_tensors(list(model.parameters()), flat.params))
         return flat.flat_parameters() if self._order_checked[1] else None
 
     def mark_step(self) -> None:
@@ -174,8 +217,13 @@ class XLASpmdStrategy(SingleDevice):
             f"functionalization {'off' if functionalization_disabled() else 'on'}, "
             + ("flat Adam" if self.flat_adam else "foreach Adam")
             + (", flat vectors reused" if self.flat_adam and self.reuse_flat_vectors else "")
+            + (", forward and backward traced once" if self.trace_once else "")
         )
         return f"XLA SPMD over {self.num_devices} devices ({self.precision}; step trace: {trace})"
+
+
+def _same_tensors(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 def functionalization_disabled() -> bool:

@@ -1,0 +1,130 @@
+"""The forward, loss and backward of the XLA training step traced once per input shape, not at every step.
+
+torch_xla builds the step's graph by running it in Python with lazy tensors, every step again: for ECAPA-TDNN
+the forward and the autograd engine's backward were ~60 % of the host's trace (benchmarks/xla_step.py),
+while the TPU waited. The arithmetic of those phases depends only on the weights, the BatchNorm buffers and
+the batch, so it is traced once, on placeholder tensors, into an XLA computation (torch_xla's lowering
+context), and every later step calls that computation as one operation of its graph: the same HLO, hence the
+same numbers, and the same graph for the compiler (still two compiles per input shape). This is what
+torch_xla's own `gradient_accumulation` and `scan` do, and what `experimental.assume_pure` does through
+JAX, without JAX (not on Kaggle's TPU image), and with the backward and the BatchNorm updates inside.
+
+The computation returns the loss, the gradients as one flat vector (the flat Adam's input: no flatten of
+~140 gradients per step) and the BatchNorm buffers after the step, copied back into the model's.
+
+What a traced function may not do is change between calls other than through its tensor inputs: a Python
+number used inside becomes a constant of the computation. The forward of this project's models has no
+randomness and no data-dependent Python (the tracer refuses a random operation); whatever else the key
+below does not cover (a different loss function or mode) gets a trace of its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch._utils import _flatten_dense_tensors as flatten
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class NotTraceable(RuntimeError):
+    """The step cannot be one computation traced once; the caller traces it at every step instead."""
+
+
+@dataclass
+class _Traced:
+    computation: object  # torch_xla's XlaComputation
+    inputs: list[int | None]  # per computation parameter: index into the step's inputs, or None (a constant)
+    constants: dict[int, torch.Tensor]  # computation parameter -> device data captured while tracing
+
+
+class TracedGradients:
+    """`(loss, flat gradient)` of `model` on a batch, BatchNorm buffers updated in place, from one XLA
+    computation per (input shapes, mode, autocast, loss function); `model` is on the XLA device."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        import torch_xla
+        import torch_xla.core.xla_builder as xb
+
+        self._torch_xla, self._xb = torch_xla, xb
+        self.model = model
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]  # the flat gradient's order: model.parameters(), trainable ones
+        self._param_names = [n for n, _ in named]
+        self._frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+        buffers = list(model.named_buffers())
+        self._buffer_names = [n for n, _ in buffers]
+        self.buffers = [b for _, b in buffers]
+        self._traced: dict[tuple, _Traced] = {}
+
+    @property
+    def traces(self) -> int:
+        return len(self._traced)
+
+    def __call__(
+        self,
+        loss_fn: Loss,
+        inputs: torch.Tensor,
+        lens: torch.Tensor,
+        labels: torch.Tensor,
+        autocast: Callable,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        step_inputs = [inputs, lens, labels, *self.params, *self._frozen.values(), *self.buffers]
+        with autocast():
+            cast = (torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"))
+        key = (*((tuple(t.shape), t.dtype) for t in step_inputs[:3]), self.model.training, cast, loss_fn)
+        traced = self._traced.get(key)
+        if traced is None:
+            traced = self._traced[key] = self._trace(loss_fn, step_inputs, autocast)
+        arguments = [
+            step_inputs[i] if i is not None else traced.constants[p] for p, i in enumerate(traced.inputs)
+        ]
+        loss, gradient, *buffers = self._torch_xla._XLAC._xla_user_computation(
+            "xla::traced_gradients", arguments, traced.computation
+        )
+        if buffers:
+            with torch.no_grad():
+                torch._foreach_copy_(self.buffers, buffers)
+        return loss, gradient
+
+    def _trace(self, loss_fn: Loss, step_inputs: list[torch.Tensor], autocast: Callable) -> _Traced:
+        xb, xlac = self._xb, self._torch_xla._XLAC
+        placeholders = [xb.create_placeholder_tensor(t.shape, t.dtype) for t in step_inputs]
+        inputs, lens, labels = placeholders[:3]
+        n_params, n_frozen = len(self.params), len(self._frozen)
+        params = [p.requires_grad_(True) for p in placeholders[3 : 3 + n_params]]
+        frozen = placeholders[3 + n_params : 3 + n_params + n_frozen]
+        # BatchNorm updates its running statistics in place: on copies, so that the placeholders themselves stay
+        # the computation's parameters (a placeholder written in place would be captured as a constant).
+        buffers = [b.clone() for b in placeholders[3 + n_params + n_frozen :]]
+        state = {
+            **dict(zip(self._param_names, params, strict=True)),
+            **dict(zip(self._frozen, frozen, strict=True)),
+            **dict(zip(self._buffer_names, buffers, strict=True)),
+        }
+        with torch.enable_grad():
+            with autocast():
+                scores = torch.func.functional_call(
+                    self.model, state, (inputs, lens), {"features_ready": True}
+                )
+            loss = loss_fn(scores, labels)
+            gradients = torch.autograd.grad(loss, params)
+        outputs = [loss.detach().float(), flatten(gradients), *buffers]
+        context = xlac.lowering.LoweringContext("TracedGradients")
+        context.set_name_string("traced_gradients")
+        context.build(outputs)
+        # A random number drawn inside would be drawn from the seed it had while tracing, at every step.
+        if re.search(r'opcode: "rng', context.hlo_text()):
+            raise NotTraceable("the training step draws random numbers on the XLA device")
+        computation = xb.computation_from_module_proto("xla::traced_gradients", context.hlo())
+        constants = dict(context.device_parameter_id_tensor_mapping())
+        positions: list[int | None] = [None] * len(constants)
+        for index, placeholder in enumerate(placeholders):
+            parameter = context.tensor_parameter_id(placeholder)
+            if parameter != -1:
+                positions[parameter] = index
+                del constants[parameter]
+        return _Traced(computation, positions, constants)
