@@ -19,6 +19,7 @@ count and the learning rates the batch scaling derives keep their meaning.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -33,9 +34,11 @@ def is_multi_label(objective: str) -> bool:
     return objective != "aam"
 
 
+@functools.cache
 def make_loss(objective: str, margin: float, scale: float) -> Loss:
     """loss(cosine scores [B, C], targets) -> scalar: targets are class indices [B] for aam, else [B, C] in
-    [0, 1]. Computed in fp32 whatever autocast says."""
+    [0, 1]. Computed in fp32 whatever autocast says. The same arguments give the same (stateless) function:
+    the XLA step traced once is keyed on it (devices/xla_traced.py), and training asks for it every epoch."""
     if objective == "aam":
         from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 
