@@ -60,8 +60,7 @@ class FlatAdam:
         `params` as one vector, in their order (xla_traced.py computes them so), instead of their `.grad`."""
         if not self._flat_applies(gradient is not None):
             if gradient is not None:  # torch's own step reads .grad
-                for param, value in zip(self.params, unflatten(gradient, self.params), strict=True):
-                    param.grad = value if param.grad is None else param.grad + value
+                add_to_grads(self.params, gradient)
             self._hand_back()
             torch.nn.utils.clip_grad_norm_(self.params, max_grad_norm)
             self.optimizer.step()
@@ -142,3 +141,9 @@ class FlatAdam:
             state_dict["state"][index] = {"step": torch.tensor(float(self.steps)), "exp_avg": exp_avg.clone(),
                                           "exp_avg_sq": exp_avg_sq.clone()}  # fmt: skip
         return state_dict
+
+
+def add_to_grads(params: list[torch.Tensor], gradient: torch.Tensor) -> None:
+    """Add a flat `gradient` (of `params`, in their order) to their `.grad`, as a backward pass would."""
+    for param, value in zip(params, unflatten(gradient, params), strict=True):
+        param.grad = value if param.grad is None else param.grad + value

@@ -29,10 +29,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
-from torch._utils import _unflatten_dense_tensors as unflatten
 
 from ..model import Frontend, SpeakerClassifier
-from .flat_adam import FlatAdam
+from .flat_adam import FlatAdam, add_to_grads
 from .probe import Topology
 from .strategy import SingleDevice
 from .xla_traced import NotTraceable, TracedGradients
@@ -174,10 +173,7 @@ class XLASpmdStrategy(SingleDevice):
         gradient, self._gradient = self._gradient, None
         if gradient is not None and (flat is None or not _same_tensors(flat.params, self._traced.params)):
             # An optimizer over other tensors than the traced ones (freeze_encoder's): gradients the usual way.
-            for param, value in zip(
-                self._traced.params, unflatten(gradient, self._traced.params), strict=True
-            ):
-                param.grad = value if param.grad is None else param.grad + value
+            add_to_grads(self._traced.params, gradient)
             gradient = None
         if flat is not None:
             flat.step(clip, gradient)
