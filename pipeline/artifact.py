@@ -105,9 +105,12 @@ def save_artifact(
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
         windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples,
                                    sample_rate=model.config.sample_rate, frontend=model.config.frontend)  # fmt: skip
-        parts = {"embedding_model": windowed, "classifier": model.classifier}
-        for part, module in parts.items():
-            tensors = {k: v.detach().to("cpu").contiguous() for k, v in module.state_dict().items()}
+        parts = {"embedding_model": windowed.state_dict(),
+                 # SpeechBrain's Classifier takes the cosine with its weight's rows: the centres that give the
+                 # model's own scores (an ensemble's: the mean of its members'; see model.class_centres).
+                 "classifier": {"weight": model.class_centres()}}  # fmt: skip
+        for part, state_dict in parts.items():
+            tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
             torch.save(tensors, staging / f"{part}.ckpt")
         _write_label_encoder(staging / "label_encoder.ckpt", labels)
         (staging / "hyperparams.yaml").write_text(_speechbrain_yaml(model.config))
@@ -230,7 +233,12 @@ def _speechbrain_yaml(config: ModelConfig) -> str:
     Every learned part is SpeechBrain's own class (Fbank, ECAPA_TDNN, Classifier, CategoricalEncoder); the
     one class of this project, `WindowedEncoder`, applies the windowing the model was trained with, so
     `EncoderClassifier.classify_batch` on whole files gives the project's predictions (see model.py);
-    `label_encoder` makes SpeechBrain check the label count against the classifier's."""
+    `label_encoder` makes SpeechBrain check the label count against the classifier's. An ensemble's encoder is
+    `MemberEncoders` (its members are SpeechBrain's ECAPA_TDNN)."""
+    encoder = "speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN"
+    members = ""
+    if config.members > 1:
+        encoder, members = "pipeline.model.MemberEncoders", f"\n        members: {config.members}"
     return f"""# Written by pipeline.artifact. Load offline (the `pipeline` package must be importable) with
 #   EncoderClassifier.from_hparams(source=<this directory>, savedir=<writable dir>)
 n_mels: {config.n_mels}
@@ -246,15 +254,15 @@ embedding_model: !new:pipeline.model.WindowedEncoder
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
     length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
     frontend: {config.frontend}
-    encoder: !new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN
+    encoder: !new:{encoder}
         input_size: !ref <n_mels>
         channels: {list(config.channels)}
         lin_neurons: {config.lin_neurons}
         attention_channels: {config.attention_channels}
-        se_channels: {config.se_channels}
+        se_channels: {config.se_channels}{members}
 
 classifier: !new:speechbrain.lobes.models.ECAPA_TDNN.Classifier
-    input_size: {config.lin_neurons}
+    input_size: {config.embedding_size}
     out_neurons: {config.n_classes}
 
 modules:

@@ -203,7 +203,7 @@ def run_windows(
     # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
     # the buffer is free again before the next one is staged.
     staging = None
-    pooling = SpanPooling(n_spans, model.config.lin_neurons, model.classifier.weight)
+    pooling = SpanPooling(n_spans, model.config.embedding_size, model.class_centres())
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
     pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # tensor length -> windows

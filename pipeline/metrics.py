@@ -1,6 +1,7 @@
 """Competition metrics over per-row class scores, computed with scikit-learn (both Kaggle images ship it).
 
-    accuracy       the most probable class equals the row's (first) true class: speaker and single-label tasks
+    accuracy       the most probable class equals the row's main true class (its largest target: a file's own
+                   label over its secondary labels' 0.5; the first of equal ones): speaker and single-label tasks
     macro_roc_auc  BirdCLEF 2024-2026: ROC-AUC of each class over the rows, averaged over the classes with a
                    positive row (Kaggle's metric drops the others; a class positive in every row has no
                    AUC either and is dropped too, where Kaggle's code would fail)
@@ -10,7 +11,7 @@
     padded_cmap    BirdCLEF 2023: 5 rows positive for every class are appended to both the truth and the
                    scores, then scikit-learn's macro average precision (the competition's own variant)
 
-`truth` is a [rows, classes] 0/1 matrix, `scores` a [rows, classes] matrix of any monotone scores (cosines,
+`truth` is a [rows, classes] 0/1 matrix (training's targets: 1 for a file's own labels, less for secondary ones), `scores` a [rows, classes] matrix of any monotone scores (cosines,
 probabilities): every metric here depends only on how scores rank, except accuracy (the argmax).
 """
 
@@ -20,6 +21,8 @@ import numpy as np
 
 METRICS = ("accuracy", "macro_roc_auc", "lwlrap", "padded_cmap")
 PADDING_ROWS = 5  # BirdCLEF 2023's padding_factor
+JACKKNIFE_GROUPS = 10  # standard_error
+JACKKNIFE_SEED = 20241
 
 
 class MetricError(ValueError):
@@ -41,8 +44,9 @@ def score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
         has_label = positive.any(axis=1)
         if not has_label.any():
             raise MetricError("accuracy needs rows with a true class; no row has one")
-        first = positive.argmax(axis=1)
-        return float((scores.argmax(axis=1) == first)[has_label].mean())
+        # Not the first positive: a secondary label may come before the file's own.
+        main = truth.argmax(axis=1)
+        return float((scores.argmax(axis=1) == main)[has_label].mean())
     if metric == "macro_roc_auc":
         from sklearn.metrics import roc_auc_score
 
@@ -69,6 +73,34 @@ def score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
     raise MetricError(f"unknown metric {metric!r}; use one of {list(METRICS)}")
 
 
+def standard_error(
+    metric: str, truth: np.ndarray, scores: np.ndarray, groups: int = JACKKNIFE_GROUPS
+) -> float:
+    """How much `metric` of these rows would move with other rows from the same source: the delete-a-group
+    jackknife over `groups` random groups of rows, sqrt((g - 1) / g * sum((m_i - mean)^2)) where m_i is the
+    metric without group i (groups it cannot be computed without are skipped; 0.0 if fewer than 2 remain).
+    It costs `groups` evaluations of the metric: ~4 s for 2,000 rows x 200 classes of macro ROC-AUC, where a
+    200-round bootstrap took 80 s; on the rows measured here the two agree within ~30 %. Seeded, so every
+    process computes the same value from the same rows."""
+    truth = np.asarray(truth, dtype=np.float64)
+    scores = np.asarray(scores, dtype=np.float64)
+    groups = min(groups, len(truth))
+    if groups < 2:
+        return 0.0
+    group_of_row = np.random.default_rng(JACKKNIFE_SEED).permutation(len(truth)) % groups
+    values = []
+    for group in range(groups):
+        kept = group_of_row != group
+        try:
+            values.append(score(metric, truth[kept], scores[kept]))
+        except MetricError:  # e.g. the group held the only positive rows of every scored class
+            continue
+    if len(values) < 2:
+        return 0.0
+    spread = np.asarray(values) - np.mean(values)
+    return float(np.sqrt((len(values) - 1) / len(values) * np.sum(spread**2)))
+
+
 def selection_metric(metric: str, objective: str) -> str:
     """The metric validation selects by: `metric`, or for "auto" accuracy (aam) or macro_roc_auc (multi-label)."""
     if metric != "auto":
@@ -83,4 +115,4 @@ def one_hot(classes: np.ndarray, n_classes: int) -> np.ndarray:
     return truth
 
 
-__all__ = ["METRICS", "MetricError", "one_hot", "score", "selection_metric"]
+__all__ = ["METRICS", "MetricError", "one_hot", "score", "selection_metric", "standard_error"]

@@ -40,6 +40,14 @@ class ModelConfig:
     # The features between the Fbank and the mean normalisation: "logmel" (SpeechBrain's, in dB) or "pcen"
     # (per-channel energy normalisation: each mel band divided by its own running level; see PCEN).
     frontend: str = "logmel"
+    # Independently initialised ECAPA-TDNNs trained side by side on the same batches, each with its own class
+    # centres and loss: an ensemble in one model, whose scores are the mean of its members' cosines.
+    members: int = 1
+
+    @property
+    def embedding_size(self) -> int:
+        """Length of the model's embedding: the members' embeddings side by side."""
+        return self.lin_neurons * self.members
 
     @classmethod
     def from_preset(cls, preset: str, **overrides: Any) -> ModelConfig:
@@ -58,37 +66,86 @@ class SpeakerClassifier(torch.nn.Module):
         self.compute_features = fbank(config.n_mels, config.sample_rate)
         self.pcen = PCEN() if config.frontend == "pcen" else None
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
-        self.embedding_model = ECAPA_TDNN(
-            input_size=config.n_mels,
-            channels=list(config.channels),
-            lin_neurons=config.lin_neurons,
-            attention_channels=config.attention_channels,
-            se_channels=config.se_channels,
+        encoder_args = {"input_size": config.n_mels, "channels": list(config.channels),
+                        "lin_neurons": config.lin_neurons, "attention_channels": config.attention_channels,
+                        "se_channels": config.se_channels}  # fmt: skip
+        self.embedding_model = (
+            ECAPA_TDNN(**encoder_args)
+            if config.members == 1
+            else MemberEncoders(config.members, **encoder_args)
         )
-        self.classifier = Classifier(input_size=config.lin_neurons, out_neurons=config.n_classes)
+        self.classifier = Classifier(input_size=config.embedding_size, out_neurons=config.n_classes)
 
     def features(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
         """Normalised log-mel features [B, frames, n_mels]. Kept separate so XLA can run it on the host."""
         return Frontend.forward(self, wavs, wav_lens)
 
     def embed(self, feats: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
-        """Speaker embeddings [B, lin_neurons]."""
+        """Speaker embeddings [B, embedding_size]."""
         return self.embedding_model(feats, wav_lens).squeeze(1)
 
     def scores(self, embeddings: torch.Tensor) -> torch.Tensor:
         """Cosine similarity to each class centre [B, n_classes] (what SpeechBrain's classify_batch returns),
         in fp32 whatever autocast says: in bf16 a cosine near 1 has a resolution of 2^-8, 0.12 per logit at
-        scale 30 -- coarser than the effect of the 0.2 rad margin the loss trains with."""
+        scale 30 -- coarser than the effect of the 0.2 rad margin the loss trains with. With several members,
+        the mean of the members' cosines."""
+        if self.config.members > 1:
+            return self.member_scores(embeddings).mean(dim=1)
         with torch.autocast(device_type=embeddings.device.type, enabled=False):
             return self.classifier(embeddings.float().unsqueeze(1)).squeeze(1)
+
+    def member_scores(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """Each member's cosines with its own class centres [B, members, n_classes], in fp32."""
+        members = self.config.members
+        with torch.autocast(device_type=embeddings.device.type, enabled=False):
+            parts = embeddings.float().unflatten(-1, (members, -1))  # [B, members, D]
+            centres = self.classifier.weight.float().unflatten(-1, (members, -1))  # [C, members, D]
+            unit = torch.nn.functional.normalize
+            return torch.einsum("bmd,cmd->bmc", unit(parts, dim=-1), unit(centres, dim=-1))
+
+    def class_centres(self) -> torch.Tensor:
+        """Unit class centres [n_classes, embedding_size] whose cosine with an embedding is `scores`: each
+        member's centres at unit length, side by side and scaled by 1/sqrt(members), as its embeddings are
+        (MemberEncoders). What inference scores windows with and what SpeechBrain's Classifier is given."""
+        device = self.classifier.weight.device
+        # A few kB, computed on the host: torch_xla refuses a view (unflatten) of an inference-mode tensor.
+        weight = self.classifier.weight.detach().to("cpu", torch.float32)
+        members = self.config.members
+        unit = torch.nn.functional.normalize(weight.unflatten(-1, (members, -1)), dim=-1)
+        return (unit.flatten(-2) / members**0.5).to(device)
 
     def forward(
         self, inputs: torch.Tensor, wav_lens: torch.Tensor, features_ready: bool = False
     ) -> torch.Tensor:
-        """Scores from waveforms, or from `features(...)` output when `features_ready` (the XLA path computes
-        features on the host). One entry point, so DistributedDataParallel's forward hooks always run."""
+        """Training scores from waveforms, or from `features(...)` output when `features_ready` (the XLA path
+        computes features on the host): [B, n_classes], or with several members each member's own
+        [B, members, n_classes] (each learns alone; objectives.make_loss sums their losses). One entry point,
+        so DistributedDataParallel's forward hooks always run."""
         feats = inputs if features_ready else self.features(inputs, wav_lens)
-        return self.scores(self.embed(feats, wav_lens))
+        embeddings = self.embed(feats, wav_lens)
+        return self.member_scores(embeddings) if self.config.members > 1 else self.scores(embeddings)
+
+
+class MemberEncoders(torch.nn.Module):
+    """Several ECAPA-TDNNs on the same features (SpeakerClassifier's `members`): their unit-length embeddings
+    side by side, scaled by 1/sqrt(members) so the whole has unit length. The cosine of that with centres laid
+    out the same way (SpeakerClassifier.class_centres) is the mean of the members' own cosines, so an
+    ensemble scores through every path a single model does: inference, ONNX, SpeechBrain's Classifier."""
+
+    def __init__(self, members: int, **encoder_args: Any) -> None:
+        super().__init__()
+        self.encoders = torch.nn.ModuleList(ECAPA_TDNN(**encoder_args) for _ in range(members))
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        parts = [_unit(encoder(x, lengths)) for encoder in self.encoders]
+        return torch.cat(parts, dim=-1) / len(parts) ** 0.5
+
+
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    """torch.nn.functional.normalize(x, dim=-1), written with a sum of squares: normalize's norm exports as an
+    ONNX ReduceL2 (and an Expand) that onnxruntime's symbolic shape inference cannot size, which failed the
+    int8 quantisation of an ensemble (ReduceSum it sizes)."""
+    return x * (x * x).sum(dim=-1, keepdim=True).clamp_min(1e-24).rsqrt()
 
 
 def fbank(n_mels: int, sample_rate: int = SAMPLE_RATE) -> Fbank:

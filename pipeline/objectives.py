@@ -45,8 +45,10 @@ def make_loss(objective: str, margin: float, scale: float) -> Loss:
         wrapped = LogSoftmaxWrapper(AdditiveAngularMargin(margin=margin, scale=scale))
 
         def aam(cosines: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets.
-            return wrapped(cosines.float().unsqueeze(1), targets.unsqueeze(1))
+            # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets; it averages over its rows.
+            members = cosines.shape[1] if cosines.ndim == 3 else 1
+            rows = cosines.float().reshape(-1, 1, cosines.shape[-1])
+            return members * wrapped(rows, targets.repeat_interleave(members).unsqueeze(1))
 
         return aam
     if objective not in OBJECTIVES:
@@ -55,13 +57,15 @@ def make_loss(objective: str, margin: float, scale: float) -> Loss:
 
     def multi_label(cosines: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         targets = targets.float()
+        if cosines.ndim == 3:  # [B, members, C]: every member against the same targets, losses summed
+            targets = targets.unsqueeze(1).expand_as(cosines)
         logits = scale * (cosines.float() - margin * (2 * targets - 1))
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none")
         if gamma:
             p = torch.sigmoid(logits)
             p_true = p * targets + (1 - p) * (1 - targets)
             loss = loss * (1 - p_true) ** gamma
-        return loss.sum(dim=1).mean()
+        return loss.flatten(1).sum(dim=1).mean()
 
     return multi_label
 

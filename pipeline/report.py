@@ -329,7 +329,7 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
                           f"({plan.get('rule')} rule), warmup {warmup} steps"),
         ("XLA compilations", "n/a (eager)" if result.compile_count is None else str(result.compile_count)),
         ("time", f"{result.seconds:.0f} s, {len(result.history)} epochs"),
-        (f"best validation {metric}", f"{acc} (epoch {result.best_epoch})"),
+        (f"kept validation {metric}", f"{acc} (epoch {result.best_epoch})"),
         ("artifact", str(result.artifact_dir)),
     ]  # fmt: skip
     timed = [r for r in result.history if "data_wait_share" in r]

@@ -84,7 +84,7 @@ class TrainResult:
         value = "n/a" if self.best_val_metric is None else f"{self.best_val_metric:.4f}"
         compiles = "" if self.compile_count is None else f"; XLA compilations {self.compile_count}"
         return (f"trained on {self.topology['device_kind']} x{self.topology['num_devices']} in "
-                f"{self.seconds:.0f}s; best val {self.metric} {value} (epoch {self.best_epoch}){compiles}; "
+                f"{self.seconds:.0f}s; kept val {self.metric} {value} (epoch {self.best_epoch}){compiles}; "
                 f"artifact {self.artifact_dir}")  # fmt: skip
 
 
@@ -165,7 +165,8 @@ def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingDat
     schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
     model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
     export_reserve = _export_reserve(strategy, model, data, config)
-    log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}', {count_parameters(model) / 1e6:.2f}M "
+    members = f" x {model.config.members} members" if model.config.members > 1 else ""
+    log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}'{members}, {count_parameters(model) / 1e6:.2f}M "
         f"parameters, {model.config.frontend} features; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
     # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
     # Its BatchNorm statistics are averaged only when validation does not recompute them.
@@ -462,7 +463,9 @@ def train_step(
         with strategy.no_sync(model) if not last else contextlib.nullcontext():
             loss = strategy.forward_backward(model, loss_fn, batch, len(micro_batches))
         total = loss if total is None else total + loss
-    strategy.optimizer_step(optimizer, model, GRAD_CLIP)
+    # An ensemble's members have independent gradients whose norms add in quadrature: each keeps one model's clip.
+    members = getattr(getattr(strategy.unwrap(model), "config", None), "members", 1)
+    strategy.optimizer_step(optimizer, model, GRAD_CLIP * members**0.5)
     if average is not None:
         unwrapped = strategy.unwrap(model)  # the average joins the step's XLA graph: no extra compile
         average.update(unwrapped, strategy.flat_parameters(unwrapped))
@@ -499,14 +502,20 @@ def reserve_seconds(state: ckpt.TrainingState) -> float:
 def format_epoch(record: dict[str, float], epochs: int, metric: str = "accuracy") -> str:
     parts = [f"epoch {int(record['epoch'])}/{epochs}", f"loss {record['train_loss']:.3f}"]
     if "val_accuracy" in record:
-        parts += [f"val_acc {record['val_accuracy']:.4f}", f"val_loss {record['val_loss']:.3f}"]
+        parts += [_value("val_acc", record, "val_accuracy"), f"val_loss {record['val_loss']:.3f}"]
     if f"val_{metric}" in record and metric != "accuracy":
-        parts.append(f"val_{metric} {record[f'val_{metric}']:.4f}")
+        parts.append(_value(f"val_{metric}", record, f"val_{metric}"))
     if f"val_soundscape_{metric}" in record:
-        parts.append(f"soundscapes {metric} {record[f'val_soundscape_{metric}']:.4f}")
+        parts.append(_value(f"soundscapes {metric}", record, f"val_soundscape_{metric}"))
     parts += [f"lr {record['lr']:.2e}", f"{record.get('samples_per_s', 0):.0f} samples/s",
               f"data wait {record.get('data_wait_share', 0):.1%}", f"{record['seconds']:.0f}s"]  # fmt: skip
     return " | ".join(parts)
+
+
+def _value(name: str, record: dict[str, float], key: str) -> str:
+    """`name value`, with the value's standard error where validation computed one (checkpoint.is_better)."""
+    error = f" +-{record[f'{key}_se']:.4f}" if f"{key}_se" in record else ""
+    return f"{name} {record[key]:.4f}{error}"
 
 
 def _rank() -> int:

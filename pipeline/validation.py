@@ -90,10 +90,12 @@ def evaluate(
         values["val_loss"] = float(losses.mean())
         if metric != "accuracy":
             values[f"val_{metric}"] = _score(metric, truth, scores)
+        values[f"val_{metric}_se"] = metrics.standard_error(metric, truth, scores)  # for is_better
         predicted = scores.argmax(axis=1)
     if data.soundscapes is not None:
         chunks = score_chunks(model, strategy, data.soundscapes, config)
         values[f"val_soundscape_{metric}"] = _score(metric, data.soundscapes.truth, chunks)
+        values[f"val_soundscape_{metric}_se"] = metrics.standard_error(metric, data.soundscapes.truth, chunks)
     return Validation(values, predicted)
 
 

@@ -239,3 +239,53 @@ def test_a_pcen_model_loads_in_speechbrain_with_its_front_end_and_agrees(tmp_pat
     np.testing.assert_allclose(np.stack(sb_scores), expected.scores, atol=2e-5)
     logmel = classify_clips(small_model(), clips, 8000, device=torch.device("cpu"), length_buckets=buckets)
     assert not np.allclose(logmel.scores, expected.scores, atol=1e-3)  # the front end is not a no-op
+
+
+def test_an_ensemble_roundtrips_and_loads_in_speechbrain_with_the_mean_of_its_members(tmp_path, monkeypatch):
+    """members travel in the manifest and in hyperparams.yaml (MemberEncoders around SpeechBrain's ECAPA_TDNNs,
+    a Classifier over the side-by-side embeddings): the reloaded artifact and SpeechBrain's EncoderClassifier both
+    give the project's scores, which are the mean of the members' own."""
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import LocalStrategy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    model = SpeakerClassifier(
+        ModelConfig.from_preset(
+            "tiny", n_classes=3, n_mels=40, window_samples=8000, members=2, frontend="pcen"
+        )
+    ).eval()
+    with torch.no_grad():  # unequal centre lengths, as training leaves them: the saved centres must not care
+        model.classifier.weight[:, : model.config.lin_neurons] *= 3.0
+    path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {})
+    loaded = load_artifact(path)
+    assert loaded.model.config.members == 2
+    assert "pipeline.model.MemberEncoders" in (path / "hyperparams.yaml").read_text()
+    rng = np.random.default_rng(4)
+    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (3000, 8000, 20000)]
+    buckets = InferConfig().length_buckets
+    expected = classify_clips(model, clips, 8000, device=torch.device("cpu"), length_buckets=buckets)
+    reloaded = classify_clips(loaded.model, clips, 8000, device=torch.device("cpu"), length_buckets=buckets)
+    np.testing.assert_allclose(reloaded.scores, expected.scores, atol=1e-6)
+    members = []
+    for encoder in model.embedding_model.encoders:  # each member alone, as a one-member model
+        single = SpeakerClassifier(ModelConfig(**{**model.config.to_dict(), "members": 1})).eval()
+        single.embedding_model.load_state_dict(encoder.state_dict())
+        members.append(single)
+    width = model.config.lin_neurons
+    for k, single in enumerate(members):
+        with torch.no_grad():
+            single.classifier.weight.copy_(model.classifier.weight[:, k * width : (k + 1) * width])
+    singles = [
+        classify_clips(m, clips, 8000, device=torch.device("cpu"), length_buckets=buckets) for m in members
+    ]
+    # A file's score averages its windows' unit embeddings first (as one model does), so the mean of the members'
+    # file scores equals the ensemble's only for one-window files; every window's does (test_model.py).
+    np.testing.assert_allclose(
+        expected.scores[:2], np.mean([s.scores[:2] for s in singles], axis=0), atol=1e-5
+    )
+    sb = EncoderClassifier.from_hparams(source=str(path), savedir=str(tmp_path / "sb"),
+                                        local_strategy=LocalStrategy.COPY)  # fmt: skip
+    with torch.no_grad():
+        sb_scores = [sb.classify_batch(torch.from_numpy(clip)[None])[0][0].numpy() for clip in clips]
+    np.testing.assert_allclose(np.stack(sb_scores), expected.scores, atol=2e-5)

@@ -49,6 +49,7 @@ def test_mistyped_parameter_is_named():
         ("secondary_label_weight", 0.0),
         ("crops_per_file", 0),
         ("frontend", "mfcc"),
+        ("ensemble_members", 0),
     ],
 )
 def test_invalid_values_name_the_parameter(field, value):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.metrics import MetricError, score, selection_metric
+from pipeline.metrics import MetricError, score, selection_metric, standard_error
 
 
 def lwlrap_by_definition(truth, scores):
@@ -76,6 +76,13 @@ def test_accuracy_compares_the_most_probable_class_with_the_first_true_one():
     assert score("accuracy", truth, scores) == pytest.approx(2 / 3)  # the unlabelled row is not counted
 
 
+def test_accuracy_compares_with_the_files_own_label_not_an_earlier_secondary_one():
+    # Training's targets: 1 for the file's own label, 0.5 for a secondary label that may sort before it.
+    truth = np.array([[0.5, 1.0, 0.0], [0.0, 1.0, 0.5], [1.0, 0.0, 0.5]])
+    scores = np.array([[0.1, 0.8, 0.1], [0.1, 0.8, 0.1], [0.2, 0.1, 0.7]])
+    assert score("accuracy", truth, scores) == pytest.approx(2 / 3)
+
+
 def test_metrics_that_cannot_be_computed_say_why():
     with pytest.raises(MetricError, match="no rows"):
         score("accuracy", np.zeros((0, 2)), np.zeros((0, 2)))
@@ -91,3 +98,27 @@ def test_selection_metric_follows_the_objective():
     assert selection_metric("auto", "aam") == "accuracy"
     assert selection_metric("auto", "bce") == "macro_roc_auc"
     assert selection_metric("lwlrap", "aam") == "lwlrap"
+
+
+def _noisy_rows(n, seed):
+    rng = np.random.default_rng(seed)
+    truth = np.zeros((n, 4))
+    truth[np.arange(n), rng.integers(0, 4, n)] = 1
+    return truth, truth * 0.6 + rng.random((n, 4))
+
+
+@pytest.mark.parametrize("metric", ["accuracy", "macro_roc_auc", "lwlrap", "padded_cmap"])
+def test_standard_error_follows_the_spread_of_the_metric_over_other_rows_from_the_same_source(metric):
+    # The reference: the metric's actual spread over 200 independent draws of 60 rows.
+    spread = np.std([score(metric, *_noisy_rows(60, seed)) for seed in range(200)])
+    estimates = [standard_error(metric, *_noisy_rows(60, seed)) for seed in range(1000, 1020)]
+    assert 0.6 * spread < np.mean(estimates) < 1.6 * spread
+    # A hundred times the rows: about a tenth of the error (padded_cmap's padding weighs less there: 0.22).
+    assert standard_error(metric, *_noisy_rows(6000, 7)) < 0.3 * np.mean(estimates)
+    # Seeded: the same rows give the same value (every process decides alike).
+    assert standard_error(metric, *_noisy_rows(60, 3)) == standard_error(metric, *_noisy_rows(60, 3))
+
+
+def test_standard_error_of_too_few_rows_is_zero_not_an_error():
+    truth, scores = _noisy_rows(1, 0)
+    assert standard_error("accuracy", truth, scores) == 0.0

@@ -99,3 +99,56 @@ def test_pcen_frames_depend_only_on_what_came_before_so_padding_changes_no_valid
         logmel = tiny().eval()
         c = logmel.features(full, torch.tensor([valid / (8000 // 160 + 1)]))
     assert not torch.allclose(a[0, :valid], c[0, :valid], atol=1e-2)
+
+
+def members_and_singles(members=3, n_classes=4):
+    """An ensemble model and, for each member, a one-member model with that member's encoder and centres."""
+    torch.manual_seed(0)
+    config = ModelConfig.from_preset(
+        "tiny", n_classes=n_classes, n_mels=40, window_samples=8000, members=members
+    )
+    ensemble = SpeakerClassifier(config).eval()
+    singles = []
+    for k, encoder in enumerate(ensemble.embedding_model.encoders):
+        single = SpeakerClassifier(ModelConfig(**{**config.to_dict(), "members": 1})).eval()
+        single.embedding_model.load_state_dict(encoder.state_dict())
+        width = config.lin_neurons
+        with torch.no_grad():
+            single.classifier.weight.copy_(ensemble.classifier.weight[:, k * width : (k + 1) * width])
+        singles.append(single)
+    return ensemble, singles
+
+
+def test_an_ensembles_scores_are_the_mean_of_its_members_own_cosines_on_every_path():
+    """Training sees each member's own scores; validation, inference (cosine with class_centres) and SpeechBrain's
+    Classifier (given class_centres as its weight) all see their mean."""
+    from speechbrain.lobes.models.ECAPA_TDNN import Classifier
+
+    from pipeline.inference import cosine_scores
+
+    ensemble, singles = members_and_singles()
+    wavs, lens = torch.randn(5, 8000), torch.tensor([1.0, 1.0, 0.7, 0.5, 1.0])
+    with torch.no_grad():
+        own = torch.stack([single(wavs, lens) for single in singles], dim=1)  # [B, members, C]
+        assert ensemble(wavs, lens).shape == (5, 3, 4)
+        torch.testing.assert_close(ensemble(wavs, lens), own)
+        embeddings = ensemble.embed(ensemble.features(wavs, lens), lens)
+        assert embeddings.shape == (5, ensemble.config.embedding_size)
+        torch.testing.assert_close(ensemble.scores(embeddings), own.mean(dim=1))
+        torch.testing.assert_close(cosine_scores(embeddings, ensemble.class_centres()), own.mean(dim=1))
+        speechbrain = Classifier(input_size=ensemble.config.embedding_size, out_neurons=4)
+        speechbrain.weight.copy_(ensemble.class_centres())
+        torch.testing.assert_close(speechbrain(embeddings.unsqueeze(1)).squeeze(1), own.mean(dim=1))
+    # The lengths of a member's centres are free parameters in training: the scores must not depend on them.
+    with torch.no_grad():
+        ensemble.classifier.weight[:, : ensemble.config.lin_neurons] *= 7.0
+    torch.testing.assert_close(cosine_scores(embeddings, ensemble.class_centres()), own.mean(dim=1))
+
+
+def test_members_start_from_their_own_initialisations():
+    ensemble, _ = members_and_singles(members=2)
+    first, second = (dict(encoder.named_parameters()) for encoder in ensemble.embedding_model.encoders)
+    weights = [
+        name for name in first if name.endswith("conv.weight")
+    ]  # BatchNorm's start at 1 in every model
+    assert weights and all(not torch.equal(first[name], second[name]) for name in weights)

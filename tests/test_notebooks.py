@@ -47,7 +47,7 @@ def test_train_then_infer_through_papermill(synthetic_data, tmp_path):
         assert ids == [row["id"] for row in csv.DictReader(handle)]
     executed = nbformat.read(tmp_path / "train.out.ipynb", as_version=4)
     outputs = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
-    assert "global batch 8" in outputs and "best val accuracy" in outputs
+    assert "global batch 8" in outputs and "kept val accuracy" in outputs
 
 
 @pytest.mark.slow

@@ -89,3 +89,13 @@ def test_validation_loss_and_probabilities():
 def test_unknown_objective_is_refused():
     with pytest.raises(ValueError, match="not one of"):
         make_loss("hinge", 0.2, 30.0)
+
+
+@pytest.mark.parametrize("objective", ["aam", "bce", "focal"])
+def test_an_ensembles_loss_is_the_sum_of_its_members_losses(objective):
+    """Each member learns alone: the loss of [B, members, C] scores is the sum of each member's loss on the same
+    targets, so a member's gradient is what it would be in a model of its own."""
+    cosines = torch.rand(6, 3, 4, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    targets = torch.tensor([0, 1, 2, 3, 0, 1]) if objective == "aam" else (torch.rand(6, 4) > 0.5).float()
+    loss = make_loss(objective, 0.2, 30.0)
+    assert loss(cosines, targets) == pytest.approx(sum(float(loss(cosines[:, k], targets)) for k in range(3)))

@@ -7,6 +7,7 @@ onnxruntime wheel, and a leg of the version matrix may lack them.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import importlib.util
 import time
 
@@ -19,6 +20,7 @@ from pipeline import onnx_engine
 from pipeline.artifact import load_artifact
 from pipeline.data import load_audio, windows
 from pipeline.inference import FileWindows, WindowPlan, clip_items, cosine_scores, run_windows
+from pipeline.model import SpeakerClassifier
 from pipeline.onnx_engine import (
     GuardedEmbedder,
     OnnxEmbedder,
@@ -77,6 +79,31 @@ def test_onnx_embeddings_and_scores_equal_torchs(model, exported, seconds):
     scores = [cosine_scores(e, unit_classes).numpy() for e in (expected, found)]
     np.testing.assert_allclose(scores[1], scores[0], atol=1e-4)
     assert (scores[1].argmax(1) == scores[0].argmax(1)).all()
+
+
+def test_an_ensemble_exports_and_its_scores_are_the_mean_of_its_members(model, tmp_path):
+    torch.manual_seed(0)
+    ensemble = SpeakerClassifier(dataclasses.replace(model.config, members=2)).eval()
+    exported = export_embedding_model(ensemble, tmp_path / "ensemble.onnx")
+    wavs, lens = clips_of(ensemble, [0.3, 1.3, 0.9])
+    expected = TorchEmbedder(ensemble)(wavs, lens)
+    found = OnnxEmbedder(ensemble, exported.path, threads=2, precision="fp32")(wavs, lens)
+    assert found.shape == expected.shape == (3, 2 * model.config.lin_neurons)
+    assert float((found - expected).abs().max()) < 1e-4
+    # What inference computes from the ONNX embeddings is the mean of each member's cosine with its own centres.
+    scores = cosine_scores(found, ensemble.class_centres())
+    with torch.no_grad():
+        members = ensemble.member_scores(expected)
+    assert not torch.allclose(members[:, 0], members[:, 1], atol=1e-3)  # two different models
+    np.testing.assert_allclose(scores.numpy(), members.mean(dim=1).numpy(), atol=1e-4)
+    # Its int8 file too: normalize's ONNX form once stopped onnxruntime's shape inference before quantisation.
+    window = ensemble.config.window_samples / ensemble.config.sample_rate
+    calibration = clips_of(ensemble, [window] * 16, seed=1)
+    int8 = quantize_embedding_model(ensemble, exported.path, tmp_path / "ensemble.int8.onnx", *calibration)
+    quantized = OnnxEmbedder(ensemble, int8, threads=2, precision="int8")(wavs, lens)
+    assert quantized.shape == expected.shape
+    # Untrained weights on noise: a coarser match than a trained model's on speech (the test below), not noise.
+    assert float(torch.nn.functional.cosine_similarity(quantized, expected).min()) > 0.8
 
 
 def file_items(clips: list[np.ndarray], window: int) -> list[FileWindows]:

@@ -18,7 +18,7 @@ import torch
 from conftest import TINY_TRAIN
 from safetensors.torch import load_file
 
-from pipeline.config import TrainConfig
+from pipeline.config import ConfigError, TrainConfig
 from pipeline.pretrained import PretrainedError, initial_model
 
 N_MELS = TINY_TRAIN["n_mels"]
@@ -405,3 +405,26 @@ def test_a_directory_that_is_not_a_speechbrain_ecapa_model_is_refused_clearly(
     with pytest.raises(PretrainedError, match=message):
         initial_model(config, "small", LABELS, lambda _: None)
     assert network_attempts == []
+
+
+def test_ensemble_members_auto_is_three_for_small_soundscape_models_one_otherwise_and_fine_tunes_get_one(
+    pretrained_dir,
+):
+    directory, _ = pretrained_dir
+    members = {}
+    for name, extra in {"plain": {}, "noisy": {"noise_dir": "train_soundscapes"},
+                        "noisy, asked 1": {"noise_dir": "train_soundscapes", "ensemble_members": 1},
+                        "asked 2": {"ensemble_members": 2}}.items():  # fmt: skip
+        members[name] = initial_model(
+            TrainConfig(**{**TINY_TRAIN, **extra}), "tiny", LABELS, print
+        ).config.members
+    assert members == {"plain": 1, "noisy": 3, "noisy, asked 1": 1, "asked 2": 2}
+    # The size whose one model already takes a third of a CPU submission's time gets one unless asked for more.
+    noisy = {**TINY_TRAIN, "noise_dir": "train_soundscapes"}
+    assert initial_model(TrainConfig(**noisy), "voxceleb", LABELS, print).config.members == 1
+    asked = TrainConfig(**{**noisy, "ensemble_members": 2})
+    assert initial_model(asked, "voxceleb", LABELS, print).config.members == 2
+    hub = TrainConfig(**{**tiny_config(directory).__dict__, "noise_dir": "train_soundscapes"})
+    assert initial_model(hub, "small", LABELS, lambda _: None).config.members == 1
+    with pytest.raises(ConfigError, match="ensemble_members=2 with init_from"):
+        TrainConfig(**{**tiny_config(directory).__dict__, "ensemble_members": 2})

@@ -10,7 +10,7 @@ from conftest import TINY_TRAIN
 from pipeline.artifact import load_artifact
 from pipeline.checkpoint import TrainingState
 from pipeline.config import TrainConfig
-from pipeline.train import train
+from pipeline.train import format_epoch, train
 
 
 def test_training_learns_and_records_provenance(tiny_artifact):
@@ -76,6 +76,35 @@ def test_best_epoch_higher_accuracy_wins_and_ties_go_to_the_later_epoch():
     # Equal accuracy: the later epoch, even with a (noise-level) higher loss.
     assert state.is_better({"val_accuracy": 0.9, "val_loss": 0.6})
     assert state.is_better({"train_loss": 1.0})  # no validation split: the latest epoch
+
+
+def test_a_later_epoch_within_the_best_values_standard_error_is_kept():
+    """Epochs that differ by less than the validation metric's noise: the later, lower-learning-rate one."""
+    state = TrainingState()
+    state.history = [{"val_macro_roc_auc": 0.981, "val_macro_roc_auc_se": 0.01}]
+    state.best_epoch = 1
+    key = "val_macro_roc_auc"
+    assert state.is_better({"val_macro_roc_auc": 0.975, "val_macro_roc_auc_se": 0.01}, key)
+    assert not state.is_better({"val_macro_roc_auc": 0.968, "val_macro_roc_auc_se": 0.01}, key)
+    # Measured against the best value so far, not the kept epoch: no drift down in steps smaller than the error.
+    state.history.append({"val_macro_roc_auc": 0.975, "val_macro_roc_auc_se": 0.01})
+    state.best_epoch = 2
+    assert not state.is_better({"val_macro_roc_auc": 0.969, "val_macro_roc_auc_se": 0.001}, key)
+    # The record itself may already be in the history (training appends before asking).
+    record = {"val_macro_roc_auc": 0.99, "val_macro_roc_auc_se": 0.001}
+    state.history.append(record)
+    assert state.is_better(record, key)
+
+
+def test_the_epoch_line_shows_each_selection_value_with_its_standard_error():
+    base = {"epoch": 3, "train_loss": 1.0, "val_loss": 0.5, "lr": 1e-3, "seconds": 10.0}
+    line = format_epoch({**base, "val_accuracy": 0.97, "val_accuracy_se": 0.012}, 12)
+    assert "val_acc 0.9700 +-0.0120 | val_loss 0.500 |" in line
+    record = {**base, "val_accuracy": 1.0, "val_macro_roc_auc": 0.98, "val_macro_roc_auc_se": 0.015,
+              "val_soundscape_macro_roc_auc": 0.9, "val_soundscape_macro_roc_auc_se": 0.02}  # fmt: skip
+    line = format_epoch(record, 12, "macro_roc_auc")
+    assert "val_acc 1.0000 | " in line and "val_macro_roc_auc 0.9800 +-0.0150 |" in line
+    assert "soundscapes macro_roc_auc 0.9000 +-0.0200 |" in line
 
 
 def _tree(root):

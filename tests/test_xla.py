@@ -120,7 +120,7 @@ print(json.dumps({"reported": result.compile_count, "process": process_compiles,
 def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic_data, tmp_path):
     params = {"data_dir": str(synthetic_data), "artifact_dir": str(tmp_path / "model"), "accelerator": "tpu",
               "model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,
-              "window_seconds": 0.5, "progress": False,
+              "window_seconds": 0.5, "progress": False, "ensemble_members": 2,  # both members in one step
               "frontend": "pcen"}  # fmt: skip  # PCEN features from the DataLoader workers and for validation
     env = venv_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="2")
     run = subprocess.run([sys.executable, "-c", XLA_INSIDE, json.dumps(params)], env=env, capture_output=True,
@@ -128,9 +128,8 @@ def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic
     assert run.returncode == 0, run.stderr[-3000:]
     found = json.loads(run.stdout.strip().splitlines()[-1])
     assert found["history"] == 2
-    assert (
-        json.loads((tmp_path / "model" / "manifest.json").read_text())["model_config"]["frontend"] == "pcen"
-    )
+    model_config = json.loads((tmp_path / "model" / "manifest.json").read_text())["model_config"]
+    assert (model_config["frontend"], model_config["members"]) == ("pcen", 2)
     # Every compilation of the run is the one the artifact reports: two for the training step, two for
     # validation (BatchNorm recalibration and evaluation, each at one fixed shape), none per epoch.
     assert found["reported"] == found["process"] and 1 <= found["reported"] <= 4
