@@ -44,7 +44,7 @@ class TrainingState:
     def is_better(self, record: dict[str, float], key: str = "val_accuracy") -> bool:
         """Whether `record`'s epoch replaces the kept one, by the validation metric `key` read with its noise: the
         later epoch wins unless it lies below the best value so far by more than that value's standard error
-        (`<key>_se`, a bootstrap over the validation rows: metrics.standard_error; 0 where absent, and then a
+        (`<key>_se`, a jackknife over the validation rows: metrics.standard_error; 0 where absent, and then a
         higher value wins and ties go to the later epoch). No validation: the latest epoch wins. A metric that
         could not be computed (NaN) gives way to accuracy.
 

@@ -11,7 +11,8 @@
     padded_cmap    BirdCLEF 2023: 5 rows positive for every class are appended to both the truth and the
                    scores, then scikit-learn's macro average precision (the competition's own variant)
 
-`truth` is a [rows, classes] 0/1 matrix (training's targets: 1 for a file's own labels, less for secondary ones), `scores` a [rows, classes] matrix of any monotone scores (cosines,
+`truth` is a [rows, classes] 0/1 matrix (training's targets: 1 for a file's own labels, less for secondary
+ones), `scores` a [rows, classes] matrix of any monotone scores (cosines,
 probabilities): every metric here depends only on how scores rank, except accuracy (the argmax).
 """
 
