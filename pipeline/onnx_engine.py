@@ -411,14 +411,15 @@ class RacingEmbedder:
       The race is run on the first batch alone, computed again by each engine in turn, and the winner's result
       is returned: a few batches' compute, once per run.
 
-    A failure or a disagreement ends the race for torch, with one line; no batch is lost."""
+    A failure or a disagreement ends the race for torch, with one line; no batch is lost. `clock` times the
+    batches (tests pass one that only the engines move, so the race's course does not depend on the load)."""
 
     def __init__(
         self, candidate: Embed, torch_embed: Embed, dim: int, precision: str, log: Callable[[str], None],
-        race_batches: int = 3,
+        race_batches: int = 3, clock: Callable[[], float] = time.perf_counter,
     ) -> None:  # fmt: skip
         self.candidate, self.torch_embed, self.dim, self.precision = candidate, torch_embed, dim, precision
-        self.log, self.race_batches = log, race_batches
+        self.log, self.race_batches, self.clock = log, race_batches, clock
         self.live = precision == "fp32"
         self.name = str(getattr(candidate, "engine", "onnx"))
         self.per_sample: dict[str, list[float]] = {self.name: [], "torch": []}
@@ -454,10 +455,10 @@ class RacingEmbedder:
         return out
 
     def _timed(self, racer: str, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
-        started = time.perf_counter()
+        started = self.clock()
         out = self._candidate(wavs, lens) if racer == self.name else self.torch_embed(wavs, lens)
         if out is not None:
-            self.per_sample[racer].append((time.perf_counter() - started) / max(1, wavs.numel()))
+            self.per_sample[racer].append((self.clock() - started) / max(1, wavs.numel()))
         return out
 
     def _race_on(self, wavs: torch.Tensor, lens: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
@@ -575,10 +576,10 @@ def make_embedder(
     where = f"{threads} thread(s), {candidate.path.name}"
     if engine == "auto":
         log(f"inference engine: auto: torch and {candidate.engine} ({where}) race on the run's first batches")
-        return RacingEmbedder(candidate, torch_embed, model.config.lin_neurons, candidate.precision, log)
+        return RacingEmbedder(candidate, torch_embed, model.config.embedding_size, candidate.precision, log)
     reason = f"{candidate.engine}, {where}; agrees with torch on a probe batch of {batch_windows} windows"
     log(f"inference engine: {reason}")
-    return GuardedEmbedder(candidate, torch_embed, model.config.lin_neurons, reason, log)
+    return GuardedEmbedder(candidate, torch_embed, model.config.embedding_size, reason, log)
 
 
 def _onnx_candidate(

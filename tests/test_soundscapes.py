@@ -47,9 +47,10 @@ def hidden(tmp_path_factory, species) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, hidden) -> Path:
-    """The artifact the train notebook writes with the layout parameters (tiny settings)."""
+    """The artifact the train notebook writes with the layout parameters (tiny settings, with the notebook's
+    default ONNX files: the ensemble of 3 members that noise_dir brings is what the infer runs below load)."""
     out = tmp_path_factory.mktemp("model")
-    tiny = {k: v for k, v in TINY_TRAIN.items() if k not in ("progress", "num_threads")}
+    tiny = {k: v for k, v in TINY_TRAIN.items() if k not in ("progress", "num_threads", "export_onnx")}
     run = run_papermill("notebooks/train.ipynb", out / "train.out.ipynb", {
         "data_dir": hidden, "artifact_dir": out / "model", **LAYOUT, **tiny, "noise_dir": "train_soundscapes",
         "mix_probability": 0.5,
@@ -58,6 +59,7 @@ def trained(tmp_path_factory, hidden) -> Path:
     manifest = json.loads((out / "model" / "manifest.json").read_text())
     assert manifest["model_config"]["objective"] == "bce"  # secondary labels: several labels per file
     assert "val_macro_roc_auc" in manifest["provenance"]["validation"]
+    assert manifest["model_config"]["members"] == 3 and "embedding_model.onnx" in manifest["files"]
     return out / "model"
 
 
@@ -88,6 +90,9 @@ def test_every_chunk_of_every_hidden_soundscape_gets_a_row_in_kaggles_format(hid
     assert not np.allclose(values.sum(1), 1.0)  # independent probabilities, not a softmax over the classes
     report = json.loads((tmp_path / "submission_report.json").read_text())
     assert report["chunks"]["template"] == "{id}_{end}" and report["probabilities"] == "independent"
+    # The artifact's ONNX files ran (or lost the race fairly): none failed on the ensemble's embeddings.
+    engine = report["engine"]
+    assert not any("failed" in line or "differs" in line for line in engine["lines"]), engine["lines"]
     assert "projected for 700 files x 60 s" in run.stderr + run.stdout
     scored = subprocess.run([sys.executable, "-m", "pipeline", "score", "--submission", str(submission),
                              "--solution", str(hidden / "solution.csv")], capture_output=True, text=True)  # fmt: skip

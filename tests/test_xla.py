@@ -183,7 +183,7 @@ from pipeline.model import ModelConfig, SpeakerClassifier
 from pipeline.objectives import make_loss
 from pipeline.train import train_step
 
-mode = sys.argv[1]  # production | every-step (traced at every step) | today (XLA) | eager (CPU)
+mode = sys.argv[1]  # production | today (XLA) | eager (CPU)
 if mode == "eager":
     strategy = SingleDevice(torch.device("cpu"), "fp32")
     strategy.features_on_host = True  # the same host-made features as the XLA runs
@@ -194,7 +194,7 @@ else:
                                trace_once=mode == "production")
 torch.manual_seed(0)
 model = SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=10, n_mels=40, window_samples=8000))
-flat = mode in ("production", "every-step")
+flat = mode == "production"
 average = WeightAverage(model, 4, flat=flat, average_buffers=not flat)  # as train.py
 model = strategy.setup_model(model)
 average.module.to(strategy.device)
@@ -216,12 +216,13 @@ print(json.dumps({"losses": losses, "averaged": averaged, "statistics": statisti
 @pytest.mark.timeout(600)
 def test_the_trace_remedies_keep_the_losses_of_todays_xla_step_and_of_eager_cpu():
     """Issue 20: functionalization off, the flat Adam, the flat weight average, the flat vectors reused
-    between them and the forward and backward traced once change the host's trace,
-    not the arithmetic: four steps from one seed give the losses (and the averaged weights and BatchNorm
-    statistics) of the XLA step traced in full at every step, of the XLA step as it was and of eager CPU, and
-    the step still compiles at most two graphs for its one input shape."""
+    between them and the forward and backward traced once change the host's trace, not the arithmetic: four
+    steps from one seed give the losses (and the averaged weights and BatchNorm statistics) of the XLA step
+    as it was and of eager CPU, and the step still compiles at most two graphs for its one input shape.
+    (Traced once against traced at every step, to 1e-6: test_xla_traced.py, with accumulation and two
+    shapes.)"""
     found = {}
-    modes = (("production", None), ("every-step", None), ("today", "0"), ("eager", None))
+    modes = (("production", None), ("today", "0"), ("eager", None))
     for mode, functionalization_off in modes:
         extra = {} if mode == "eager" else {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
         if functionalization_off is not None:
@@ -233,13 +234,9 @@ def test_the_trace_remedies_keep_the_losses_of_todays_xla_step_and_of_eager_cpu(
         found[mode] = json.loads(run.stdout.strip().splitlines()[-1])
     described = "functionalization off, flat Adam, flat vectors reused, forward and backward traced once"
     assert described in found["production"]["described"]
-    assert "traced once" not in found["every-step"]["described"]
     assert "functionalization on, foreach Adam" in found["today"]["described"]
     assert 1 <= found["production"]["compiles"] <= 2
     production = found["production"]
-    # The traced computation is the HLO the step traced at every step builds: the same numbers, to rounding.
-    assert production["losses"] == pytest.approx(found["every-step"]["losses"], rel=1e-6)
-    assert production["statistics"] == pytest.approx(found["every-step"]["statistics"], rel=1e-6)
     for other in ("today", "eager"):
         assert production["losses"] == pytest.approx(found[other]["losses"], rel=1e-4), other
         assert production["averaged"] == pytest.approx(found[other]["averaged"], rel=1e-5), other
