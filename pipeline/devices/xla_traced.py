@@ -39,6 +39,7 @@ class _Traced:
     computation: object  # torch_xla's XlaComputation
     inputs: list[int | None]  # per computation parameter: index into the step's inputs, or None (a constant)
     constants: dict[int, torch.Tensor]  # computation parameter -> device data captured while tracing
+    updated: list[int]  # the buffers the step writes (BatchNorm statistics), in the computation's outputs
 
 
 class TracedGradients:
@@ -87,7 +88,7 @@ class TracedGradients:
         )
         if buffers:
             with torch.no_grad():
-                torch._foreach_copy_(self.buffers, buffers)
+                torch._foreach_copy_([self.buffers[i] for i in traced.updated], buffers)
         return loss, gradient
 
     def _trace(self, loss_fn: Loss, step_inputs: list[torch.Tensor], autocast: Callable) -> _Traced:
@@ -105,6 +106,7 @@ class TracedGradients:
             **dict(zip(self._frozen, frozen, strict=True)),
             **dict(zip(self._buffer_names, buffers, strict=True)),
         }
+        before = [xlac._get_graph_hash([b]) for b in buffers]
         with torch.enable_grad():
             with autocast():
                 scores = torch.func.functional_call(
@@ -112,7 +114,15 @@ class TracedGradients:
                 )
             loss = loss_fn(scores, labels)
             gradients = torch.autograd.grad(loss, params)
-        outputs = [loss.detach().float(), flatten(gradients), *buffers]
+        # Only the buffers the step wrote in place (BatchNorm's statistics: their lazy graph changed) are
+        # outputs. A constant one (the Fbank's delta kernel) returned too was written back at every step, and
+        # whether torch_xla may donate its device buffer to that write depends on what else holds it: after a
+        # validation the weight average's copy did, and the next step compiled a second graph for that alone.
+        # (Not the version counter: BatchNorm's in-place update of its statistics on XLA leaves it as it was.)
+        updated = [
+            i for i, (b, h) in enumerate(zip(buffers, before, strict=True)) if xlac._get_graph_hash([b]) != h
+        ]
+        outputs = [loss.detach().float(), flatten(gradients), *(buffers[i] for i in updated)]
         context = xlac.lowering.LoweringContext("TracedGradients")
         context.set_name_string("traced_gradients")
         context.build(outputs)
@@ -127,4 +137,4 @@ class TracedGradients:
             if parameter != -1:
                 positions[parameter] = index
                 del constants[parameter]
-        return _Traced(computation, positions, constants)
+        return _Traced(computation, positions, constants, updated)
