@@ -317,7 +317,7 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
     results["headline"] = (
         f"BirdCLEF layout from FSDD: {hidden['rows']} rows ({'all present, Kaggle format' if hidden['format_ok'] else 'FORMAT WRONG'}), "
         f"macro ROC-AUC {hidden['macro_roc_auc']:.4f} with the defaults, one seed (target {TARGET_AUC} "
-        "judged on soundscape_snr's 3-seed mean: one run's seed moves it by up to 0.006; "
+        "judged on soundscape_snr's 3-seed mean, a single run varies with its seed; "
         f"best pooling here {best[0]} {best[1]:.4f}); "
         f"CPU rate on 2 threads, ONNX Runtime / torch: {speed['default']['onnx']['audio_s_per_s_2_threads']:.0f} / "
         f"{speed['default']['torch']['audio_s_per_s_2_threads']:.0f} s/s (default model), "

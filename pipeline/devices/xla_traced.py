@@ -39,7 +39,9 @@ class _Traced:
     computation: object  # torch_xla's XlaComputation
     inputs: list[int | None]  # per computation parameter: index into the step's inputs, or None (a constant)
     constants: dict[int, torch.Tensor]  # computation parameter -> device data captured while tracing
-    updated: list[int]  # the buffers the step writes (BatchNorm statistics), in the computation's outputs
+    written: list[
+        torch.Tensor
+    ]  # the model's buffers the step writes (BatchNorm's), as the outputs order them
 
 
 class TracedGradients:
@@ -88,7 +90,7 @@ class TracedGradients:
         )
         if buffers:
             with torch.no_grad():
-                torch._foreach_copy_([self.buffers[i] for i in traced.updated], buffers)
+                torch._foreach_copy_(traced.written, buffers)
         return loss, gradient
 
     def _trace(self, loss_fn: Loss, step_inputs: list[torch.Tensor], autocast: Callable) -> _Traced:
@@ -137,4 +139,4 @@ class TracedGradients:
             if parameter != -1:
                 positions[parameter] = index
                 del constants[parameter]
-        return _Traced(computation, positions, constants, updated)
+        return _Traced(computation, positions, constants, [self.buffers[i] for i in updated])
