@@ -39,9 +39,7 @@ class _Traced:
     computation: object  # torch_xla's XlaComputation
     inputs: list[int | None]  # per computation parameter: index into the step's inputs, or None (a constant)
     constants: dict[int, torch.Tensor]  # computation parameter -> device data captured while tracing
-    written: list[
-        torch.Tensor
-    ]  # the model's buffers the step writes (BatchNorm's), as the outputs order them
+    written: list[torch.Tensor]  # the model's buffers the step writes (BatchNorm's), in output order
 
 
 class TracedGradients:
