@@ -3,6 +3,7 @@
     python -m matrix.run                   # every leg, in order; venvs deleted once their leg passes
     python -m matrix.run --only kaggle-tpu --only kaggle-gpu --keep
     python -m matrix.run --list            # the legs, their pins and checks
+    python -m matrix.run --handoff         # CI (`make handoff`): kaggle-tpu trains, kaggle-gpu predicts offline
 
 Each leg gets .matrix/<leg> (gitignored): `uv venv`, then one `uv pip install` of the leg's exact pins plus
 this project (editable, with the extras its checks need), so the resolver also proves that pyproject's ranges
@@ -33,7 +34,10 @@ requirements.lock (the Makefile's .venv). The cache is uv's own ($UV_CACHE_DIR, 
 --cache-dir): shared by every clone on the machine, so a second run downloads nothing.
 
 The summary (leg, versions the venv reports, checks, result, seconds) goes to stdout, matrix/results.md and
-matrix/results.json; a run with --only updates those legs' rows and keeps the others'. Exit status 1 names
+matrix/results.json; a run with --only updates those legs' rows and keeps the others'. --handoff runs only the
+legs' handoff checks (pipeline/versions.py: the artifact trained on the TPU image's versions, predicted from on
+the GPU image's, offline) and writes its summary to .matrix/handoff-results.md instead: a partial run never
+replaces the committed record of a whole one. Exit status 1 names
 each failing leg and check, with the tail of its log (.matrix/logs/<leg>/<check>.log).
 """
 
@@ -65,6 +69,7 @@ WORK = ROOT / ".matrix"
 HANDOFF = WORK / "handoff"  # kaggle-tpu's artifact and data, read by kaggle-gpu
 RESULTS_MD = ROOT / "matrix" / "results.md"
 RESULTS_JSON = ROOT / "matrix" / "results.json"
+HANDOFF_MD, HANDOFF_JSON = WORK / "handoff-results.md", WORK / "handoff-results.json"
 
 # The brief's tiny settings: XLA on CPU is ~50x slower than eager, and the matrix tests versions, not accuracy.
 TINY = {"model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,
@@ -498,7 +503,9 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
 # ---------------------------------------------------------------------------------------------- driver
 
 
-def run_leg(spec: versions.Leg, uv: str, base_python: str, cache_dir: str | None, keep: bool) -> LegResult:
+def run_leg(
+    spec: versions.Leg, uv: str, base_python: str, cache_dir: str | None, keep: bool, handoff: bool = False
+) -> LegResult:
     leg, result = Leg(spec), LegResult(spec.name)
     started = time.monotonic()
     print(f"== {spec.name}: {', '.join(f'{n} {v}' for n, v in spec.pins().items())}", flush=True)
@@ -506,7 +513,7 @@ def run_leg(spec: versions.Leg, uv: str, base_python: str, cache_dir: str | None
         result.installed = install(leg, uv, base_python, cache_dir)
         result.install_seconds = round(time.monotonic() - started, 1)
         print(f"   installed in {result.install_seconds:.0f} s", flush=True)
-        for name in spec.checks:
+        for name in spec.handoff_checks if handoff else spec.checks:
             check_started = time.monotonic()
             try:
                 detail = CHECKS[name](leg)
@@ -574,18 +581,18 @@ def du_gib(path: Path) -> float | None:
 COLUMNS = ("torch", "torchaudio", "torch_xla", "speechbrain", "numpy")
 
 
-def load_results() -> dict:
+def load_results(path: Path) -> dict:
     try:
-        return json.loads(RESULTS_JSON.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def render(results: dict) -> str:
+def render(results: dict, legs_shown: tuple[versions.Leg, ...] = versions.MATRIX_LEGS) -> str:
     legs = results.get("legs", {})
     header = ["leg", *COLUMNS, "checks", "result", "install s", "total s", "load", "finished"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for spec in versions.MATRIX_LEGS:
+    for spec in legs_shown:
         leg = legs.get(spec.name)
         if not leg:
             cells = ["-"] * (len(COLUMNS) + 1) + ["not run"] + ["-"] * 4
@@ -634,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run this leg (repeatable); kaggle-gpu needs kaggle-tpu's handoff")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep each leg's venv and work folder")
     parser.add_argument("--list", action="store_true", help="print the legs and exit")
+    parser.add_argument("--handoff", action="store_true",
+                        help="only the handoff checks of kaggle-tpu and kaggle-gpu (CI); results in .matrix/")  # fmt: skip
     parser.add_argument("--cache-dir", help="uv's cache (default: $UV_CACHE_DIR or uv's own, ~/.cache/uv)")
     parser.add_argument("--python", default=sys.executable, help="interpreter the venvs are made from")
     args = parser.parse_args(argv)
@@ -642,25 +651,27 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     uv = find_uv()
-    chosen = [leg for leg in versions.MATRIX_LEGS if not args.only or leg.name in args.only]
+    candidates = versions.HANDOFF_LEGS if args.handoff else versions.MATRIX_LEGS
+    chosen = [leg for leg in candidates if not args.only or leg.name in args.only]
+    results_json, results_md = (HANDOFF_JSON, HANDOFF_MD) if args.handoff else (RESULTS_JSON, RESULTS_MD)
     cache = uv_cache_dir(uv, args.cache_dir)
     cold = not cache.exists() or not any(cache.iterdir())
     WORK.mkdir(exist_ok=True)
     disk = DiskPeak([WORK, cache])
     started = time.monotonic()
     print(f"matrix: {len(chosen)} leg(s), uv cache {cache}{' (empty: cold run)' if cold else ''}", flush=True)
-    results = load_results()
+    results = load_results(results_json)
     legs = results.setdefault("legs", {})
     for spec in chosen:
-        legs[spec.name] = asdict(run_leg(spec, uv, args.python, args.cache_dir, args.keep))
-        RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
+        legs[spec.name] = asdict(run_leg(spec, uv, args.python, args.cache_dir, args.keep, args.handoff))
+        results_json.write_text(json.dumps(results, indent=1) + "\n")
     results["run"] = {"legs": [leg.name for leg in chosen], "seconds": round(time.monotonic() - started, 1),
                       "python": platform.python_version(), "disk_peak_gib": disk.close(),
                       "cache_gib": du_gib(cache), "cache_cold": cold}  # fmt: skip
-    RESULTS_JSON.write_text(json.dumps(results, indent=1) + "\n")
-    RESULTS_MD.write_text(render(results))
+    results_json.write_text(json.dumps(results, indent=1) + "\n")
+    results_md.write_text(render(results, candidates))
     print()
-    print(render(results))
+    print(render(results, candidates))
     failed = [legs[spec.name]["error"] for spec in chosen if not legs[spec.name]["ok"]]
     for error in failed:
         print(f"matrix: {error}", file=sys.stderr)

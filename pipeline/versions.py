@@ -40,6 +40,9 @@ class Leg:
     checks: tuple[str, ...]  # what the leg runs, in words (matrix/run.py implements them)
     extra: Mapping[str, str] = field(default_factory=dict)  # further exact pins (the floor pins every bound)
     in_matrix: bool = True  # False: the dev leg, which `make test` runs in .venv
+    # The checks `make handoff` (CI, after `make test`) runs: the Kaggle TPU image trains the artifact that the
+    # GPU image predicts from offline. `make matrix` runs every check of every leg.
+    handoff_checks: tuple[str, ...] = ()
 
     def pins(self) -> dict[str, str]:
         """Distribution name -> exact version the leg installs (torch_xla only where it has one)."""
@@ -119,6 +122,8 @@ LEGS: tuple[Leg, ...] = (
                 "train notebook on 8 XLA CPU devices -> artifact",
                 "ONNX export of the artifact's embedding model (fp32, int8)"),
         extra={**_image_extra(KAGGLE_TPU), **ONNX_STACK},
+        handoff_checks=("train notebook on 8 XLA CPU devices -> artifact",
+                        "ONNX export of the artifact's embedding model (fp32, int8)"),
     ),
     Leg(
         "dev", "2.9.1", "2.9.1", "2.9.0", "1.1.2",
@@ -134,6 +139,9 @@ LEGS: tuple[Leg, ...] = (
                 "SpeechBrain client agrees with the submission",
                 "ONNX engine on the kaggle-tpu export agrees with torch"),
         extra={**_image_extra(KAGGLE_GPU), **ONNX_STACK},
+        handoff_checks=("no torch_xla in the kernel", "infer notebook offline on the kaggle-tpu artifact",
+                        "SpeechBrain client agrees with the submission",
+                        "ONNX engine on the kaggle-tpu export agrees with torch"),
     ),
     Leg(
         "newest", "2.11.0", "2.11.0", None, "1.1.2",
@@ -143,6 +151,7 @@ LEGS: tuple[Leg, ...] = (
 )  # fmt: skip
 BY_NAME = {leg.name: leg for leg in LEGS}
 MATRIX_LEGS = tuple(leg for leg in LEGS if leg.in_matrix)
+HANDOFF_LEGS = tuple(leg for leg in MATRIX_LEGS if leg.handoff_checks)
 FLOOR, NEWEST = BY_NAME["floor"], BY_NAME["newest"]
 
 

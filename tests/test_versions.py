@@ -118,6 +118,18 @@ def test_the_runner_implements_every_check_and_installs_existing_extras():
     assert [leg.name for leg in versions.MATRIX_LEGS] == ["floor", "kaggle-tpu", "kaggle-gpu", "newest"]
 
 
+def test_ci_runs_the_images_handoff_and_the_matrix_runs_it_too():
+    """CI (`make handoff`) runs a subset of the matrix: the TPU image trains, the GPU image predicts offline."""
+    assert [leg.name for leg in versions.HANDOFF_LEGS] == ["kaggle-tpu", "kaggle-gpu"]
+    for leg in versions.HANDOFF_LEGS:
+        assert set(leg.handoff_checks) <= set(leg.checks), leg.name
+    tpu, gpu = versions.HANDOFF_LEGS
+    assert "train notebook on 8 XLA CPU devices -> artifact" in tpu.handoff_checks
+    assert "infer notebook offline on the kaggle-tpu artifact" in gpu.handoff_checks
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci and "make handoff" in ci
+
+
 def test_the_onnx_stack_is_pinned_by_the_legs_bundled_and_left_out_on_python_310():
     from pipeline.packaging import EXTRA_WHEELS
 
