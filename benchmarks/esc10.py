@@ -24,7 +24,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,9 @@ def scan(source: Path) -> list[tuple[int, str, Path]]:
                 raise ValueError(f"{path}: expected '<fold 1-5>-<id>-<take>.ogg'")
             clips.append((int(fold), label, path))
     if not clips:
-        raise FileNotFoundError(f"no ESC-10 clips under {source} (folders '001 - Dog bark', ... of .ogg files)")
+        raise FileNotFoundError(
+            f"no ESC-10 clips under {source} (folders '001 - Dog bark', ... of .ogg files)"
+        )
     return clips
 
 
@@ -119,7 +120,9 @@ def run_fold(
                                                      **infer_overrides})  # fmt: skip
     truth, predicted = _read(data / "solution.csv"), _read(submission)
     hits = Counter(label for key, label in truth.items() if predicted.get(key) == label)
-    confusions = Counter((label, predicted.get(key)) for key, label in truth.items() if predicted.get(key) != label)
+    confusions = Counter(
+        (label, predicted.get(key)) for key, label in truth.items() if predicted.get(key) != label
+    )
     manifest = json.loads((artifact / "manifest.json").read_text())
     provenance = manifest["provenance"]
     return {
@@ -152,8 +155,10 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
     verdict = ("" if not whole else
                f"; target {TARGET:.2f} {'met' if mean >= TARGET else 'MISSED'}")  # fmt: skip
     return {
-        "headline": (f"ESC-10 {'5-fold' if whole else f'{len(folds)}-fold'} mean accuracy {mean:.3f} "
-                     f"(+-{spread:.3f} over folds), {max(minutes):.1f} min per fold at most{verdict}"),  # fmt: skip
+        "headline": (
+            f"ESC-10 {'5-fold' if whole else f'{len(folds)}-fold'} mean accuracy {mean:.3f} "
+            f"(+-{spread:.3f} over folds), {max(minutes):.1f} min per fold at most{verdict}"
+        ),  # fmt: skip
         "mean_accuracy": round(mean, 4),
         "fold_std": round(spread, 4),
         "per_fold": accuracies,
@@ -186,7 +191,10 @@ def run(
             work = Path(tmp) / f"run{fold}"
             work.mkdir()
             results.append(run_fold(clips, fold, work, train_overrides, infer_overrides or {}))
-            print(f"fold {fold}: {results[-1]['accuracy']:.4f} in {results[-1]['minutes']:.1f} min", file=sys.stderr)
+            print(
+                f"fold {fold}: {results[-1]['accuracy']:.4f} in {results[-1]['minutes']:.1f} min",
+                file=sys.stderr,
+            )
             shutil.rmtree(work, ignore_errors=True)
     return summarise(results, {"quick": quick, "train_overrides": train_overrides,
                                "infer_overrides": infer_overrides or {}, **meter.result})  # fmt: skip
@@ -208,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
     parser.add_argument("--folds", default=",".join(map(str, FOLDS)))
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="train notebook")
-    parser.add_argument("--infer-set", action="append", default=[], metavar="NAME=VALUE", help="infer notebook")
+    parser.add_argument(
+        "--infer-set", action="append", default=[], metavar="NAME=VALUE", help="infer notebook"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
