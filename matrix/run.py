@@ -1,4 +1,4 @@
-"""`python -m matrix.run` (`make matrix`): every leg of pipeline/versions.py in a fresh venv, with its checks.
+"""`python -m matrix.run` (`make matrix`): every leg of pipeline/tooling/versions.py in a fresh venv, with its checks.
 
     python -m matrix.run                   # every leg, in order; venvs deleted once their leg passes
     python -m matrix.run --only kaggle-tpu --only kaggle-gpu --keep
@@ -59,7 +59,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python matrix/run.py` works too
 
-from pipeline import versions  # noqa: E402  (after the sys.path line; imports no torch)
+from pipeline.tooling import versions  # noqa: E402  (after the sys.path line; imports no torch)
 
 WORK = ROOT / ".matrix"
 HANDOFF = WORK / "handoff"  # kaggle-tpu's artifact and data, read by kaggle-gpu
@@ -367,7 +367,7 @@ try:
     result["installed"] = importlib.metadata.version("torch_xla")
 except importlib.metadata.PackageNotFoundError:
     result["installed"] = None
-import torch, pipeline.submission
+import torch, pipeline.inference.submission
 result.update(torch=torch.__version__, executable=sys.executable, xla_loaded=sys.modules.get("torch_xla") is not None)
 open(os.environ["PROBE_OUT"], "w").write(json.dumps(result))
 """
@@ -600,7 +600,7 @@ def render(results: dict) -> str:
                                                         leg["finished"]]) + " |")  # fmt: skip
     run = results.get("run", {})
     text = ["# Version matrix results", "",
-            "Written by `python -m matrix.run` (`make matrix`); the legs are pipeline/versions.py's. "
+            "Written by `python -m matrix.run` (`make matrix`); the legs are pipeline/tooling/versions.py's. "
             "Versions are what each leg's venv reported after the install. Timings are wall seconds on a 2-core "
             "machine shared with other work: `load` (the 5-minute load average as the leg ended) above 2 means "
             "the leg waited for CPU.", "", *lines, ""]  # fmt: skip

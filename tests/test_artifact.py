@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
-from pipeline.config import InferConfig
-from pipeline.inference import classify_clips
-from pipeline.model import ModelConfig, SpeakerClassifier
+from pipeline.core.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
+from pipeline.core.config import InferConfig
+from pipeline.core.model import ModelConfig, SpeakerClassifier
+from pipeline.inference.predict import classify_clips
 
 
 def small_model():
@@ -134,7 +134,7 @@ def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_cop
     # classify_file: SpeechBrain's own decoding and resampling of an 8 kHz file, against the project's.
     import soundfile as sf
 
-    from pipeline.data import load_audio
+    from pipeline.core.data import load_audio
 
     sf.write(tmp_path / "clip.wav", clips[2][::2], 8000)
     from_file = classify_clips(ours.model, [load_audio(tmp_path / "clip.wav")[0]], window,
@@ -260,7 +260,7 @@ def test_an_ensemble_roundtrips_and_loads_in_speechbrain_with_the_mean_of_its_me
     path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {})
     loaded = load_artifact(path)
     assert loaded.model.config.members == 2
-    assert "pipeline.model.MemberEncoders" in (path / "hyperparams.yaml").read_text()
+    assert "pipeline.core.model.MemberEncoders" in (path / "hyperparams.yaml").read_text()
     rng = np.random.default_rng(4)
     clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in (3000, 8000, 20000)]
     buckets = InferConfig().length_buckets

@@ -1,14 +1,14 @@
-"""Training-crop augmentation (pipeline/augment.py) and crops that land on the sound (data.crop_span)."""
+"""Training-crop augmentation (pipeline/training/augment.py) and crops that land on the sound (data.crop_span)."""
 
 import numpy as np
 import pytest
 import soundfile as sf
 import torch
 
-from pipeline.augment import Augmentation, augment
-from pipeline.data import crop_span
-from pipeline.model import Frontend
-from pipeline.store import open_or_build, source_files
+from pipeline.core.data import crop_span
+from pipeline.core.model import Frontend
+from pipeline.training.augment import Augmentation, augment
+from pipeline.training.store import open_or_build, source_files
 
 RATE = 16000
 

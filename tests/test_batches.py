@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.batches import BatchRecipe, TrainingBatches, crops, epoch_order, training_loader
-from pipeline.model import Frontend
+from pipeline.core.model import Frontend
+from pipeline.training.batches import BatchRecipe, TrainingBatches, crops, epoch_order, training_loader
 
 
 def test_epoch_order_is_a_shuffled_cover_and_fills_small_shards():
@@ -84,7 +84,7 @@ def test_xla_batches_carry_the_host_features_of_the_same_crops(synthetic_trainin
 
 def test_xla_host_features_go_through_the_models_front_end(synthetic_training_data):
     """A PCEN model's TPU batches carry PCEN features, computed as the model's own `features` computes them."""
-    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
 
     waveforms = TrainingBatches(_recipe(synthetic_training_data))[(1, 2)]
     recipe = _recipe(synthetic_training_data, host_features_mels=40, host_features_frontend="pcen")

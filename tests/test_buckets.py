@@ -1,4 +1,4 @@
-"""pipeline/buckets.py: short windows at shorter lengths, and what they change in the predictions."""
+"""pipeline/core/buckets.py: short windows at shorter lengths, and what they change in the predictions."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.artifact import load_artifact
-from pipeline.buckets import Buckets
-from pipeline.data import load_audio
-from pipeline.inference import WindowPlan, classify_clips, clip_items, run_windows
+from pipeline.core.artifact import load_artifact
+from pipeline.core.buckets import Buckets
+from pipeline.core.data import load_audio
+from pipeline.core.windows import WindowPlan, run_windows
+from pipeline.inference.predict import classify_clips, clip_items
 
 # Largest difference of any cosine score allowed between a short window at its bucket's length and the same
 # window at full length. Measured (max over clips): 4e-6 on 300 held-out FSDD digits with a trained 'small'
@@ -101,7 +102,7 @@ def test_bucketed_predictions_equal_full_windows_and_no_compute_runs_on_padding(
 def test_a_pcen_models_bucketed_predictions_equal_full_windows(tiny_artifact, synthetic_data):
     """PCEN's level smoother runs through the frames in order: the frames after a short window's audio (its
     bucket's padding or the full window's) never reach the frames before them."""
-    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
 
     config = load_artifact(tiny_artifact).model.config.to_dict()
     torch.manual_seed(0)
@@ -134,7 +135,7 @@ def test_fsdd_labels_are_those_of_full_windows(tiny_artifact, fsdd_recordings):
 
 
 def test_speechbrains_windowed_encoder_buckets_as_the_infer_stage_does(tiny_artifact):
-    from pipeline.model import WindowedEncoder
+    from pipeline.core.model import WindowedEncoder
 
     model = load_artifact(tiny_artifact).model
     config = model.config

@@ -12,9 +12,9 @@ import pytest
 from conftest import TINY_TRAIN
 from helpers import run_papermill
 
-from pipeline.config import InferConfig
-from pipeline.scoring import score_submission
-from pipeline.submission import run_inference
+from pipeline.core.config import InferConfig
+from pipeline.inference.submission import run_inference
+from pipeline.tooling.scoring import score_submission
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:

@@ -1,6 +1,6 @@
 import pytest
 
-from pipeline.config import ConfigError, InferConfig, TrainConfig, from_params
+from pipeline.core.config import ConfigError, InferConfig, TrainConfig, from_params
 
 
 def test_from_params_takes_known_parameters_and_coerces_ints_to_floats():

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.config import SAMPLE_RATE
-from pipeline.data import AudioError, crop_span, load_audio, pad_crop, windows
+from pipeline.core.config import SAMPLE_RATE
+from pipeline.core.data import AudioError, crop_span, load_audio, pad_crop, windows
 
 
 def write_folder(root, rows, files):
@@ -115,7 +115,7 @@ def test_overlapping_windows_cover_a_clip_with_starts_at_most_a_hop_apart():
 
 
 def test_audio_seconds_reads_the_header_only(tmp_path):
-    from pipeline.data import audio_seconds
+    from pipeline.core.data import audio_seconds
 
     sf.write(tmp_path / "a.wav", np.zeros(24_000, dtype=np.float32), 8000)
     assert audio_seconds(tmp_path / "a.wav") == 3.0

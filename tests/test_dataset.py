@@ -1,4 +1,4 @@
-"""pipeline.dataset: the table's rows, their audio in the cache, bad rows and the train/validation split."""
+"""pipeline.training.dataset: the table's rows, their audio in the cache, bad rows and the train/validation split."""
 
 import shutil
 from collections import Counter
@@ -7,9 +7,9 @@ import pytest
 import soundfile as sf
 from test_data import tone, write_folder
 
-from pipeline.config import SAMPLE_RATE, TrainConfig
-from pipeline.dataset import drop_repeated_rows, load_training_data, split_files, stratified_split
-from pipeline.tables import DataError, read_train_table
+from pipeline.core.config import SAMPLE_RATE, TrainConfig
+from pipeline.core.tables import DataError, read_train_table
+from pipeline.training.dataset import drop_repeated_rows, load_training_data, split_files, stratified_split
 
 
 def load(root, on_bad_row="error", **overrides):
@@ -109,7 +109,7 @@ def test_a_file_with_several_labels_is_never_on_both_sides_of_the_split(tmp_path
 
 
 def test_split_files_keeps_every_label_trained_and_single_label_tables_as_they_were():
-    from pipeline.tables import TrainRow
+    from pipeline.core.tables import TrainRow
 
     # "b" is only ever a second label, of the file a stratified split by first label holds out.
     rows = [TrainRow(2, "p", "a"), TrainRow(2, "p", "b"), TrainRow(3, "q", "a"), TrainRow(4, "r", "c"),
@@ -128,7 +128,7 @@ def test_split_files_keeps_every_label_trained_and_single_label_tables_as_they_w
 def test_drop_repeated_rows_keeps_the_first_of_each():
     from pathlib import Path
 
-    from pipeline.tables import TrainRow
+    from pipeline.core.tables import TrainRow
 
     rows = [TrainRow(2, "a", "x"), TrainRow(3, "a", "x"), TrainRow(4, "a", "x")]
     kept, notes = drop_repeated_rows(rows, Path("train.csv"))

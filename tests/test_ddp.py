@@ -10,13 +10,13 @@ import torch
 from conftest import TINY_TRAIN
 from helpers import run_papermill
 
-from pipeline.config import TrainConfig
-from pipeline.dataset import stratified_split
+from pipeline.core.config import TrainConfig
+from pipeline.core.tables import read_train_table
 from pipeline.devices.ddp import DDPStrategy, ddp_entry
 from pipeline.devices.launch import launch
 from pipeline.devices.policy import decide
-from pipeline.tables import read_train_table
-from pipeline.train import fit
+from pipeline.training.dataset import stratified_split
+from pipeline.training.train import fit
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
@@ -69,8 +69,8 @@ def test_train_notebook_with_two_cpu_processes(synthetic_data, tmp_path):
 TORCHRUN_SCRIPT = """
 import json, os, sys
 from pathlib import Path
-from pipeline.config import TrainConfig
-from pipeline.train import train
+from pipeline.core.config import TrainConfig
+from pipeline.training.train import train
 result = train(TrainConfig(**json.loads(sys.argv[1])))
 report = {"rows": result.rows_trained, "weights": result.weights_sha256}
 Path(sys.argv[2], "rank" + os.environ["RANK"] + ".json").write_text(json.dumps(report))
@@ -121,7 +121,7 @@ def _ddp_work(config):
     """What train() hands every rank: the config, the plan, the training data, the start time."""
     import time
 
-    from pipeline.dataset import load_training_data
+    from pipeline.training.dataset import load_training_data
 
     plan = decide(config)
     return plan, (config, plan, load_training_data(config, log=lambda *_: None), time.monotonic())
@@ -136,7 +136,7 @@ def test_a_slow_rank_0_save_with_short_collective_timeouts_keeps_the_artifact(sy
     collective timeout (here 25 s against 15 s) leaves a complete artifact."""
     from launch_fixtures.workers import fit_with_slow_save
 
-    from pipeline.artifact import load_artifact
+    from pipeline.core.artifact import load_artifact
 
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
                          **{**TINY_TRAIN, "epochs": 1, "devices": 2, "collective_timeout_minutes": 0.25})  # fmt: skip
@@ -192,7 +192,7 @@ def test_ddp_fp16_with_gradient_accumulation(synthetic_data, tmp_path):
     """The T4 x2 recipe (fp16 autocast + GradScaler, DDP) with 2 micro-batches per step, on gloo."""
     import numpy as np
 
-    from pipeline.train import train
+    from pipeline.training.train import train
 
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"), precision="fp16",
                          **{**TINY_TRAIN, "epochs": 3, "devices": 2, "grad_accum": 2, "per_device_batch_size": 4})  # fmt: skip

@@ -12,7 +12,7 @@ from conftest import requires_torch_xla
 from helpers import ROOT
 
 from pipeline.devices import probe
-from pipeline.doctor import collect, render
+from pipeline.tooling.doctor import collect, render
 
 T4_X2 = "0, GPU-aaaa1111, Tesla T4, 15360, 7.5\n1, GPU-bbbb2222, Tesla T4, 15360, 7.5\n"
 # After the report: did anything initialise CUDA or import torch_xla? (A launcher started later must work.)

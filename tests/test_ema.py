@@ -1,4 +1,4 @@
-"""Tests for pipeline.ema: the weight average and the BatchNorm statistics of the weights that are kept."""
+"""Tests for pipeline.training.ema: the weight average and the BatchNorm statistics of the weights that are kept."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.ema import WeightAverage, recompute_batchnorm
-from pipeline.model import ModelConfig, SpeakerClassifier
+from pipeline.core.model import ModelConfig, SpeakerClassifier
+from pipeline.training.ema import WeightAverage, recompute_batchnorm
 
 
 def tiny_classifier(seed: int = 0) -> SpeakerClassifier:

@@ -15,14 +15,20 @@ import pytest
 import soundfile as sf
 from helpers import ROOT
 
-from pipeline.data import load_audio
-from pipeline.fsdd import FSDDError, make_fsdd_competition, parse_name, scan_recordings, split_recordings
-from pipeline.tables import (
+from pipeline.core.data import load_audio
+from pipeline.core.tables import (
     TestLayout,
     read_sample_submission,
     read_test_items,
     read_train_table,
     resolve_inside,
+)
+from pipeline.demo_data.fsdd import (
+    FSDDError,
+    make_fsdd_competition,
+    parse_name,
+    scan_recordings,
+    split_recordings,
 )
 
 SPEAKERS = ("ann", "bob", "cyd")

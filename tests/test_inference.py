@@ -3,10 +3,11 @@ import pytest
 import soundfile as sf
 import torch
 
-from pipeline.artifact import load_artifact
-from pipeline.data import load_audio
-from pipeline.inference import Span, WindowPlan, classify_clips, file_order, predict_spans
-from pipeline.tables import TestLayout, read_test_items
+from pipeline.core.artifact import load_artifact
+from pipeline.core.data import load_audio
+from pipeline.core.tables import TestLayout, read_test_items
+from pipeline.core.windows import Span, WindowPlan
+from pipeline.inference.predict import classify_clips, file_order, predict_spans
 
 
 def test_batched_windows_equal_one_file_at_a_time(tiny_artifact, synthetic_data):
@@ -89,7 +90,7 @@ def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage)
 def test_fast_reflect_padding_is_bit_identical(tiny_artifact):
     import copy
 
-    from pipeline.inference import use_fast_reflect_padding
+    from pipeline.inference.predict import use_fast_reflect_padding
 
     reference = load_artifact(tiny_artifact).model
     fast = copy.deepcopy(reference)
@@ -105,8 +106,8 @@ def test_fast_reflect_padding_is_bit_identical(tiny_artifact):
 def test_chunk_spans_pool_their_own_overlapping_windows(tiny_artifact):
     """Every chunk's windows lie inside it, `hop` apart (the last ends at the chunk's end); max, mean and
     mean_max pool the windows' cosine scores exactly as computed one window at a time."""
-    from pipeline.data import windows
-    from pipeline.inference import FileWindows, run_windows, span_windows
+    from pipeline.core.data import windows
+    from pipeline.core.windows import FileWindows, run_windows, span_windows
 
     artifact = load_artifact(tiny_artifact)
     model, config = artifact.model, artifact.model.config
@@ -136,7 +137,7 @@ def test_chunk_spans_pool_their_own_overlapping_windows(tiny_artifact):
 
 
 def test_a_span_past_the_decoded_audio_has_no_prediction(tiny_artifact):
-    from pipeline.inference import FileWindows, run_windows, span_windows
+    from pipeline.core.windows import FileWindows, run_windows, span_windows
 
     model = load_artifact(tiny_artifact).model
     rate, window = model.config.sample_rate, model.config.window_samples

@@ -15,12 +15,12 @@ import pytest
 import soundfile as sf
 import torch
 
-from pipeline.config import InferConfig
-from pipeline.devices.inference_devices import choose_devices, shard_indices
+from pipeline.core.config import InferConfig
+from pipeline.core.tables import TestLayout, read_test_items
 from pipeline.devices.probe import cuda_device_count
-from pipeline.inference import file_order
-from pipeline.submission import run_inference
-from pipeline.tables import TestLayout, read_test_items
+from pipeline.inference.inference_devices import choose_devices, shard_indices
+from pipeline.inference.predict import file_order
+from pipeline.inference.submission import run_inference
 
 
 @pytest.mark.parametrize(("n_files", "n_shards"), [(10, 2), (7, 3), (2, 2), (1, 2), (0, 2), (5, 1)])
@@ -55,8 +55,8 @@ def test_choose_devices():
 
 
 def test_batching_is_sized_for_the_device_unless_set():
-    from pipeline.devices.inference_devices import batching_for
-    from pipeline.model import ModelConfig
+    from pipeline.core.model import ModelConfig
+    from pipeline.inference.inference_devices import batching_for
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     base = ModelConfig.from_preset("base", n_classes=3)
@@ -164,9 +164,9 @@ def test_a_failing_device_worker_falls_back_to_one_device(
 
     from launch_fixtures.workers import broken_inference_worker
 
-    from pipeline import inference
-    from pipeline.config import InferConfig
-    from pipeline.submission import run_inference
+    from pipeline.core.config import InferConfig
+    from pipeline.inference import predict as inference
+    from pipeline.inference.submission import run_inference
 
     monkeypatch.setattr(inference, "gpu_inference_worker", broken_inference_worker)
     out = tmp_path / "sub.csv"
@@ -187,9 +187,9 @@ def test_a_hung_device_worker_is_given_up_on_and_the_cpu_predicts(
 
     from launch_fixtures.workers import hung_inference_worker
 
-    from pipeline import inference
-    from pipeline.config import InferConfig
-    from pipeline.submission import run_inference
+    from pipeline.core.config import InferConfig
+    from pipeline.inference import predict as inference
+    from pipeline.inference.submission import run_inference
 
     monkeypatch.setattr(inference, "gpu_inference_worker", hung_inference_worker)
     monkeypatch.setattr(inference, "STALL_MINUTES", 3 / 60)

@@ -11,11 +11,11 @@ import nbformat
 import pytest
 from helpers import ROOT, bootstrap_source, fresh_python, run_bootstrap
 
-from pipeline import kaggle
-from pipeline.config import ConfigError, InferConfig, TrainConfig
-from pipeline.notebook import resolve_infer_paths, resolve_train_defaults
-from pipeline.packaging import build_project_wheel
+from pipeline.core import kaggle
+from pipeline.core.config import ConfigError, InferConfig, TrainConfig
 from pipeline.safety import analyse
+from pipeline.tooling.notebook import resolve_infer_paths, resolve_train_defaults
+from pipeline.tooling.packaging import build_project_wheel
 
 COMPETITION_FILES = ("train.csv", "test.csv", "sample_submission.csv")
 ARTIFACT_FILES = ("manifest.json", "model.safetensors")

@@ -10,8 +10,8 @@ import nbformat
 import pytest
 from helpers import run_papermill, venv_env
 
-from pipeline.artifact import load_artifact
-from pipeline.synthetic import make_synthetic_competition
+from pipeline.core.artifact import load_artifact
+from pipeline.demo_data.synthetic import make_synthetic_competition
 
 SLUG, OWNER, TRAIN_KERNEL = "speaker-id-2026", "alice", "speaker-id-2026-ecapa-train"
 TINY = {"model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.metrics import MetricError, score, selection_metric, standard_error
+from pipeline.core.metrics import MetricError, score, selection_metric, standard_error
 
 
 def lwlrap_by_definition(truth, scores):

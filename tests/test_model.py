@@ -1,7 +1,7 @@
 import torch
 
-from pipeline.config import MODEL_PRESETS
-from pipeline.model import ModelConfig, SpeakerClassifier, count_parameters
+from pipeline.core.config import MODEL_PRESETS
+from pipeline.core.model import ModelConfig, SpeakerClassifier, count_parameters
 
 
 def tiny(n_classes=3):
@@ -66,7 +66,7 @@ def pcen_model(n_classes=3):
 
 
 def test_pcen_is_the_running_level_smoother_started_from_the_valid_frames_median():
-    from pipeline.model import PCEN
+    from pipeline.core.model import PCEN
 
     pcen = PCEN()
     feats_db = 20 * torch.randn(3, 60, 8, generator=torch.Generator().manual_seed(0)) - 30
@@ -90,7 +90,7 @@ def test_pcen_frames_depend_only_on_what_came_before_so_padding_changes_no_valid
     full[0, :4000] = short[0, :4000] = clip
     valid = (
         4000 // 160
-    )  # frames of audio; relative lengths that keep that count, as pipeline/buckets.py makes
+    )  # frames of audio; relative lengths that keep that count, as pipeline/core/buckets.py makes
     with torch.no_grad():
         a = model.features(full, torch.tensor([valid / (8000 // 160 + 1)]))
         b = model.features(short, torch.tensor([valid / (6000 // 160 + 1)]))
@@ -124,7 +124,7 @@ def test_an_ensembles_scores_are_the_mean_of_its_members_own_cosines_on_every_pa
     Classifier (given class_centres as its weight) all see their mean."""
     from speechbrain.lobes.models.ECAPA_TDNN import Classifier
 
-    from pipeline.inference import cosine_scores
+    from pipeline.core.windows import cosine_scores
 
     ensemble, singles = members_and_singles()
     wavs, lens = torch.randn(5, 8000), torch.tensor([1.0, 1.0, 0.7, 0.5, 1.0])

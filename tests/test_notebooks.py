@@ -69,9 +69,9 @@ def test_the_parameters_cell_lists_every_field_at_its_default_and_parses_cleanly
 
     from papermill.translators import PythonTranslator
 
-    import pipeline.config
+    import pipeline.core.config
 
-    config_cls = getattr(pipeline.config, config_name)
+    config_cls = getattr(pipeline.core.config, config_name)
     cell = next(c for c in nbformat.read(ROOT / notebook, as_version=4).cells if c.cell_type == "code")
     with caplog.at_level(logging.WARNING, logger="papermill"):
         parsed = PythonTranslator.inspect(cell)

@@ -3,8 +3,8 @@ import math
 import pytest
 import torch
 
-from pipeline.model import ModelConfig, SpeakerClassifier
-from pipeline.objectives import make_loss, probabilities, validation_loss
+from pipeline.core.model import ModelConfig, SpeakerClassifier
+from pipeline.core.objectives import make_loss, probabilities, validation_loss
 
 
 def tiny(n_classes=3):

@@ -79,7 +79,7 @@ def test_the_guard_blocks_network_and_torch_xla_but_not_loopback(guarded_env):
 def test_torch_xla_is_installed_here_but_never_imported_by_the_submission_path():
     """torch_xla is in this venv (the TPU path uses it), so its absence from sys.modules means something."""
     code = ("import importlib.util, sys; assert importlib.util.find_spec('torch_xla') is not None, 'not installed'; "
-            "import pipeline.config, pipeline.notebook, pipeline.submission, pipeline.inference; "
+            "import pipeline.core.config, pipeline.tooling.notebook, pipeline.inference.submission, pipeline.inference.predict; "
             "print('torch_xla' in sys.modules)")  # fmt: skip
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=venv_env(), timeout=120

@@ -1,4 +1,4 @@
-"""pipeline/onnx_artifact.py: what training adds to the artifact for the ONNX engine, and what it costs."""
+"""pipeline/training/onnx_artifact.py: what training adds to the artifact for the ONNX engine, and what it costs."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pytest
 from conftest import TINY_TRAIN
 from onnx_fixtures import Unexportable
 
-from pipeline import onnx_artifact, onnx_engine
-from pipeline.artifact import load_artifact
-from pipeline.config import TrainConfig
-from pipeline.data import windows
-from pipeline.onnx_artifact import export_for_artifact, int8_rule, reserve_seconds
+from pipeline.core import onnx as onnx_engine
+from pipeline.core.artifact import load_artifact
+from pipeline.core.config import TrainConfig
+from pipeline.core.data import windows
+from pipeline.training import onnx_artifact
+from pipeline.training.onnx_artifact import export_for_artifact, int8_rule, reserve_seconds
 
 needs_onnx = pytest.mark.skipif(
     onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
@@ -85,7 +86,7 @@ def test_the_time_budget_keeps_back_what_the_export_will_take(tiny_artifact, syn
 
 
 def test_training_without_export_writes_no_onnx_file(synthetic_data, tmp_path):
-    from pipeline.train import train
+    from pipeline.training.train import train
 
     result = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "a"),
                                **{**TINY_TRAIN, "epochs": 1}))  # fmt: skip
@@ -97,7 +98,7 @@ def test_training_without_export_writes_no_onnx_file(synthetic_data, tmp_path):
 def test_any_export_failure_costs_the_onnx_files_never_the_trained_artifact(
     synthetic_data, tmp_path, monkeypatch
 ):
-    from pipeline.train import train
+    from pipeline.training.train import train
 
     def export_breaks(*args, **kwargs):
         raise RuntimeError("out of host memory")

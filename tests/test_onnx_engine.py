@@ -1,4 +1,4 @@
-"""pipeline/onnx_engine.py with the real exporter and the real ONNX Runtime, on a trained tiny model.
+"""pipeline/core/onnx.py and inference/engines.py with the real exporter and ONNX Runtime, on a trained tiny model.
 
 Skipped where onnxruntime or torch's exporter (onnxscript, onnx) is not installed: Python 3.10 has no
 onnxruntime wheel, and a leg of the version matrix may lack them.
@@ -16,21 +16,14 @@ import pytest
 import torch
 from onnx_fixtures import Unexportable
 
-from pipeline import onnx_engine
-from pipeline.artifact import load_artifact
-from pipeline.data import load_audio, windows
-from pipeline.inference import FileWindows, WindowPlan, clip_items, cosine_scores, run_windows
-from pipeline.model import SpeakerClassifier
-from pipeline.onnx_engine import (
-    GuardedEmbedder,
-    OnnxEmbedder,
-    RacingEmbedder,
-    TorchEmbedder,
-    export_embedding_model,
-    int8_acceptable,
-    make_embedder,
-    quantize_embedding_model,
-)
+from pipeline.core import onnx as onnx_engine
+from pipeline.core.artifact import load_artifact
+from pipeline.core.data import load_audio, windows
+from pipeline.core.model import SpeakerClassifier
+from pipeline.core.onnx import OnnxEmbedder, export_embedding_model, int8_acceptable, quantize_embedding_model
+from pipeline.core.windows import FileWindows, WindowPlan, cosine_scores, run_windows
+from pipeline.inference.engines import GuardedEmbedder, RacingEmbedder, TorchEmbedder, make_embedder
+from pipeline.inference.predict import clip_items
 
 pytestmark = pytest.mark.skipif(
     onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
@@ -372,7 +365,7 @@ def test_the_int8_rule():
 
 def test_the_exported_frame_range_keeps_every_preset_within_int32():
     """torch 2.10 refuses a voxceleb-size export whose frames x (3 x widest channels) may pass 2^31."""
-    from pipeline.config import MODEL_PRESETS
+    from pipeline.core.config import MODEL_PRESETS
 
     for preset, sizes in MODEL_PRESETS.items():
         assert onnx_engine.MAX_FRAMES * 3 * sizes["channels"][-1] < 2**31, preset

@@ -19,12 +19,13 @@ import pytest
 import torch
 from conftest import ROOT
 
-from pipeline import onnx_engine
-from pipeline.artifact import ArtifactError, _file_record, load_artifact, verify_artifact
-from pipeline.config import InferConfig
-from pipeline.inference import EngineSettings, cosine_scores, make_engine
-from pipeline.onnx_engine import ONNX_FP32, ONNX_INT8, int8_acceptable
-from pipeline.submission import run_inference
+from pipeline.core import onnx as onnx_engine
+from pipeline.core.artifact import ArtifactError, _file_record, load_artifact, verify_artifact
+from pipeline.core.config import InferConfig
+from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, int8_acceptable
+from pipeline.core.windows import cosine_scores
+from pipeline.inference.predict import EngineSettings, make_engine
+from pipeline.inference.submission import run_inference
 
 needs_onnx = pytest.mark.skipif(
     onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
@@ -199,8 +200,8 @@ def test_without_onnxruntime_the_infer_stage_says_so_once_and_runs_torch(
     script = f"""
 import json, sys
 sys.modules["onnxruntime"] = None  # as if not installed: any import of it raises
-from pipeline.config import InferConfig
-from pipeline.submission import run_inference
+from pipeline.core.config import InferConfig
+from pipeline.inference.submission import run_inference
 result = run_inference(InferConfig(data_dir={str(synthetic_data)!r}, artifact_dir={str(tiny_artifact)!r},
                                    submission_path={str(tmp_path / "sub.csv")!r}, progress=False))
 print(json.dumps(dict(result.report["engine"], fallbacks=result.n_fallbacks)))

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from helpers import ROOT, fresh_python, run_bootstrap
 
-from pipeline.packaging import (
+from pipeline.tooling.packaging import (
     MACHINE_SHAPES,
     WHEEL_PREFIX,
     PackagingError,
@@ -274,7 +274,7 @@ def test_the_default_bundle_installs_offline_on_an_image_without_speechbrain(tmp
     assert subprocess.run([python, "-c", "import speechbrain"], capture_output=True).returncode != 0
     run = run_bootstrap(python, tmp_path / "kaggle", cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    check = subprocess.run([python, "-c", "import speechbrain, soundfile, onnxruntime, onnxscript, pipeline.model; "
+    check = subprocess.run([python, "-c", "import speechbrain, soundfile, onnxruntime, onnxscript, pipeline.core.model; "
                             "print(speechbrain.__file__, onnxruntime.__file__)"],
                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0, check.stderr[-2000:]

@@ -4,7 +4,7 @@ import pytest
 import torch
 from test_probe import T4_X2, fake_smi
 
-from pipeline.config import ConfigError, TrainConfig
+from pipeline.core.config import ConfigError, TrainConfig
 from pipeline.devices import probe
 from pipeline.devices.ddp import rank_device
 from pipeline.devices.policy import (

@@ -18,8 +18,8 @@ import torch
 from conftest import TINY_TRAIN
 from safetensors.torch import load_file
 
-from pipeline.config import ConfigError, TrainConfig
-from pipeline.pretrained import PretrainedError, initial_model
+from pipeline.core.config import ConfigError, TrainConfig
+from pipeline.training.pretrained import PretrainedError, initial_model
 
 N_MELS = TINY_TRAIN["n_mels"]
 ARCH = dict(channels=[32, 32, 32, 32, 96], lin_neurons=64, attention_channels=16, se_channels=16)
@@ -240,9 +240,9 @@ def test_kaggle_style_nested_directory_is_found(pretrained_dir, tmp_path):
 
 def test_freeze_encoder_trains_only_the_classifier_and_keeps_batchnorm_statistics(pretrained_dir):
     """Real train steps (train.py's train_step, its model.train() call, an Adam over trainable params)."""
+    from pipeline.core.objectives import make_loss
     from pipeline.devices.strategy import SingleDevice
-    from pipeline.objectives import make_loss
-    from pipeline.train import train_step
+    from pipeline.training.train import train_step
 
     directory, state = pretrained_dir
     model = initial_model(tiny_config(directory, freeze_encoder=True), "small", LABELS, lambda _: None)
@@ -270,7 +270,7 @@ def test_fine_tuning_starts_from_the_pretrained_encoder(
 ):
     """A tiny learning rate moves the weights only a little: training must have started at the pretrained
     encoder, far from a fresh initialisation, and it did train it (not frozen)."""
-    from pipeline.train import train
+    from pipeline.training.train import train
 
     directory, state = pretrained_dir
     out = tmp_path / "model"
@@ -290,8 +290,8 @@ def test_fine_tuning_starts_from_the_pretrained_encoder(
 def test_frozen_fine_tune_end_to_end_leaves_the_encoder_exactly_as_pretrained(
     pretrained_dir, synthetic_data, tmp_path
 ):
-    from pipeline.artifact import load_artifact
-    from pipeline.train import train
+    from pipeline.core.artifact import load_artifact
+    from pipeline.training.train import train
 
     directory, state = pretrained_dir
     out = tmp_path / "model"

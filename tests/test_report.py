@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline import report
+from pipeline.core import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

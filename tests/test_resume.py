@@ -16,9 +16,9 @@ import torch
 from conftest import TINY_TRAIN
 from helpers import ROOT, venv_env
 
-from pipeline.artifact import load_artifact
-from pipeline.config import TrainConfig
-from pipeline.train import train
+from pipeline.core.artifact import load_artifact
+from pipeline.core.config import TrainConfig
+from pipeline.training.train import train
 
 EPOCHS = 8  # 5 steps per epoch on the synthetic set: 40 steps, long enough to kill in the middle
 INTERVAL_MINUTES = 0.002  # 0.12 s: a checkpoint after (nearly) every step
@@ -28,8 +28,8 @@ KILL_AFTER_STEP = 12  # kill once a checkpoint past the second epoch is on disk
 def training_command(data: Path, artifact: Path, **overrides) -> list[str]:
     params = {**TINY_TRAIN, "epochs": EPOCHS, "checkpoint_every_minutes": INTERVAL_MINUTES, **overrides}
     code = (
-        "from pipeline.config import TrainConfig\n"
-        "from pipeline.train import train\n"
+        "from pipeline.core.config import TrainConfig\n"
+        "from pipeline.training.train import train\n"
         f"train(TrainConfig(data_dir={str(data)!r}, artifact_dir={str(artifact)!r}, **{params!r}))\n"
     )
     return [sys.executable, "-c", code]
@@ -175,9 +175,9 @@ def test_a_checkpoint_follows_the_data_not_its_mount_point(synthetic_data, tmp_p
     the next version must still resume. Other rows or other parameters must not."""
     import shutil
 
-    from pipeline.dataset import load_training_data
     from pipeline.devices.probe import detect_topology
-    from pipeline.provenance import run_fingerprint
+    from pipeline.training.dataset import load_training_data
+    from pipeline.training.provenance import run_fingerprint
 
     def data(folder):
         return load_training_data(TrainConfig(data_dir=str(folder), **TINY_TRAIN), log=lambda *_: None)

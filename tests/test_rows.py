@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import ConfigError, InferConfig, check_template
-from pipeline.inference import Span
-from pipeline.rows import chunk_count, plan_chunk_rows, plan_file_rows, recognise_template
-from pipeline.tables import SampleSubmission, TestItems, TestRow
+from pipeline.core.config import ConfigError, InferConfig, check_template
+from pipeline.core.tables import SampleSubmission, TestItems, TestRow
+from pipeline.core.windows import Span
+from pipeline.inference.rows import chunk_count, plan_chunk_rows, plan_file_rows, recognise_template
 
 
 def sample(ids, classes=("a", "b")):

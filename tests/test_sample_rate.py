@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 from conftest import TINY_TRAIN
 
-from pipeline.config import InferConfig, TrainConfig
-from pipeline.model import fbank
-from pipeline.scoring import score_submission
-from pipeline.submission import run_inference
-from pipeline.synthetic import make_high_band_competition
-from pipeline.train import train
+from pipeline.core.config import InferConfig, TrainConfig
+from pipeline.core.model import fbank
+from pipeline.demo_data.synthetic import make_high_band_competition
+from pipeline.inference.submission import run_inference
+from pipeline.tooling.scoring import score_submission
+from pipeline.training.train import train
 
 
 def test_the_fbank_spans_half_the_sample_rate_with_25_ms_windows():

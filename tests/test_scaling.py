@@ -1,4 +1,4 @@
-"""pipeline.scaling: lr rules computed from their formulas, validation naming the notebook parameters."""
+"""pipeline.core.scaling: lr rules computed from their formulas, validation naming the notebook parameters."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pipeline.scaling import (
+from pipeline.core.scaling import (
     WARMUP_MAX_FRACTION,
     WARMUP_STEPS_PER_LR_MULTIPLE,
     plan_batch,

@@ -15,7 +15,7 @@ import pytest
 from conftest import TINY_TRAIN
 from helpers import run_papermill
 
-from pipeline.soundscapes import make_soundscape_competition, species_from_synthetic
+from pipeline.demo_data.soundscapes import make_soundscape_competition, species_from_synthetic
 
 LAYOUT = {"train_table": "train.csv", "path_column": "filename", "label_column": "primary_label",
           "secondary_labels_column": "secondary_labels", "audio_dir": "train_audio"}  # fmt: skip
@@ -156,8 +156,8 @@ def test_broken_soundscapes_keep_their_rows_and_a_short_time_limit_still_writes_
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_labelled_soundscapes_validate_and_select_the_kept_epoch(species, tmp_path, capsys):
-    from pipeline.config import TrainConfig
-    from pipeline.train import train
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.train import train
 
     data = make_soundscape_competition(tmp_path / "data", species, focal_per_class=8, test_soundscapes=0,
                                        train_soundscapes=2, labelled_soundscapes=2, soundscape_seconds=SCAPE_SECONDS)  # fmt: skip

@@ -1,4 +1,4 @@
-"""pipeline.staging: a directory appears complete or not at all, a replaced one survives a failed build, and
+"""pipeline.core.staging: a directory appears complete or not at all, a replaced one survives a failed build, and
 no output ever replaces or overlaps a folder this project did not write."""
 
 import stat
@@ -6,7 +6,7 @@ import stat
 import numpy as np
 import pytest
 
-from pipeline.staging import (
+from pipeline.core.staging import (
     OutputRefused,
     check_output_dir,
     mark,

@@ -1,4 +1,4 @@
-"""pipeline.store: training audio decoded once into a memory-mapped int16 cache, found again by fingerprint."""
+"""pipeline.training.store: training audio decoded once into a memory-mapped int16 cache, found again by fingerprint."""
 
 import json
 import os
@@ -11,9 +11,9 @@ import pytest
 import soundfile as sf
 from helpers import venv_env
 
-from pipeline.data import load_audio
-from pipeline.staging import OutputRefused
-from pipeline.store import (
+from pipeline.core.data import load_audio
+from pipeline.core.staging import OutputRefused
+from pipeline.training.store import (
     AudioStore,
     CacheBuildStopped,
     fingerprint,
@@ -136,7 +136,7 @@ def test_a_cache_dir_holding_someone_elses_files_is_refused(tmp_path):
 CONCURRENT = """
 import sys
 from pathlib import Path
-from pipeline.store import open_or_build, source_files
+from pipeline.training.store import open_or_build, source_files
 data, cache = Path(sys.argv[1]), sys.argv[2]
 names = sorted(p.name for p in data.iterdir())
 store = open_or_build(source_files(data, names), cache, workers=1)

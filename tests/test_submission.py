@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipeline.artifact import ArtifactError
-from pipeline.config import InferConfig
-from pipeline.scoring import score_submission
-from pipeline.submission import run_inference
-from pipeline.tables import DataError
+from pipeline.core.artifact import ArtifactError
+from pipeline.core.config import InferConfig
+from pipeline.core.tables import DataError
+from pipeline.inference.submission import run_inference
+from pipeline.tooling.scoring import score_submission
 
 
 def read_rows(path):

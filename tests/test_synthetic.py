@@ -1,4 +1,4 @@
-"""Tests for the synthetic competition generator (pipeline/synthetic.py)."""
+"""Tests for the synthetic competition generator (pipeline/demo_data/synthetic.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import soundfile as sf
 from scipy import signal
 
-from pipeline import synthetic
-from pipeline.synthetic import make_synthetic_competition
+from pipeline.demo_data import synthetic
+from pipeline.demo_data.synthetic import make_synthetic_competition
 
 RATES = {8000, 16000, 22050, 44100}
 SMALL = {"n_speakers": 3, "train_per_speaker": 3, "test_per_speaker": 2}
@@ -223,7 +223,7 @@ def test_folders_of_real_size_have_clips_of_the_asked_length_rate_and_formats(tm
     """What the scale benchmark trains on: `python -m pipeline data synthetic --hours H`."""
     import soundfile as sf
 
-    from pipeline.synthetic import folder_of_hours
+    from pipeline.demo_data.synthetic import folder_of_hours
 
     out = folder_of_hours(tmp_path / "d", hours=0.05, clip_seconds=3.0, n_speakers=4, workers=2)
     train = (out / "train.csv").read_text().splitlines()[1:]

@@ -1,11 +1,11 @@
-"""pipeline.tables: the competition's tables in this project's layout or its own, test items, sample submissions."""
+"""pipeline.core.tables: the competition's tables in this project's layout or its own, test items, sample submissions."""
 
 import pytest
 import soundfile as sf
 from test_data import tone
 
-from pipeline.config import SAMPLE_RATE
-from pipeline.tables import (
+from pipeline.core.config import SAMPLE_RATE
+from pipeline.core.tables import (
     DataError,
     TestLayout,
     TrainTable,

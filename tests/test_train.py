@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import TINY_TRAIN
 
-from pipeline.artifact import load_artifact
-from pipeline.checkpoint import TrainingState
-from pipeline.config import TrainConfig
-from pipeline.train import format_epoch, train
+from pipeline.core.artifact import load_artifact
+from pipeline.core.config import TrainConfig
+from pipeline.training.checkpoint import TrainingState
+from pipeline.training.train import format_epoch, train
 
 
 def test_training_learns_and_records_provenance(tiny_artifact):
@@ -118,7 +118,7 @@ def test_training_refuses_an_artifact_dir_it_would_empty_and_deletes_nothing(
     synthetic_data, tmp_path, monkeypatch, where
 ):
     """Issue 14: `-p artifact_dir` equal to the data, holding notes, or `.` once emptied those folders."""
-    from pipeline.staging import OutputRefused
+    from pipeline.core.staging import OutputRefused
 
     data = tmp_path / "data"
     shutil.copytree(synthetic_data, data)

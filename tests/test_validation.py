@@ -9,12 +9,12 @@ import pytest
 import torch
 from conftest import TINY_TRAIN
 
-from pipeline.config import TrainConfig
+from pipeline.core.config import TrainConfig
 from pipeline.devices.ddp import ddp_entry
 from pipeline.devices.launch import launch
 from pipeline.devices.probe import detect_topology
 from pipeline.devices.strategy import SingleDevice
-from pipeline.validation import calibration_windows, evaluate
+from pipeline.training.validation import calibration_windows, evaluate
 
 
 def test_calibration_windows_are_a_fixed_sample_of_training_crops(synthetic_data, synthetic_training_data):

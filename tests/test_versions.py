@@ -1,4 +1,4 @@
-"""pipeline/versions.py is the one table of tested versions: pyproject's ranges, requirements.lock, the README,
+"""pipeline/tooling/versions.py is the one table of tested versions: pyproject's ranges, requirements.lock, the README,
 the matrix runner and Kaggle's images all agree with it; doctor compares a session with it."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
-from pipeline import versions
-from pipeline.doctor import collect, render
+from pipeline.tooling import versions
+from pipeline.tooling.doctor import collect, render
 
 tomllib = pytest.importorskip("tomllib", reason="Python 3.11+ reads pyproject.toml with tomllib")
 
@@ -119,7 +119,7 @@ def test_the_runner_implements_every_check_and_installs_existing_extras():
 
 
 def test_the_onnx_stack_is_pinned_by_the_legs_bundled_and_left_out_on_python_310():
-    from pipeline.packaging import EXTRA_WHEELS
+    from pipeline.tooling.packaging import EXTRA_WHEELS
 
     for leg in versions.LEGS:
         if leg.name != "newest":  # the newest leg takes the newest releases

@@ -1,4 +1,4 @@
-"""pipeline/wheelcheck.py on fabricated wheels: a zip with METADATA and WHEEL is all pip (and the check) reads."""
+"""pipeline/tooling/wheelcheck.py on fabricated wheels: a zip with METADATA and WHEEL is all pip (and the check) reads."""
 
 from __future__ import annotations
 
@@ -7,8 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import versions
-from pipeline.wheelcheck import WheelCheckError, check_bundle, read_wheel, require_installable, supported_tags
+from pipeline.tooling import versions
+from pipeline.tooling.wheelcheck import (
+    WheelCheckError,
+    check_bundle,
+    read_wheel,
+    require_installable,
+    supported_tags,
+)
 
 CP312 = "cp312-cp312-manylinux_2_17_x86_64.manylinux2014_x86_64"
 CP311 = "cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64"

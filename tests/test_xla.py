@@ -94,11 +94,11 @@ def test_the_blocker_really_blocks(tmp_path):
 XLA_INSIDE = """
 import json, sys, time, torch
 import torch_xla, torch_xla.debug.metrics as met
-from pipeline.config import TrainConfig
-from pipeline.dataset import load_training_data
+from pipeline.core.config import TrainConfig
+from pipeline.training.dataset import load_training_data
 from pipeline.devices.policy import decide
 from pipeline.devices.xla import XLASpmdStrategy
-from pipeline.train import fit
+from pipeline.training.train import fit
 
 config = TrainConfig(**json.loads(sys.argv[1]))
 plan = decide(config)
@@ -178,10 +178,10 @@ def test_a_host_side_error_reaches_the_training_loop_as_itself():
 SAME_STEPS = """
 import json, sys, torch
 from pipeline.devices.strategy import SingleDevice
-from pipeline.ema import WeightAverage
-from pipeline.model import ModelConfig, SpeakerClassifier
-from pipeline.objectives import make_loss
-from pipeline.train import train_step
+from pipeline.training.ema import WeightAverage
+from pipeline.core.model import ModelConfig, SpeakerClassifier
+from pipeline.core.objectives import make_loss
+from pipeline.training.train import train_step
 
 mode = sys.argv[1]  # production | today (XLA) | eager (CPU)
 if mode == "eager":

@@ -15,9 +15,9 @@ SCRIPT = """
 import copy, json, torch
 from pipeline.devices.probe import detect_topology
 from pipeline.devices.xla import XLASpmdStrategy
-from pipeline.model import ModelConfig, SpeakerClassifier
-from pipeline.objectives import make_loss
-from pipeline.train import train_step
+from pipeline.core.model import ModelConfig, SpeakerClassifier
+from pipeline.core.objectives import make_loss
+from pipeline.training.train import train_step
 
 torch.manual_seed(0)
 initial = SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=10, n_mels=40, window_samples=8000))
