@@ -148,7 +148,7 @@ class Leg:
         return self.run(log, argv, env=env, timeout=900)
 
     def guarded_env(self, log: Path, **extra: str) -> dict[str, str]:
-        """The offline guard of tests/test_offline_infer.py first on PYTHONPATH, logging to `log`."""
+        """The offline guard of tests/end_to_end/test_offline_infer.py first on PYTHONPATH, logging to `log`."""
         guard_dir = self.work / "guard"
         guard_dir.mkdir(parents=True, exist_ok=True)
         (guard_dir / "sitecustomize.py").write_text(offline_guard_source())
@@ -339,7 +339,7 @@ def train_xla_handoff(leg: Leg) -> str:
     if found != (8, "xla-spmd", leg.spec.torch_xla):
         raise CheckFailed(f"artifact provenance (devices, strategy, torch_xla) = {found}, expected "
                           f"(8, 'xla-spmd', {leg.spec.torch_xla!r})")  # fmt: skip
-    # As tests/test_xla.py's notebook test (which this leg deselects), with more steps an epoch (10 here): the
+    # As tests/devices/test_xla.py's notebook test (which this leg deselects), with more steps an epoch (10 here): the
     # first epoch compiles every graph of the run, the step's 1-2 and validation's 2, and no later step or
     # validation compiles one (the first step after a validation once did: devices/xla_traced.py).
     history = provenance["history"]
@@ -482,7 +482,7 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     # two images' versions. Running it as well cost the leg ~90 s (~3 min on a slow day).
     "pytest -m xla, less the notebook test the handoff repeats": pytest_check(
         "xla",
-        deselect=("tests/test_xla.py::test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla",),
+        deselect=("tests/devices/test_xla.py::test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla",),
     ),
     "train -> infer notebooks (cpu)": notebooks_cpu,
     "SpeechBrain client": speechbrain_own,

@@ -481,7 +481,7 @@ def make_high_band_competition(
     """Classes that differ only above 8 kHz, in 32 kHz WAV files (the project's layout): every clip is tones in
     the speech band drawn from one distribution for all classes, plus a few quiet chirps in a class-specific
     band between 9 and 15 kHz. A 16 kHz model cannot hear the difference; a 32 kHz one can
-    (tests/test_sample_rate.py). The chirps come and go: a steady tone would be removed by the front end's
+    (tests/end_to_end/test_sample_rate.py). The chirps come and go: a steady tone would be removed by the front end's
     mean normalisation as a channel colouring would."""
     bands = np.linspace(9000.0, 15000.0, n_classes + 1)
     labels = [f"band{k}" for k in range(n_classes)]

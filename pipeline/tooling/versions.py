@@ -1,6 +1,6 @@
 """The versions this project is tested on: the version matrix's legs and Kaggle's two images, in one table.
 
-Read by `python -m matrix.run` (what each leg installs and checks), tests/test_versions.py (pyproject's ranges
+Read by `python -m matrix.run` (what each leg installs and checks), tests/tooling/test_versions.py (pyproject's ranges
 are exactly what the legs prove: the floor leg pins every lower bound, the newest leg the newest allowed),
 pipeline/tooling/wheelcheck.py (what the images have preinstalled) and `python -m pipeline doctor` (this session's
 versions against the legs). Installed versions are read with importlib.metadata: importing this module, or
@@ -245,7 +245,7 @@ def compare(version_of: Callable[[str], str | None] = installed_version) -> Comp
 
 
 def markdown_table() -> str:
-    """The legs as README.md's "Tested versions" table shows them (tests/test_versions.py keeps it equal)."""
+    """The legs as README.md's "Tested versions" table shows them (tests/tooling/test_versions.py keeps it equal)."""
     rows = [
         "| leg | torch | torchaudio | torch_xla | speechbrain | numpy | what | checks |",
         "|---" * 8 + "|",

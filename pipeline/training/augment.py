@@ -13,7 +13,7 @@ soundscapes (far, noisy, several birds or none). Each augmentation here narrows 
     freq mask  SpeechBrain's DropFreq: narrow frequency bands notched out
 
 No gain augmentation: the front end's sentence mean normalisation subtracts each log-mel band's mean over
-the window, so a constant gain changes nothing the model sees (tests/test_augment.py checks it).
+the window, so a constant gain changes nothing the model sees (tests/training/test_augment.py checks it).
 
 Each batch's augmentation is a function of the batch's seed, like its crops: resumed runs and any number of
 workers see the same batches.

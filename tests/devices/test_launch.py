@@ -26,8 +26,8 @@ from pipeline.devices.launch import (
     running_under_torchrun,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 
 def _children() -> set[int]:

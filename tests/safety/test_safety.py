@@ -12,7 +12,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from pipeline.safety import Finding, analyse, check_notebook, main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def make_project(root: Path, modules: dict[str, str] | None = None) -> Path:

@@ -19,7 +19,7 @@ from conftest import requires_torch_xla
 from pipeline.devices import probe
 from pipeline.devices.probe import Topology, detect_topology
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 T4_X2 = "0, GPU-aaaa1111, Tesla T4, 15360, 7.5\n1, GPU-bbbb2222, Tesla T4, 15360, 7.5\n"
 A100 = "0, GPU-cccc3333, NVIDIA A100-SXM4-40GB, 40960, 8.0\n"
