@@ -56,8 +56,9 @@ EXTRA_WHEELS: tuple[tuple[str, bool], ...] = (
     ("ruamel.yaml.clib", True),  # C extension; ruamel.yaml requires it on CPython
     ("sentencepiece", True),  # required by speechbrain
     ("soundfile", True),  # bundles libsndfile; absent from the TPU image's requirements
-    # The ONNX engine (pipeline/inference/engines.py): the runtime, run by the infer notebook, and torch's dynamo
-    # exporter (onnxscript + onnx), run by the train notebook (in neither image's published requirements).
+    # The ONNX engine (pipeline/core/onnx.py, pipeline/inference/engines.py): the runtime, run by the infer
+    # notebook, and torch's dynamo exporter (onnxscript + onnx), run by the train notebook (in neither image's
+    # published requirements).
     ("onnxruntime", True),
     ("flatbuffers", False),  # onnxruntime requires it
     ("protobuf", True),  # onnxruntime and onnx require it; not in the images' lists either
