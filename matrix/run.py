@@ -482,7 +482,9 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     # two images' versions. Running it as well cost the leg ~90 s (~3 min on a slow day).
     "pytest -m xla, less the notebook test the handoff repeats": pytest_check(
         "xla",
-        deselect=("tests/devices/test_xla.py::test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla",),
+        deselect=(
+            "tests/devices/test_xla.py::test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla",
+        ),
     ),
     "train -> infer notebooks (cpu)": notebooks_cpu,
     "SpeechBrain client": speechbrain_own,
