@@ -91,7 +91,7 @@ class TrainConfig:
     # benchmark: macro ROC-AUC 0.950 -> 0.975 over 3 seeds), logmel otherwise (clean speech, and SpeechBrain's
     # pretrained models, which a fine-tune must keep).
     frontend: str = "auto"  # auto | logmel | pcen
-    window_seconds: float = 1.0  # training crop = inference window (see inference.py for why they must match)
+    window_seconds: float = 1.0  # training crop = inference window (why: inference/predict.py)
     aam_margin: float = 0.2
     # Augmentation: half the clips shorter than a window are cut to a random part of at least this fraction of
     # their length (1.0: off). Tightly trimmed recordings cut some words short ("sev-" for seven); seeing

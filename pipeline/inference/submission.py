@@ -3,7 +3,7 @@
 One way through, whatever the competition (`run_inference`):
 
     test items (tables.py) -> a plan of rows (rows.py: each id with its file and time span, or no audio)
-    -> scores of every span (inference.py, on the session's devices, within the time limit)
+    -> scores of every span (predict.py, on the session's devices, within the time limit)
     -> one writer (`write_submission`): a label, or one probability per sample_submission class column
 
 Probabilities: the softmax of the scaled cosine scores over the classes the model and the header share (each
