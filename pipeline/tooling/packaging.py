@@ -43,7 +43,7 @@ from typing import Any
 from ..core.staging import check_output_dir, mark, marked_as, staged_directory
 from . import wheelcheck
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]  # pipeline/tooling/packaging.py -> the checkout
 DIST_NAME = "kaggle-ecapa-pipeline"  # pyproject.toml [project] name; the bootstrap cells install it
 WHEEL_PREFIX = "kaggle_ecapa_pipeline-"  # its wheel file name, which the bootstrap cells search for
 MACHINE_SHAPES = {"tpu": "TpuV5E8", "t4x2": "NvidiaTeslaT4"}
