@@ -3,23 +3,10 @@ import wave
 import numpy as np
 import pytest
 import soundfile as sf
+from helpers import tone
 
 from pipeline.core.config import SAMPLE_RATE
 from pipeline.core.data import AudioError, crop_span, load_audio, pad_crop, windows
-
-
-def write_folder(root, rows, files):
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "train.csv").write_text("path,label\n" + "".join(f"{p},{lab}\n" for p, lab in rows))
-    for name, samples in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        sf.write(root / name, samples, SAMPLE_RATE)
-    return root
-
-
-def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
-    t = np.arange(int(seconds * rate)) / rate
-    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
 
 
 @pytest.mark.parametrize("fmt,subtype", [("FLAC", "PCM_16"), ("OGG", "VORBIS"), ("MP3", "MPEG_LAYER_III"),

@@ -2,7 +2,7 @@
 
 import pytest
 import soundfile as sf
-from test_data import tone
+from helpers import tone
 
 from pipeline.core.config import SAMPLE_RATE
 from pipeline.core.tables import (

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 import soundfile as sf
-from test_data import tone, write_folder
+from helpers import tone, write_folder
 
 from pipeline.core.config import SAMPLE_RATE, TrainConfig
 from pipeline.core.tables import DataError, read_train_table
