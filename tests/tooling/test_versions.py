@@ -141,7 +141,7 @@ def test_the_readme_shows_the_table():
 
 
 def test_importing_and_comparing_never_imports_torch():
-    code = ("import sys; from pipeline import versions; versions.compare(); versions.markdown_table(); "
+    code = ("import sys; from pipeline.tooling import versions; versions.compare(); versions.markdown_table(); "
             "print(sorted(m for m in ('torch', 'torch_xla', 'torchaudio') if m in sys.modules))")  # fmt: skip
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
