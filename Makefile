@@ -48,7 +48,7 @@ test-all: lint
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
 
-# The version matrix (pipeline/versions.py): Kaggle's TPU image trains an artifact that Kaggle's GPU image
+# The version matrix (pipeline/tooling/versions.py): Kaggle's TPU image trains an artifact that Kaggle's GPU image
 # predicts from offline, plus the floor of pyproject's ranges and the newest they allow; each leg in a fresh
 # venv under .matrix/ (uv's cache: about 7 GB per torch build, downloaded once). MATRIX_ARGS="--only LEG --keep".
 matrix: $(STAMP)

@@ -86,7 +86,7 @@ def _argmax_accuracy(rows: list[dict[str, str]], truth: dict[str, str]) -> float
 
 def run(source: Path = DEFAULT_SOURCE, quick: bool = False) -> dict[str, Any]:
     from benchmarks.scale import papermill
-    from pipeline.fsdd import make_fsdd_competition
+    from pipeline.demo_data.fsdd import make_fsdd_competition
 
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: FSDD recordings not found (see ../shared/fsdd/README)")

@@ -11,7 +11,7 @@ CPU preset:
 - training: optimizer steps per second through `train.train_step` and `SingleDevice` at each precision the
   policy can pick on a GPU (fp16 with a gradient scaler: a T4's; bf16: an Ampere-or-later's; fp32), with the
   model FLOPs of forward + backward counted by torch's FlopCounterMode, as a fraction of the measured peak;
-- inference: windows per second through `inference.embed_windows` (fp16 autocast, as the infer stage runs a
+- inference: windows per second through `windows.embed_windows` (fp16 autocast, as the infer stage runs a
   GPU) at several batch sizes, the stage's default batch marked, against the naive loop (one file, one
   forward, as SpeechBrain's `classify_file` does), as seconds of audio per second and a fraction of peak.
 
@@ -63,7 +63,7 @@ def gpu_facts(quick: bool) -> dict[str, Any]:
 
 
 def _model(preset: str, n_classes: int = 50):
-    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
 
     torch.manual_seed(0)
     return SpeakerClassifier(ModelConfig.from_preset(preset, n_classes=n_classes))
@@ -80,9 +80,9 @@ def _flops(fn) -> float:
 def training_steps(preset: str, batch: int, quick: bool) -> dict[str, Any]:
     """Steps per second of the production step (`train_step` on `SingleDevice(cuda, precision)`: autocast,
     gradient scaler for fp16, clipping, Adam) at each GPU precision, with achieved model TFLOP/s."""
+    from pipeline.core.objectives import make_loss
     from pipeline.devices.strategy import SingleDevice
-    from pipeline.objectives import make_loss
-    from pipeline.train import train_step
+    from pipeline.training.train import train_step
 
     out: dict[str, Any] = {"preset": preset, "batch": batch}
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32 here: the policy's fp32 on a GPU
@@ -122,8 +122,9 @@ def training_steps(preset: str, batch: int, quick: bool) -> dict[str, Any]:
 def inference_throughput(preset: str, batches: tuple[int, ...], quick: bool) -> dict[str, Any]:
     """Windows per second through the infer stage's `embed_windows` (fp16 autocast, copy to and from the GPU)
     at each batch size, and the naive loop: one 1 s clip per forward pass."""
-    from pipeline.devices.inference_devices import batching_for
-    from pipeline.inference import embed_windows, use_fast_reflect_padding
+    from pipeline.core.windows import embed_windows
+    from pipeline.inference.inference_devices import batching_for
+    from pipeline.inference.predict import use_fast_reflect_padding
 
     model = _model(preset).cuda().eval()
     use_fast_reflect_padding(model)

@@ -5,18 +5,18 @@
 
 Speed: seconds of audio per second through `embed(wavs, lens)` (Fbank + normalisation in torch, the encoder
 in the engine), on full 1 s windows of real speech (FSDD recordings resampled to 16 kHz and laid end to end),
-in batches of the size inference uses on this CPU (devices/inference_devices.batching_for; voxceleb: 4,
+in batches of the size inference uses on this CPU (inference/inference_devices.batching_for; voxceleb: 4,
 small: 32) and of 16. Weights are random (speed does not depend on them; the int8 file is calibrated on FSDD
 windows all the same). At each thread count the engines run in turn, round after round, each round over the
 same windows; a figure is the median over rounds, and `vs_torch` the median of the per-round ratios (a
 neighbour's burst of load hits the engines of a round alike). Torch runs with the project's fast reflect
-padding (pipeline.inference.use_fast_reflect_padding), as inference runs it today.
+padding (pipeline.inference.predict.use_fast_reflect_padding), as inference runs it today.
 
 Accuracy: a 'small' model trained with default settings but 4 epochs (a CPU session's size) on FSDD recordings with
 index < 40, then scored on everything it never saw -- the competition folder's test split and every
 recording with index >= 40 -- by torch, ONNX Runtime fp32 and int8 (calibrated on 256 training windows; the
 default keeps the squeeze-excitation and final layers fp32, `onnx-int8-every-conv` quantises those too), each
-through inference.run_windows. The int8 rule (onnx_engine.int8_acceptable): within 0.5 points of fp32.
+through windows.run_windows. The int8 rule (core.onnx.int8_acceptable): within 0.5 points of fp32.
 
 The `engines` section of benchmarks/run.py (`make bench`); `run(quick)` returns its dict with a headline.
 """
@@ -49,7 +49,7 @@ HOLDOUT_INDEX = 40  # FSDD's development copy has indices 0-44: 40-44 are never 
 
 def speech_windows(count: int, window: int = 16000, source: Path = DEFAULT_SOURCE) -> torch.Tensor:
     """`count` full windows of real speech: FSDD recordings (16 kHz) end to end, cut into windows."""
-    from pipeline.data import load_audio
+    from pipeline.core.data import load_audio
 
     recordings = sorted(Path(source).glob("*.wav"))
     if not recordings:
@@ -75,15 +75,11 @@ def speed(
     preset: str, threads: list[int], batches: list[int], rounds: int, windows: int, work: Path
 ) -> dict[str, Any]:
     """Audio s/s of every engine at every thread count and batch size, plus export and quantisation times."""
-    from pipeline.devices.inference_devices import batching_for
-    from pipeline.inference import use_fast_reflect_padding
-    from pipeline.model import ModelConfig, SpeakerClassifier
-    from pipeline.onnx_engine import (
-        OnnxEmbedder,
-        TorchEmbedder,
-        export_embedding_model,
-        quantize_embedding_model,
-    )
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.onnx import OnnxEmbedder, export_embedding_model, quantize_embedding_model
+    from pipeline.inference.engines import TorchEmbedder
+    from pipeline.inference.inference_devices import batching_for
+    from pipeline.inference.predict import use_fast_reflect_padding
 
     torch.manual_seed(0)
     model = SpeakerClassifier(ModelConfig.from_preset(preset, n_classes=10)).eval()
@@ -159,19 +155,20 @@ def accuracy(
 ) -> dict[str, Any]:
     """Torch, ONNX Runtime fp32 and int8 labels on FSDD recordings a trained 'small' model never saw
     (`epochs`: None trains the default 12; quick: 2)."""
-    from pipeline.artifact import load_artifact
-    from pipeline.config import TrainConfig
-    from pipeline.data import load_audio, windows
-    from pipeline.fsdd import make_fsdd_competition
-    from pipeline.inference import WindowPlan, clip_items, run_windows, use_fast_reflect_padding
-    from pipeline.onnx_engine import (
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.config import TrainConfig
+    from pipeline.core.data import load_audio, windows
+    from pipeline.core.onnx import (
         OnnxEmbedder,
-        TorchEmbedder,
         export_embedding_model,
         int8_acceptable,
         quantize_embedding_model,
     )
-    from pipeline.train import train
+    from pipeline.core.windows import WindowPlan, run_windows
+    from pipeline.demo_data.fsdd import make_fsdd_competition
+    from pipeline.inference.engines import TorchEmbedder
+    from pipeline.inference.predict import clip_items, use_fast_reflect_padding
+    from pipeline.training.train import train
 
     development, heldout = split_by_index(Path(source), work, HOLDOUT_INDEX, task)
     data = make_fsdd_competition(development, work / "data", task=task, max_per_cell=6 if quick else None)

@@ -90,11 +90,11 @@ def run(
 
     `quick` is a smoke run (few files per cell, 2 epochs): it checks the path works, not the accuracy.
     """
-    from pipeline.config import InferConfig, TrainConfig, from_params
-    from pipeline.fsdd import make_fsdd_competition
-    from pipeline.scoring import score_submission
-    from pipeline.submission import run_inference
-    from pipeline.train import train
+    from pipeline.core.config import InferConfig, TrainConfig, from_params
+    from pipeline.demo_data.fsdd import make_fsdd_competition
+    from pipeline.inference.submission import run_inference
+    from pipeline.tooling.scoring import score_submission
+    from pipeline.training.train import train
 
     source = Path(source) if source else DEFAULT_SOURCE
     with tempfile.TemporaryDirectory(prefix=f"fsdd-{task}-", dir=work_dir) as tmp:
@@ -170,8 +170,8 @@ def run(
 def split_by_index(source: Path, tmp: Path, first_heldout: int, task: str) -> tuple[Path, Path]:
     """(recordings with index < first_heldout, a test folder of the others with its solution.csv).
     Files are hard-linked (or copied), never symlinked: the data module refuses paths leading outside."""
-    from pipeline.fsdd import link_or_copy, scan_recordings
-    from pipeline.tables import write_csv
+    from pipeline.core.tables import write_csv
+    from pipeline.demo_data.fsdd import link_or_copy, scan_recordings
 
     kept, heldout = tmp / "development", tmp / "heldout"
     kept.mkdir()

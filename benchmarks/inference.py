@@ -7,10 +7,10 @@
 - naive (the seed's pattern, ../shared/seeds/000_*.txt): `EncoderClassifier.from_hparams(source=<artifact>)`
   offline, then per file: read it, `torch.from_numpy(signal).float()` resampled to 16 kHz by SpeechBrain's
   own audio normaliser, `.unsqueeze(0)`, `classify_batch`. Through the artifact's hyperparams.yaml that
-  computes what ours computes (the same windows, see pipeline.model.WindowedEncoder), one file per pass.
+  computes what ours computes (the same windows, see pipeline.core.model.WindowedEncoder), one file per pass.
 - reference: NOTES.md's "length-sorted batches of 32" (whole files, no windows; other, worse predictions for
   a window-trained model): a same-machine yardstick, timed in-process without decoding.
-- ours: `pipeline.submission.run_inference` end to end (manifest check, decoding, windows, batches,
+- ours: `pipeline.inference.submission.run_inference` end to end (manifest check, decoding, windows, batches,
   submission + report) with InferConfig settings: "today" is engine='torch', length_buckets=1 (what the infer
   stage ran before issue 19), "default" is what a user who changes nothing gets now (engine auto, 4 length
   buckets), and the variants between them say where the gain comes from.
@@ -55,7 +55,7 @@ import numpy as np
 import soundfile as sf
 import torch
 
-from pipeline.config import InferConfig
+from pipeline.core.config import InferConfig
 
 FSDD = Path(__file__).resolve().parents[2] / "shared" / "fsdd" / "recordings"
 WINDOW = 16_000
@@ -245,8 +245,8 @@ def _buckets_of(run: dict[str, Any]) -> int:
 
 def executed_fraction(durations: list[float], length_buckets: int) -> float:
     """Samples the windows run at (their bucket's length) over the same windows at full length."""
-    from pipeline.buckets import Buckets
-    from pipeline.data import windows
+    from pipeline.core.buckets import Buckets
+    from pipeline.core.data import windows
 
     buckets = Buckets.plan(WINDOW, 16000, length_buckets)
     run = full = 0
@@ -257,7 +257,9 @@ def executed_fraction(durations: list[float], length_buckets: int) -> float:
     return run / full
 
 
-SLOW_PADDING = "slow_padding"  # a benchmark-only switch: time without pipeline.inference's padding rewrite
+SLOW_PADDING = (
+    "slow_padding"  # a benchmark-only switch: time without pipeline.inference.predict's padding rewrite
+)
 
 
 def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
@@ -294,7 +296,7 @@ def make_test_folder(data: Path, n_files: int, join: int = 1) -> tuple[Path, str
         order = np.random.default_rng(0).permutation(len(recordings))
         if join == 1:
             chosen = [recordings[i] for i in order[:n_files]]
-            for path in chosen:  # copies: symlinks resolve outside DATA and are refused (pipeline.data)
+            for path in chosen:  # copies: symlinks resolve outside DATA and are refused (pipeline.core.data)
                 shutil.copyfile(path, audio / path.name)
             names, source = [p.name for p in chosen], f"FSDD ({FSDD})"
         else:
@@ -314,7 +316,7 @@ def make_test_folder(data: Path, n_files: int, join: int = 1) -> tuple[Path, str
                 names.append(name)
             source = f"FSDD ({FSDD}), {join} recordings of one speaker per clip"
     else:
-        from pipeline.synthetic import make_synthetic_competition
+        from pipeline.demo_data.synthetic import make_synthetic_competition
 
         synthetic = make_synthetic_competition(data.parent / "synthetic", seed=0, n_speakers=6,
                                                train_per_speaker=1, test_per_speaker=math.ceil(n_files / 6))  # fmt: skip
@@ -342,10 +344,10 @@ def make_artifact(target: Path, preset: str, labels: list[str], data: Path | Non
     """An artifact with untrained weights of a realistic size (throughput does not depend on the values), with
     the ONNX files training writes: fp32, and int8 calibrated on `data`'s clips (its accuracy rule cannot be
     judged on untrained weights: recorded as not passed, so auto runs fp32)."""
-    from pipeline.artifact import save_artifact
-    from pipeline.data import load_audio, windows
-    from pipeline.model import ModelConfig, SpeakerClassifier
-    from pipeline.onnx_engine import ONNX_FP32, ONNX_INT8, export_embedding_model, quantize_embedding_model
+    from pipeline.core.artifact import save_artifact
+    from pipeline.core.data import load_audio, windows
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, export_embedding_model, quantize_embedding_model
 
     torch.manual_seed(0)
     model = SpeakerClassifier(ModelConfig.from_preset(preset, n_classes=len(labels), n_mels=80,
@@ -394,8 +396,8 @@ def plain_sorted_batches(
     """The reference ../shared/NOTES.md calls "length-sorted batches of 32": whole files (no windows), sorted by
     length, padded to the longest of each batch, relative lengths. It computes other (worse, for a
     window-trained model) predictions; it is here as a same-machine yardstick for FLOP/s, not as a rival."""
-    from pipeline.artifact import load_artifact
-    from pipeline.data import load_audio
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.data import load_audio
 
     model = load_artifact(artifact).model
     clips = [load_audio(data / row["path"])[0] for row in _rows(data / "test.csv")]
@@ -428,16 +430,16 @@ def ours_timed(
     """`run_inference` end to end with `overrides` (on `warm`'s files instead when `timed` is False)."""
     import dataclasses
 
-    import pipeline.inference
-    from pipeline.submission import run_inference
+    import pipeline.inference.predict
+    from pipeline.inference.submission import run_inference
 
     out.mkdir(parents=True)
     settings = dict(overrides)
     threads = torch.get_num_threads()
-    fast_padding = pipeline.inference.use_fast_reflect_padding
+    fast_padding = pipeline.inference.predict.use_fast_reflect_padding
     overrides = dict(overrides)
     if overrides.pop(SLOW_PADDING, False):
-        pipeline.inference.use_fast_reflect_padding = lambda model: 0
+        pipeline.inference.predict.use_fast_reflect_padding = lambda model: 0
     where = {} if timed else {"data_dir": str(warm)}
     config = dataclasses.replace(base, submission_path=str(out / "submission.csv"), **where, **overrides)
     try:
@@ -447,7 +449,7 @@ def ours_timed(
             seconds = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)  # num_threads overrides are process-wide
-        pipeline.inference.use_fast_reflect_padding = fast_padding
+        pipeline.inference.predict.use_fast_reflect_padding = fast_padding
     assert result.n_fallbacks == 0, result.report["fallbacks"][:3]
     return {"seconds": seconds, "settings": settings, "device_counts": result.device_counts,
             "engine": result.report["engine"]["ran"], "submission": result.submission_path}  # fmt: skip
@@ -455,8 +457,8 @@ def ours_timed(
 
 def default_batching(model_config: dict[str, Any], base) -> tuple[int, int]:
     """What run_inference chooses on this CPU when batch_windows / num_workers are left at None."""
-    from pipeline.devices.inference_devices import batching_for
-    from pipeline.model import ModelConfig
+    from pipeline.core.model import ModelConfig
+    from pipeline.inference.inference_devices import batching_for
 
     return batching_for(
         base.batch_windows, base.num_workers, ModelConfig(**model_config), torch.device("cpu")
@@ -467,7 +469,7 @@ def model_flops(artifact: Path) -> tuple[float, float]:
     """(FLOPs per 1 s window in a batch, FLOPs per input sample at batch 1 on a 1 s clip)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pipeline.artifact import load_artifact
+    from pipeline.core.artifact import load_artifact
 
     model = load_artifact(artifact).model
     batch = 8

@@ -23,8 +23,8 @@ from pathlib import Path
 import soundfile as sf
 
 from benchmarks.inference import make_artifact, make_subset, make_test_folder
-from pipeline.config import InferConfig
-from pipeline.submission import run_inference
+from pipeline.core.config import InferConfig
+from pipeline.inference.submission import run_inference
 
 SETTINGS = {
     "today: torch, full windows": {"engine": "torch", "length_buckets": 1},

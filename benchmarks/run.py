@@ -100,9 +100,9 @@ def section_loader_wait(quick: bool) -> dict[str, Any]:
     """A real (short) training run with default settings: the history records, per epoch, how long steps
     waited for the DataLoader's batches and how long they computed (train.py measures it; nothing here
     reaches into the loop)."""
-    from pipeline.config import TrainConfig
-    from pipeline.fsdd import make_fsdd_competition
-    from pipeline.train import train
+    from pipeline.core.config import TrainConfig
+    from pipeline.demo_data.fsdd import make_fsdd_competition
+    from pipeline.training.train import train
 
     with tempfile.TemporaryDirectory(prefix="bench-loader-") as tmp:
         data = make_fsdd_competition(_fsdd_source(), Path(tmp) / "data", task="speaker",
@@ -188,9 +188,9 @@ def section_soundscape_snr(quick: bool) -> dict[str, Any]:
 def section_cold_start(quick: bool) -> dict[str, Any]:
     """papermill notebooks/infer.ipynb on a small FSDD folder: time from launching papermill to the submission
     file existing, against the inference time measured inside the run (the rest is start-up overhead)."""
-    from pipeline.config import TrainConfig
-    from pipeline.fsdd import make_fsdd_competition
-    from pipeline.train import train
+    from pipeline.core.config import TrainConfig
+    from pipeline.demo_data.fsdd import make_fsdd_competition
+    from pipeline.training.train import train
 
     with tempfile.TemporaryDirectory(prefix="bench-cold-") as tmp:
         tmp_path = Path(tmp)
@@ -263,7 +263,9 @@ def _cell_durations(notebook: Path) -> list[dict[str, Any]]:
 def _python_import_seconds() -> float:
     """A fresh interpreter importing what infer.ipynb imports (torch, speechbrain, the pipeline)."""
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import pipeline.submission"], check=True, cwd=ROOT, timeout=300)
+    subprocess.run(
+        [sys.executable, "-c", "import pipeline.inference.submission"], check=True, cwd=ROOT, timeout=300
+    )
     return time.perf_counter() - started
 
 

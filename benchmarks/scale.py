@@ -3,7 +3,7 @@ throughput and data wait -- and, on paper, how many host cores keep a TPU v5e-8 
 
     python -m benchmarks.scale [--quick] [--baseline COMMIT] [--out DIR]
 
-Folders of 3 s synthetic speech clips at 8 kHz, WAV and FLAC alternating (`pipeline.synthetic.folder_of_hours`),
+Folders of 3 s synthetic speech clips at 8 kHz, WAV and FLAC alternating (`pipeline.demo_data.synthetic.folder_of_hours`),
 of 1.7 h (2,040 clips) and 16.7 h (20,040 clips), made once under benchmarks/out/scale/. Each run is the train
 notebook through papermill, as a user runs it, with `-p epochs 1` (cold cache) or 2 (warm: epoch 2 is the
 steady state), measured as a whole process tree:
@@ -44,7 +44,7 @@ QUICK_HOURS = (0.1, 0.5)
 
 
 def folder(hours: float) -> Path:
-    from pipeline.synthetic import folder_of_hours
+    from pipeline.demo_data.synthetic import folder_of_hours
 
     target = OUT / f"data-{hours:g}h"
     if not (target / "train.csv").is_file():
@@ -150,7 +150,7 @@ def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int
 
 def infer_notebook(data: Path, artifact: Path, work: Path) -> dict[str, Any]:
     """Predict the folder's test set through the infer notebook and score it exactly against solution.csv."""
-    from pipeline.scoring import score_submission
+    from pipeline.tooling.scoring import score_submission
 
     submission = work / f"submission-{time.time_ns()}.csv"
     params = {"data_dir": data, "artifact_dir": artifact, "submission_path": submission, "progress": False}
@@ -167,9 +167,9 @@ def host_feed_per_core(windows: int = 256) -> dict[str, float]:
     import numpy as np
     import torch
 
-    from pipeline.batches import crops
-    from pipeline.model import Frontend
-    from pipeline.store import open_or_build, source_files
+    from pipeline.core.model import Frontend
+    from pipeline.training.batches import crops
+    from pipeline.training.store import open_or_build, source_files
 
     torch.set_num_threads(1)
     data = folder(QUICK_HOURS[0])

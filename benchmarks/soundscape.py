@@ -3,7 +3,7 @@
     python -m benchmarks.soundscape [--quick] [--source RECORDINGS] [--folder DIR]
                                     [--set NAME=VALUE ...] [--infer-set NAME=VALUE ...] [--api]
 
-The folder (pipeline/soundscapes.py): FSDD's 6 speakers as species, 75 focal recordings each (3-6 utterances
+The folder (pipeline/demo_data/soundscapes.py): FSDD's 6 speakers as species, 75 focal recordings each (3-6 utterances
 with pauses, 30% with a quiet second speaker as a secondary label), unlabelled background soundscapes, and 40
 hidden 60 s soundscapes with 0-2 speakers per 5 s chunk from takes the focal recordings never use, under a
 background of coloured noise, wind and an insect-like tone. The notebooks run with their defaults plus the
@@ -49,7 +49,7 @@ TARGET_AUC = 0.98
 
 
 def build(source: Path, out: Path, quick: bool, public: bool = False, **options: Any) -> Path:
-    from pipeline.soundscapes import make_soundscape_competition, species_from_fsdd
+    from pipeline.demo_data.soundscapes import make_soundscape_competition, species_from_fsdd
 
     species = species_from_fsdd(source, 6)
     sizes = {"focal_per_class": 20, "test_soundscapes": 8} if quick else {}
@@ -59,7 +59,7 @@ def build(source: Path, out: Path, quick: bool, public: bool = False, **options:
 def chunk_scores(folder: Path, artifact: Path, hop: float | None = None) -> dict[str, Any]:
     """Macro ROC-AUC of every pooling from one prediction of the hidden chunks (the infer stage's own planning
     and prediction, without writing a submission), and the rate."""
-    from pipeline import metrics
+    from pipeline.core import metrics
 
     predicted = predict_chunks(folder, artifact, hop)
     result = {pooling: round(metrics.score("macro_roc_auc", predicted.truth, scores), 4)
@@ -82,11 +82,12 @@ class ChunkPrediction:
 def predict_chunks(folder: Path, artifact: Path, hop: float | None = None) -> ChunkPrediction:
     """Every pooling's scores of the hidden chunks from one prediction (the infer stage's own planning and
     prediction, without writing a submission)."""
-    from pipeline.artifact import load_artifact
-    from pipeline.config import InferConfig
-    from pipeline.inference import POOLINGS, predict_on_devices
-    from pipeline.submission import _devices, plan_rows, window_plan
-    from pipeline.tables import TestLayout, read_sample_submission, read_test_items
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.config import InferConfig
+    from pipeline.core.tables import TestLayout, read_sample_submission, read_test_items
+    from pipeline.core.windows import POOLINGS
+    from pipeline.inference.predict import predict_on_devices
+    from pipeline.inference.submission import _devices, plan_rows, window_plan
 
     config = InferConfig(data_dir=str(folder), artifact_dir=str(artifact), progress=False, window_hop_seconds=hop,
                          **CHUNKS)  # fmt: skip
@@ -124,13 +125,14 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
 
     import torch
 
-    from pipeline.artifact import load_artifact
-    from pipeline.config import InferConfig
-    from pipeline.devices.inference_devices import batching_for
-    from pipeline.inference import use_fast_reflect_padding
-    from pipeline.model import ModelConfig, SpeakerClassifier
-    from pipeline.onnx_engine import ONNX_FP32, ONNX_INT8, export_embedding_model, make_embedder
-    from pipeline.submission import window_plan
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.config import InferConfig
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, export_embedding_model
+    from pipeline.inference.engines import make_embedder
+    from pipeline.inference.inference_devices import batching_for
+    from pipeline.inference.predict import use_fast_reflect_padding
+    from pipeline.inference.submission import window_plan
 
     trained = load_artifact(artifact)
     voxceleb = SpeakerClassifier(ModelConfig.from_preset("voxceleb", n_classes=len(trained.labels))).eval()
@@ -187,7 +189,7 @@ def _timed_pass(model, embed, noise, spans, plan, batch: int) -> float:
     """Seconds to window, embed and pool one soundscape's chunks."""
     import torch
 
-    from pipeline.inference import FileWindows, run_windows, span_windows
+    from pipeline.core.windows import FileWindows, run_windows, span_windows
 
     started = time.perf_counter()
     item = FileWindows(0, *span_windows(noise, spans, plan))
@@ -198,7 +200,7 @@ def _timed_pass(model, embed, noise, spans, plan, batch: int) -> float:
 def decode_rates(folder: Path) -> dict[str, Any]:
     """Seconds to decode an hour of the hidden soundscapes (32 kHz Ogg/Vorbis) to the model's 16 kHz and to
     32 kHz, one process: what a DataLoader decode worker spends per hour of audio."""
-    from pipeline.data import load_audio
+    from pipeline.core.data import load_audio
 
     files = sorted((folder / "test_soundscapes").iterdir())
     out = {}
@@ -214,13 +216,13 @@ def decode_rates(folder: Path) -> dict[str, Any]:
 
 
 def high_band(work: Path, quick: bool) -> dict[str, Any]:
-    """pipeline.synthetic's classes that differ only above 8 kHz, trained and scored at 16 and 32 kHz with the
+    """pipeline.demo_data.synthetic's classes that differ only above 8 kHz, trained and scored at 16 and 32 kHz with the
     defaults: the sample rate parameter at work."""
-    from pipeline.config import InferConfig, TrainConfig
-    from pipeline.scoring import score_submission
-    from pipeline.submission import run_inference
-    from pipeline.synthetic import make_high_band_competition
-    from pipeline.train import train
+    from pipeline.core.config import InferConfig, TrainConfig
+    from pipeline.demo_data.synthetic import make_high_band_competition
+    from pipeline.inference.submission import run_inference
+    from pipeline.tooling.scoring import score_submission
+    from pipeline.training.train import train
 
     data = make_high_band_competition(work / "high_band", train_per_class=8 if quick else 24,
                                       test_per_class=6 if quick else 20)  # fmt: skip
@@ -241,7 +243,7 @@ def high_band(work: Path, quick: bool) -> dict[str, Any]:
 def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None = None, api: bool = False,
         train_set: dict[str, Any] | None = None, infer_set: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     from benchmarks.scale import papermill
-    from pipeline.scoring import score_submission
+    from pipeline.tooling.scoring import score_submission
 
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: FSDD recordings not found (see ../shared/fsdd/README)")
@@ -257,8 +259,8 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
                         **LAYOUT, **({"epochs": 3} if quick else {}), **train_set}  # fmt: skip
         started = time.perf_counter()
         if api:
-            from pipeline.config import TrainConfig
-            from pipeline.train import train
+            from pipeline.core.config import TrainConfig
+            from pipeline.training.train import train
 
             with contextlib.redirect_stdout(sys.stderr):
                 train(
@@ -277,8 +279,8 @@ def run(source: Path = DEFAULT_SOURCE, quick: bool = False, folder: Path | None 
                         "expected_test_files": HIDDEN_SET[0], "expected_file_seconds": HIDDEN_SET[1],
                         **CHUNKS, **infer_set}  # fmt: skip
         if api:
-            from pipeline.config import InferConfig
-            from pipeline.submission import run_inference
+            from pipeline.core.config import InferConfig
+            from pipeline.inference.submission import run_inference
 
             with contextlib.redirect_stdout(sys.stderr):
                 report = run_inference(InferConfig(**{k: str(v) if isinstance(v, Path) else v

@@ -3,7 +3,7 @@
     python -m benchmarks.soundscape_snr [--seeds 0 1 2] [--quick] [--set NAME=VALUE ...] [--folder DIR]
 
 benchmarks/soundscape.py gives one number per run; this says where it comes from. It builds the FSDD
-BirdCLEF-layout folder (pipeline/soundscapes.py), trains the defaults plus the layout parameters once per seed
+BirdCLEF-layout folder (pipeline/demo_data/soundscapes.py), trains the defaults plus the layout parameters once per seed
 (the training seed alone differs: run-to-run spread is about +-0.01 of macro ROC-AUC, so a change is judged
 on several seeds), and scores with the infer stage's own prediction (max pooling, 0.5 s hop):
 
@@ -43,7 +43,7 @@ def analyse(folder: Path, artifact: Path) -> dict[str, Any]:
     """macro ROC-AUC, per-SNR-bin ROC-AUC and top-1 of one-call chunks for the hidden chunks of `folder`."""
     from sklearn.metrics import roc_auc_score
 
-    from pipeline import metrics
+    from pipeline.core import metrics
 
     predicted = predict_chunks(folder, artifact)
     scores, truth = predicted.scores["max"], predicted.truth
@@ -85,8 +85,8 @@ def run(
     train_set: dict[str, Any] | None = None,
     folder: Path | None = None,
 ) -> dict[str, Any]:
-    from pipeline.config import TrainConfig
-    from pipeline.train import train
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.train import train
 
     if folder is None and not source.is_dir():
         raise FileNotFoundError(f"{source}: FSDD recordings not found (see ../shared/fsdd/README)")

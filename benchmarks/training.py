@@ -29,7 +29,7 @@ def _settings(quick: bool) -> dict[str, Any]:
 
 
 def _make_model(settings: dict[str, Any]):
-    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
 
     torch.manual_seed(0)
     config = ModelConfig.from_preset(settings["preset"], n_classes=10, n_mels=settings["n_mels"],
@@ -48,9 +48,9 @@ def _host_batch(rows: int, settings: dict[str, Any], seed: int) -> dict[str, tor
 
 def _time_steps(strategy, settings: dict[str, Any], rows: int) -> dict[str, Any]:
     """Warm up (compiles on XLA), then time steady-state optimizer steps."""
-    from pipeline.model import Frontend
-    from pipeline.objectives import make_loss
-    from pipeline.train import train_step
+    from pipeline.core.model import Frontend
+    from pipeline.core.objectives import make_loss
+    from pipeline.training.train import train_step
 
     model = strategy.setup_model(_make_model(settings))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -39,7 +39,7 @@ def measure(mode: str, calls: int) -> list[dict[str, Any]]:
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
 
     xr.use_spmd()
     devices = xr.global_runtime_device_count()

@@ -67,7 +67,7 @@ def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from pipeline.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
 
     model = SpeakerClassifier(
         ModelConfig.from_preset(preset, n_classes=1000, n_mels=n_mels, window_samples=window)
@@ -86,12 +86,12 @@ def measure_in_this_process(
     import torch_xla.core.xla_model as xm
     import torch_xla.debug.metrics as met
 
+    from pipeline.core.model import ModelConfig, SpeakerClassifier
+    from pipeline.core.objectives import make_loss
     from pipeline.devices.probe import detect_topology
     from pipeline.devices.xla import XLASpmdStrategy
-    from pipeline.ema import WeightAverage
-    from pipeline.model import ModelConfig, SpeakerClassifier
-    from pipeline.objectives import make_loss
-    from pipeline.train import train_step
+    from pipeline.training.ema import WeightAverage
+    from pipeline.training.train import train_step
 
     strategy = XLASpmdStrategy(
         detect_topology("tpu"), "bf16", flat_adam=flat_adam, reuse_flat_vectors=reuse, trace_once=trace_once
@@ -147,10 +147,10 @@ def measure_in_this_process(
 
 
 def _step_in_parts(model, strategy, loss_fn, optimizer, average, batch) -> dict[str, float]:
-    """pipeline.train.train_step's body for one micro-batch, with the host time of each phase (ms)."""
+    """pipeline.training.train.train_step's body for one micro-batch, with the host time of each phase (ms)."""
     import torch_xla.core.xla_model as xm
 
-    from pipeline.train import GRAD_CLIP
+    from pipeline.training.train import GRAD_CLIP
 
     xm.wait_device_ops()
     times, last = {}, time.perf_counter()

@@ -1,1 +1,1 @@
-"""The version matrix: `python -m matrix.run` (see matrix/run.py and pipeline/versions.py)."""
+"""The version matrix: `python -m matrix.run` (see matrix/run.py and pipeline/tooling/versions.py)."""

@@ -1,4 +1,4 @@
-"""The ONNX engine (pipeline/onnx_engine.py) on a matrix leg's interpreter, as the two Kaggle images will run it.
+"""The ONNX engine (pipeline/inference/engines.py) on a matrix leg's interpreter, as the two Kaggle images will run it.
 
     python -m matrix.onnx_check export ARTIFACT DATA OUT        # kaggle-tpu: torch 2.8's exporter
     python -m matrix.onnx_check compare ARTIFACT DATA ONNX_DIR  # kaggle-gpu: ONNX Runtime against torch
@@ -27,7 +27,7 @@ import torch
 def windows_of(
     folder: Path, table: str, window: int, limit: int
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    from pipeline.data import load_audio, windows
+    from pipeline.core.data import load_audio, windows
 
     with open(folder / table, newline="") as handle:
         paths = [folder / row["path"] for row in csv.DictReader(handle)][:limit]
@@ -36,8 +36,8 @@ def windows_of(
 
 
 def export(artifact: Path, data: Path, out: Path) -> dict:
-    from pipeline.artifact import load_artifact
-    from pipeline.onnx_engine import ONNX_FP32, ONNX_INT8, export_embedding_model, quantize_embedding_model
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, export_embedding_model, quantize_embedding_model
 
     model = load_artifact(artifact).model
     out.mkdir(parents=True, exist_ok=True)
@@ -50,9 +50,10 @@ def export(artifact: Path, data: Path, out: Path) -> dict:
 
 
 def compare(artifact: Path, data: Path, onnx_dir: Path) -> tuple[dict, list[str]]:
-    from pipeline.artifact import load_artifact
-    from pipeline.inference import FileWindows, run_windows
-    from pipeline.onnx_engine import ONNX_FP32, ONNX_INT8, make_embedder
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.onnx import ONNX_FP32, ONNX_INT8
+    from pipeline.core.windows import FileWindows, run_windows
+    from pipeline.inference.engines import make_embedder
 
     model = load_artifact(artifact).model
     wavs, lens = windows_of(data, "test.csv", model.config.window_samples, limit=10_000)

@@ -1,4 +1,4 @@
-"""`python -m matrix.run` (`make matrix`): every leg of pipeline/versions.py in a fresh venv, with its checks.
+"""`python -m matrix.run` (`make matrix`): every leg of pipeline/tooling/versions.py in a fresh venv, with its checks.
 
     python -m matrix.run                   # every leg, in order; venvs deleted once their leg passes
     python -m matrix.run --only kaggle-tpu --only kaggle-gpu --keep
@@ -63,7 +63,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `python matrix/run.py` works too
 
-from pipeline import versions  # noqa: E402  (after the sys.path line; imports no torch)
+from pipeline.tooling import versions  # noqa: E402  (after the sys.path line; imports no torch)
 
 WORK = ROOT / ".matrix"
 HANDOFF = WORK / "handoff"  # kaggle-tpu's artifact and data, read by kaggle-gpu
@@ -153,7 +153,7 @@ class Leg:
         return self.run(log, argv, env=env, timeout=900)
 
     def guarded_env(self, log: Path, **extra: str) -> dict[str, str]:
-        """The offline guard of tests/test_offline_infer.py first on PYTHONPATH, logging to `log`."""
+        """The offline guard of tests/end_to_end/test_offline_infer.py first on PYTHONPATH, logging to `log`."""
         guard_dir = self.work / "guard"
         guard_dir.mkdir(parents=True, exist_ok=True)
         (guard_dir / "sitecustomize.py").write_text(offline_guard_source())
@@ -344,7 +344,7 @@ def train_xla_handoff(leg: Leg) -> str:
     if found != (8, "xla-spmd", leg.spec.torch_xla):
         raise CheckFailed(f"artifact provenance (devices, strategy, torch_xla) = {found}, expected "
                           f"(8, 'xla-spmd', {leg.spec.torch_xla!r})")  # fmt: skip
-    # As tests/test_xla.py's notebook test (which this leg deselects), with more steps an epoch (10 here): the
+    # As tests/devices/test_xla.py's notebook test (which this leg deselects), with more steps an epoch (10 here): the
     # first epoch compiles every graph of the run, the step's 1-2 and validation's 2, and no later step or
     # validation compiles one (the first step after a validation once did: devices/xla_traced.py).
     history = provenance["history"]
@@ -372,7 +372,7 @@ try:
     result["installed"] = importlib.metadata.version("torch_xla")
 except importlib.metadata.PackageNotFoundError:
     result["installed"] = None
-import torch, pipeline.submission
+import torch, pipeline.inference.submission
 result.update(torch=torch.__version__, executable=sys.executable, xla_loaded=sys.modules.get("torch_xla") is not None)
 open(os.environ["PROBE_OUT"], "w").write(json.dumps(result))
 """
@@ -487,7 +487,9 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     # two images' versions. Running it as well cost the leg ~90 s (~3 min on a slow day).
     "pytest -m xla, less the notebook test the handoff repeats": pytest_check(
         "xla",
-        deselect=("tests/test_xla.py::test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla",),
+        deselect=(
+            "tests/devices/test_xla.py::test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla",
+        ),
     ),
     "train -> infer notebooks (cpu)": notebooks_cpu,
     "SpeechBrain client": speechbrain_own,
@@ -607,7 +609,7 @@ def render(results: dict, legs_shown: tuple[versions.Leg, ...] = versions.MATRIX
                                                         leg["finished"]]) + " |")  # fmt: skip
     run = results.get("run", {})
     text = ["# Version matrix results", "",
-            "Written by `python -m matrix.run` (`make matrix`); the legs are pipeline/versions.py's. "
+            "Written by `python -m matrix.run` (`make matrix`); the legs are pipeline/tooling/versions.py's. "
             "Versions are what each leg's venv reported after the install. Timings are wall seconds on a 2-core "
             "machine shared with other work: `load` (the 5-minute load average as the leg ended) above 2 means "
             "the leg waited for CPU.", "", *lines, ""]  # fmt: skip

@@ -15,7 +15,7 @@
 
 # %% tags=["parameters"]
 # Parameters (papermill: -p NAME VALUE, or -r NAME VALUE for text that looks like a number). Every field of
-# pipeline.config.InferConfig is here, at its default; an unknown name stops the run. None means "find it"
+# pipeline.core.config.InferConfig is here, at its default; an unknown name stops the run. None means "find it"
 # (Kaggle inputs) or the local default.
 data_dir = None  # competition folder
 artifact_dir = None  # the artifact written by train.ipynb
@@ -86,15 +86,15 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
 # fallback label and are listed in the report.
 
 # %%
-from pipeline.config import InferConfig, from_params
-from pipeline.notebook import resolve_infer_paths
-from pipeline.submission import run_inference
+from pipeline.core.config import InferConfig, from_params
+from pipeline.inference.submission import run_inference
+from pipeline.tooling.notebook import resolve_infer_paths
 
 config = resolve_infer_paths(from_params(InferConfig, globals()))
 result = run_inference(config)
 
 # %%
-from pipeline.report import show_inference_report
+from pipeline.core.report import show_inference_report
 
 print(result.summary())
 show_inference_report(result)  # predicted-label distribution, fallback report, run summary

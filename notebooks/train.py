@@ -15,7 +15,7 @@
 
 # %% tags=["parameters"]
 # Parameters (papermill: -p NAME VALUE, or -r NAME VALUE for text that looks like a number). Every field of
-# pipeline.config.TrainConfig is here, at its default; an unknown name stops the run. None means "find it"
+# pipeline.core.config.TrainConfig is here, at its default; an unknown name stops the run. None means "find it"
 # (Kaggle inputs) or "the default for this hardware" (pipeline/devices/policy.py).
 data_dir = None  # competition folder
 artifact_dir = None  # where the model artifact is written
@@ -117,14 +117,14 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
 # batch size and learning rate scaled to it. The artifact is what `infer.ipynb` loads for the submission.
 
 # %%
-from pipeline.config import TrainConfig, from_params
-from pipeline.notebook import resolve_train_defaults
-from pipeline.train import train
+from pipeline.core.config import TrainConfig, from_params
+from pipeline.tooling.notebook import resolve_train_defaults
+from pipeline.training.train import train
 
 config = resolve_train_defaults(from_params(TrainConfig, globals()))
 result = train(config)
 
 # %%
-from pipeline.report import show_training_report
+from pipeline.core.report import show_training_report
 
 show_training_report(result)  # summary table, training curves and confusion matrix (saved in the artifact)

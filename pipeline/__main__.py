@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .metrics import METRICS
+from .core.metrics import METRICS
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "data" and args.source == "synthetic":
-        from .synthetic import folder_of_hours, make_synthetic_competition
+        from .demo_data.synthetic import folder_of_hours, make_synthetic_competition
 
         try:
             if args.hours:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote synthetic competition folder {out}")
     elif args.command == "data" and args.source == "fsdd":
-        from .fsdd import FSDDError, make_fsdd_competition
+        from .demo_data.fsdd import FSDDError, make_fsdd_competition
 
         try:
             out = make_fsdd_competition(args.recordings, args.out, task=args.task, seed=args.seed,
@@ -109,8 +109,12 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote FSDD {args.task} competition folder {out}")
     elif args.command == "data" and args.source == "soundscapes":
-        from .fsdd import FSDDError
-        from .soundscapes import make_soundscape_competition, species_from_fsdd, species_from_synthetic
+        from .demo_data.fsdd import FSDDError
+        from .demo_data.soundscapes import (
+            make_soundscape_competition,
+            species_from_fsdd,
+            species_from_synthetic,
+        )
 
         try:
             species = (species_from_fsdd(args.recordings, args.species) if args.recordings
@@ -123,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"wrote soundscape competition folder {out}")
     elif args.command == "score":
-        from .scoring import score_submission
-        from .tables import DataError
+        from .core.tables import DataError
+        from .tooling.scoring import score_submission
 
         try:
             metric, value = score_submission(args.submission, args.solution, args.metric)
@@ -133,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     elif args.command == "kaggle" and args.action == "package":
-        from .packaging import PackagingError
-        from .packaging import main as package_main
+        from .tooling.packaging import PackagingError
+        from .tooling.packaging import main as package_main
 
         try:
             return package_main(args)
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {error}", file=sys.stderr)
             return 2
     elif args.command == "doctor":
-        from .doctor import main as doctor_main
+        from .tooling.doctor import main as doctor_main
 
         return doctor_main()
     return 0

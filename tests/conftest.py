@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-# Decoded training audio is cached under $XDG_CACHE_HOME when cache_dir is not given (pipeline/dataset.py):
+# Decoded training audio is cached under $XDG_CACHE_HOME when cache_dir is not given (pipeline/training/dataset.py):
 # the tests' caches go to a folder of their own, shared by every test of the session and every process it
 # starts, never into the user's ~/.cache.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="pipeline-tests-cache-")
@@ -34,7 +34,7 @@ TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_bat
 
 @pytest.fixture(scope="session")
 def synthetic_data(tmp_path_factory) -> Path:
-    from pipeline.synthetic import make_synthetic_competition
+    from pipeline.demo_data.synthetic import make_synthetic_competition
 
     return make_synthetic_competition(
         tmp_path_factory.mktemp("syn") / "data",
@@ -48,16 +48,16 @@ def synthetic_data(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_training_data(synthetic_data):
     """The synthetic folder as training sees it: its audio in the cache, the split made."""
-    from pipeline.config import TrainConfig
-    from pipeline.dataset import load_training_data
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.dataset import load_training_data
 
     return load_training_data(TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN), log=lambda *_: None)
 
 
 @pytest.fixture(scope="session")
 def tiny_artifact(tmp_path_factory, synthetic_data) -> Path:
-    from pipeline.config import TrainConfig
-    from pipeline.train import train
+    from pipeline.core.config import TrainConfig
+    from pipeline.training.train import train
 
     out = tmp_path_factory.mktemp("art") / "model"
     with_onnx = {**TINY_TRAIN, "export_onnx": True}

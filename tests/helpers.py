@@ -9,6 +9,10 @@ import sysconfig
 from pathlib import Path
 
 import nbformat
+import numpy as np
+import soundfile as sf
+
+from pipeline.core.config import SAMPLE_RATE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,3 +87,17 @@ def run_in_group(argv: list[str], timeout: float, **kwargs) -> subprocess.Comple
                 f"timed out after {timeout} s: {argv}\n{out[-2000:]}\n{err[-3000:]}"
             ) from None
     return subprocess.CompletedProcess(argv, process.returncode, out, err)
+
+
+def write_folder(root, rows, files):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "train.csv").write_text("path,label\n" + "".join(f"{p},{lab}\n" for p, lab in rows))
+    for name, samples in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        sf.write(root / name, samples, SAMPLE_RATE)
+    return root
+
+
+def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)

@@ -1,5 +1,5 @@
 """The offline guard: a `sitecustomize.py` that takes the network and torch_xla away from every process it
-starts in (see tests/test_offline_infer.py, which explains it). Shared by that test and by the version matrix
+starts in (see tests/end_to_end/test_offline_infer.py, which explains it). Shared by that test and by the version matrix
 (matrix/run.py, leg kaggle-gpu), so both run the submission path under the same guard."""
 
 GUARD = r'''

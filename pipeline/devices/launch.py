@@ -37,10 +37,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..core.progress import HEARTBEAT_VARIABLE as _HEARTBEAT  # workers touch it through progress.heartbeat()
+
 _KILL_GRACE_SECONDS = 3.0
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _CHILD_MARKER = "PIPELINE_LAUNCH_CHILD"  # set in every child so a nested launch() is caught
-_HEARTBEAT = "PIPELINE_LAUNCH_HEARTBEAT"  # the file a child touches to show progress (see heartbeat())
 
 
 class LaunchError(RuntimeError):
@@ -164,15 +165,6 @@ def find_free_port(host: str = "127.0.0.1") -> int:
 
 
 # ---------------------------------------------------------------------------------------------- child
-
-
-def heartbeat() -> None:
-    """Called by a worker as it makes progress (e.g. after every batch): under `launch(..., stall_timeout=s)` a
-    rank that has not called it for `s` seconds counts as hung. Outside a launched process: does nothing."""
-    path = os.environ.get(_HEARTBEAT)
-    if path:
-        with contextlib.suppress(OSError):
-            os.utime(path)
 
 
 def _exit_when_orphaned(parent_pid: int) -> None:

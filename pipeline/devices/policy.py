@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import ConfigError, TrainConfig
-from ..progress import plural
-from ..scaling import BatchPlan, plan_batch
+from ..core.config import ConfigError, TrainConfig
+from ..core.progress import plural
+from ..core.scaling import BatchPlan, plan_batch
 from .launch import running_under_torchrun
 from .probe import Runner, Topology, detect_topology
 

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from ..model import Frontend, SpeakerClassifier
+from ..core.model import Frontend, SpeakerClassifier
 from .flat_adam import FlatAdam, add_to_grads
 from .probe import Topology
 from .strategy import SingleDevice

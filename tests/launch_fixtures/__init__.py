@@ -1,1 +1,1 @@
-"""Importable workers for tests/test_launch.py (spawned children import them by module and name)."""
+"""Importable workers for tests/devices/test_launch.py (spawned children import them by module and name)."""

@@ -47,7 +47,7 @@ def env_and_pid(rank: int, world_size: int) -> tuple[int, int, str | None, int]:
 
 def hung_inference_worker(rank: int, world_size: int, *args: Any) -> None:
     """Stands in for a GPU inference worker whose device hangs: rank 1 never reports a batch."""
-    from pipeline.devices.launch import heartbeat
+    from pipeline.core.progress import heartbeat
 
     while True:
         if rank == 0:
@@ -61,38 +61,38 @@ def broken_inference_worker(rank: int, world_size: int, *args: Any) -> None:
 
 
 # ----------------------------------------------------------------------------------- training fixtures
-# Functions handed to pipeline.devices.ddp.ddp_entry in place of pipeline.train.fit: each changes one thing
+# Functions handed to pipeline.devices.ddp.ddp_entry in place of pipeline.training.train.fit: each changes one thing
 # in its own (spawned) process, then runs the real fit.
 
 
 def fit_with_slow_save(strategy, *args: Any) -> Any:
     """Rank 0's artifact save takes longer than the collective timeout (a slow disk, a big model)."""
-    import pipeline.artifact
-    import pipeline.train
+    import pipeline.core.artifact
+    import pipeline.training.train
 
-    real_save = pipeline.train.save_artifact
+    real_save = pipeline.training.train.save_artifact
 
     def slow_save(*save_args: Any, **kwargs: Any) -> Any:
         time.sleep(float(os.environ.get("SLOW_SAVE_SECONDS", "8")))
         return real_save(*save_args, **kwargs)
 
-    pipeline.train.save_artifact = slow_save
-    _ = pipeline.artifact
-    return pipeline.train.fit(strategy, *args)
+    pipeline.training.train.save_artifact = slow_save
+    _ = pipeline.core.artifact
+    return pipeline.training.train.fit(strategy, *args)
 
 
 def fit_where_only_rank_0_sees_the_checkpoint(strategy, *args: Any) -> Any:
     """No shared filesystem: any rank but 0 that tried to read a checkpoint would fail the run."""
-    import pipeline.checkpoint
-    import pipeline.train
+    import pipeline.training.checkpoint
+    import pipeline.training.train
 
     if strategy.rank != 0:
 
         def blind(*_: Any, **__: Any) -> None:
             raise AssertionError(f"rank {strategy.rank} read the checkpoint itself")
 
-        pipeline.checkpoint.read = blind
-    return pipeline.train.fit(strategy, *args)
+        pipeline.training.checkpoint.read = blind
+    return pipeline.training.train.fit(strategy, *args)
 
 
 def fit_counting_broadcasts(strategy, *args: Any) -> dict[str, Any]:
@@ -100,9 +100,9 @@ def fit_counting_broadcasts(strategy, *args: Any) -> dict[str, Any]:
     under NCCL); BatchNorm buffers broadcast at validation are not step costs and are not counted."""
     import torch.distributed as dist
 
-    import pipeline.train
+    import pipeline.training.train
 
-    real_broadcast, real_steps = dist.broadcast, pipeline.train.run_steps
+    real_broadcast, real_steps = dist.broadcast, pipeline.training.train.run_steps
     counts = {"broadcasts": 0, "steps": 0, "in_steps": False}
 
     def counted(*b_args: Any, **kwargs: Any) -> Any:
@@ -118,8 +118,8 @@ def fit_counting_broadcasts(strategy, *args: Any) -> dict[str, Any]:
         counts["steps"] += timing["steps"]
         return timing
 
-    dist.broadcast, pipeline.train.run_steps = counted, steps
-    pipeline.train.fit(strategy, *args)
+    dist.broadcast, pipeline.training.train.run_steps = counted, steps
+    pipeline.training.train.fit(strategy, *args)
     return {"broadcasts": counts["broadcasts"], "steps": counts["steps"]}
 
 
@@ -127,8 +127,8 @@ def evaluate_artifact(
     strategy, artifact_dir: str, data: Any, config: Any
 ) -> tuple[dict[str, float], list[int]]:
     """Validation of a saved model on this process's share of the validation split (summed across ranks)."""
-    from pipeline.artifact import load_artifact
-    from pipeline.validation import evaluate
+    from pipeline.core.artifact import load_artifact
+    from pipeline.training.validation import evaluate
 
     model = load_artifact(artifact_dir).model.to(strategy.device).eval()
     result = evaluate(model, strategy, data, config, "accuracy")

@@ -1,0 +1,281 @@
+"""The artifact: the only thing that crosses from the training notebook to the submission notebook.
+
+A directory, relocatable, referring to nothing outside itself:
+
+    manifest.json          format version, sha256 + size of every other file, model config, labels, provenance
+    model.safetensors      all weights (CPU tensors): what this project loads, with nothing unpickled
+    hyperparams.yaml       SpeechBrain's recipe: `EncoderClassifier.from_hparams(source=<this dir>)` loads
+    embedding_model.ckpt   \\ plain tensor state dicts for SpeechBrain's Pretrainer (torch.load with
+    classifier.ckpt        /  weights_only=True, torch's default since 2.6)
+    label_encoder.ckpt     SpeechBrain's CategoricalEncoder text format
+
+It is written into a temporary sibling directory and renamed into place, manifest last, so a crash mid-save
+never leaves a directory that looks valid. Loading checks every file against the manifest first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from .buckets import DEFAULT_COUNT
+from .config import MAX_WINDOWS_PER_FILE
+from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
+from .staging import check_output_dir, staged_directory
+
+# 2: labels/config sealed in model.safetensors; hyperparams.yaml runs the windowed encoder (1: neither).
+FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
+WEIGHTS = "model.safetensors"
+# Files every artifact has; the manifest must list (and so hash) each of them.
+REQUIRED_FILES = (
+    WEIGHTS,
+    "hyperparams.yaml",
+    "embedding_model.ckpt",
+    "classifier.ckpt",
+    "label_encoder.ckpt",
+)
+# What the manifest says about the weights is also sealed inside model.safetensors (its header metadata),
+# which the manifest hashes: editing the labels in manifest.json cannot silently rename the classes.
+SEALED_FIELDS = ("model_config", "labels", "fallback_label")
+
+
+class ArtifactError(RuntimeError):
+    """The artifact is missing, incomplete, tampered with or of an unknown format. Names the file."""
+
+
+@dataclass
+class Artifact:
+    model: SpeakerClassifier
+    labels: list[str]
+    manifest: dict[str, Any]
+    path: Path
+
+    @property
+    def window_samples(self) -> int:
+        return int(self.manifest["model_config"]["window_samples"])
+
+    def listed_file(self, name: str) -> Path | None:
+        """The path of an optional file (e.g. the ONNX engine's) if the manifest lists it -- and so verified
+        it at load -- else None."""
+        return self.path / name if name in self.manifest.get("files", {}) else None
+
+
+def is_artifact(folder: Path) -> bool:
+    """True if `folder` holds an artifact of this project (of any format version): one a new one may replace."""
+    try:
+        return "format_version" in json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None) -> Path:
+    """Refuse an artifact_dir that would replace anything but an earlier artifact or an empty folder, or that
+    overlaps a folder of `keep_apart` (e.g. data_dir=...). Training calls this before it starts."""
+    return check_output_dir(artifact_dir, name="artifact_dir", is_ours=is_artifact,
+                            what="an artifact of this project (no manifest.json)", keep_apart=keep_apart)  # fmt: skip
+
+
+def save_artifact(
+    artifact_dir: str | Path,
+    model: SpeakerClassifier,
+    labels: list[str],
+    provenance: dict[str, Any],
+    extra_files: dict[str, Path] | None = None,
+    fallback_label: str | None = None,
+) -> Path:
+    """Write the artifact atomically to `artifact_dir` and return its path. It replaces only an earlier
+    artifact or an empty folder (see check_artifact_dir)."""
+    target = check_artifact_dir(artifact_dir)
+    with staged_directory(target, is_artifact) as staging:
+        fallback = fallback_label if fallback_label is not None else labels[0]
+        sealed = {"model_config": model.config.to_dict(), "labels": list(labels), "fallback_label": fallback}
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
+        # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
+        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples,
+                                   sample_rate=model.config.sample_rate, frontend=model.config.frontend)  # fmt: skip
+        parts = {"embedding_model": windowed.state_dict(),
+                 # SpeechBrain's Classifier takes the cosine with its weight's rows: the centres that give the
+                 # model's own scores (an ensemble's: the mean of its members'; see model.class_centres).
+                 "classifier": {"weight": model.class_centres()}}  # fmt: skip
+        for part, state_dict in parts.items():
+            tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+            torch.save(tensors, staging / f"{part}.ckpt")
+        _write_label_encoder(staging / "label_encoder.ckpt", labels)
+        (staging / "hyperparams.yaml").write_text(_speechbrain_yaml(model.config))
+        for name, source in (extra_files or {}).items():
+            shutil.copyfile(source, staging / name)
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            # fallback_label: predicted for test files that cannot be read (by default the most frequent
+            # training label)
+            **sealed,
+            "provenance": provenance,
+            "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+        _sync_and_share(staging)
+    return target
+
+
+def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
+    """Check the manifest and every file it lists; return the manifest or raise ArtifactError."""
+    root = Path(artifact_dir)
+    manifest_path = root / MANIFEST
+    if not root.exists():
+        raise ArtifactError(f"artifact_dir {root} does not exist: pass the folder train.ipynb wrote "
+                            "(its artifact_dir), the one holding manifest.json")  # fmt: skip
+    if not root.is_dir():
+        raise ArtifactError(
+            f"artifact_dir {root} is a file, not a folder: pass the folder holding manifest.json"
+        )
+    if not manifest_path.is_file():
+        if any((root / name).is_file() for name in ("train.csv", "test.csv", "sample_submission.csv")):
+            raise ArtifactError(f"artifact_dir {root} is a competition folder, not an artifact: pass the folder "
+                                "train.ipynb wrote (its artifact_dir), the one holding manifest.json")  # fmt: skip
+        raise ArtifactError(f"{manifest_path}: not found. {root} is not a complete artifact "
+                            "(was training interrupted before it saved?)")  # fmt: skip
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ArtifactError(f"{manifest_path}: not valid JSON ({error})") from error
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(f"{manifest_path}: format_version {version!r} is not supported "
+                            f"(this code reads version {FORMAT_VERSION}); retrain or update the code")  # fmt: skip
+    for name, expected in manifest.get("files", {}).items():
+        path = root / name
+        if Path(name).name != name:
+            raise ArtifactError(f"{manifest_path}: file entry {name!r} points outside the artifact")
+        if not path.is_file():
+            raise ArtifactError(f"{path}: listed in the manifest but missing")
+        actual = _file_record(path)
+        if actual["size"] != expected["size"]:
+            raise ArtifactError(f"{path}: size {actual['size']} != {expected['size']} in the manifest "
+                                "(truncated or replaced)")  # fmt: skip
+        if actual["sha256"] != expected["sha256"]:
+            raise ArtifactError(f"{path}: sha256 does not match the manifest (file modified or corrupted)")
+    unlisted = [name for name in REQUIRED_FILES if name not in manifest.get("files", {})]
+    if unlisted:
+        raise ArtifactError(f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
+                            "this project lists every file it holds (was the manifest edited?)")  # fmt: skip
+    _check_sealed_fields(root / WEIGHTS, manifest, manifest_path)
+    return manifest
+
+
+def _check_sealed_fields(weights: Path, manifest: dict[str, Any], manifest_path: Path) -> None:
+    with safe_open(str(weights), framework="pt") as handle:
+        sealed = handle.metadata() or {}
+    for name in SEALED_FIELDS:
+        if name not in sealed:
+            raise ArtifactError(f"{weights}: carries no sealed {name!r}; re-save the artifact with this code")
+        if json.loads(sealed[name]) != manifest.get(name):
+            raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
+                                "(manifest.json was edited); restore it or retrain")  # fmt: skip
+
+
+def load_artifact(artifact_dir: str | Path) -> Artifact:
+    """Verify, then rebuild the model on CPU from safetensors (never unpickles anything)."""
+    root = Path(artifact_dir)
+    manifest = verify_artifact(root)
+    config = ModelConfig(**manifest["model_config"])
+    model = SpeakerClassifier(config)
+    try:
+        model.load_state_dict(load_file(str(root / WEIGHTS), device="cpu"))
+    except RuntimeError as error:
+        raise ArtifactError(f"{root / WEIGHTS}: weights do not fit the model config ({error})") from error
+    model.eval()
+    return Artifact(model=model, labels=list(manifest["labels"]), manifest=manifest, path=root)
+
+
+def _file_record(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
+
+
+def _sync_and_share(staging: Path) -> None:
+    """Put every file on disk before the rename makes the artifact visible, readable by anyone."""
+    for child in staging.iterdir():
+        with child.open("rb") as handle:
+            os.fsync(handle.fileno())
+        child.chmod(0o644)  # an artifact is meant to be shared, whatever modes its writers chose
+
+
+def _write_label_encoder(path: Path, labels: list[str]) -> None:
+    # SpeechBrain's CategoricalEncoder format, written with its own class so the two never drift apart.
+    from speechbrain.dataio.encoder import CategoricalEncoder
+
+    encoder = CategoricalEncoder()
+    for label in labels:
+        encoder.add_label(label)
+    encoder.save(str(path))
+
+
+def _speechbrain_yaml(config: ModelConfig) -> str:
+    """A SpeechBrain inference recipe whose Pretrainer lists loadables but no `paths`: SpeechBrain then loads
+    `<name>.ckpt` from whatever `source` directory it is given, so the artifact is relocatable.
+
+    Every learned part is SpeechBrain's own class (Fbank, ECAPA_TDNN, Classifier, CategoricalEncoder); the
+    one class of this project, `WindowedEncoder`, applies the windowing the model was trained with, so
+    `EncoderClassifier.classify_batch` on whole files gives the project's predictions (see model.py);
+    `label_encoder` makes SpeechBrain check the label count against the classifier's. An ensemble's encoder is
+    `MemberEncoders` (its members are SpeechBrain's ECAPA_TDNN)."""
+    encoder = "speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN"
+    members = ""
+    if config.members > 1:
+        encoder, members = "pipeline.core.model.MemberEncoders", f"\n        members: {config.members}"
+    return f"""# Written by pipeline.core.artifact. Load offline (the `pipeline` package must be importable) with
+#   EncoderClassifier.from_hparams(source=<this directory>, savedir=<writable dir>)
+n_mels: {config.n_mels}
+sample_rate: {config.sample_rate}
+
+compute_features: !new:pipeline.core.model.PassThrough
+mean_var_norm: !new:pipeline.core.model.PassThrough
+
+embedding_model: !new:pipeline.core.model.WindowedEncoder
+    n_mels: !ref <n_mels>
+    sample_rate: !ref <sample_rate>
+    window_samples: {config.window_samples}
+    max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
+    length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
+    frontend: {config.frontend}
+    encoder: !new:{encoder}
+        input_size: !ref <n_mels>
+        channels: {list(config.channels)}
+        lin_neurons: {config.lin_neurons}
+        attention_channels: {config.attention_channels}
+        se_channels: {config.se_channels}{members}
+
+classifier: !new:speechbrain.lobes.models.ECAPA_TDNN.Classifier
+    input_size: {config.embedding_size}
+    out_neurons: {config.n_classes}
+
+modules:
+    compute_features: !ref <compute_features>
+    mean_var_norm: !ref <mean_var_norm>
+    embedding_model: !ref <embedding_model>
+    classifier: !ref <classifier>
+
+label_encoder: !apply:pipeline.core.model.label_encoder [{config.n_classes}]
+
+pretrainer: !new:speechbrain.utils.parameter_transfer.Pretrainer
+    loadables:
+        embedding_model: !ref <embedding_model>
+        classifier: !ref <classifier>
+        label_encoder: !ref <label_encoder>
+"""

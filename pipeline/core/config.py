@@ -1,0 +1,418 @@
+"""Run configuration: the parameters of the two notebooks, validated in one place.
+
+Every notebook parameter is a field of `TrainConfig` or `InferConfig`. `from_params` is the only way a notebook
+builds one: it rejects unknown names (papermill only warns about them), checks types, and names the offending
+parameter in every error so a Kaggle "Save Version" log says exactly what to fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import string
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+# Model size presets: channel widths of ECAPA-TDNN. "voxceleb" is the published VoxCeleb recipe's size;
+# "small" is what trains to high accuracy on 2 CPU cores in a couple of minutes.
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {"channels": [32, 32, 32, 32, 96], "lin_neurons": 64, "attention_channels": 16, "se_channels": 16},
+    "small": {"channels": [128, 128, 128, 128, 384], "lin_neurons": 128, "attention_channels": 64,
+              "se_channels": 64},
+    "base": {"channels": [512, 512, 512, 512, 1536], "lin_neurons": 192, "attention_channels": 128,
+             "se_channels": 128},
+    "voxceleb": {"channels": [1024, 1024, 1024, 1024, 3072], "lin_neurons": 192, "attention_channels": 128,
+                 "se_channels": 128},
+}  # fmt: skip
+SAMPLE_RATE = 16_000  # the default: SpeechBrain's speaker convention (TrainConfig.sample_rate changes it)
+# Inference covers a longer file with this many evenly spaced windows; the artifact's SpeechBrain yaml
+# repeats the value, so EncoderClassifier and the project agree on long files.
+MAX_WINDOWS_PER_FILE = 64
+MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 96_000
+# Chunk ids (InferConfig.row_id_template): the test item's id, its file's stem or name, the chunk's seconds.
+TEMPLATE_FIELDS = ("id", "stem", "name", "start", "end")
+DEFAULT_TEMPLATE = "{id}_{end}"  # BirdCLEF 2021-2026: soundscape_12345_20 is 0:15-0:20
+# How a chunk's windows are pooled into its scores by default: the infer notebook's (InferConfig.chunk_pooling)
+# and so training's validation of labelled soundscape chunks, which scores them as inference does.
+DEFAULT_CHUNK_POOLING = "max"
+
+
+class ConfigError(ValueError):
+    """A parameter is unknown, mistyped or out of range. The message names it."""
+
+
+@dataclass
+class TrainConfig:
+    """Parameters of notebooks/train.ipynb."""
+
+    data_dir: str | None = None  # None: found by pipeline.tooling.notebook (Kaggle inputs, else artifacts/)
+    artifact_dir: str | None = None
+    # The competition's training table (pipeline/core/tables.py): its file, columns and the audio folder the paths
+    # are relative to (inside data_dir; None: data_dir itself). label_separator: "a,b" names two labels.
+    train_table: str = "train.csv"
+    path_column: str = "path"
+    label_column: str = "label"
+    audio_dir: str | None = None
+    label_separator: str | None = None
+    # Several labels per clip: a column of further labels present in each file (BirdCLEF: "secondary_labels",
+    # "['a', 'b']"), each a target of this weight beside the file's own label(s). 0.5: a secondary voice is
+    # often faint or absent from a given crop (FSDD soundscape benchmark: macro ROC-AUC 0.955 vs 0.947 at 1.0).
+    secondary_labels_column: str | None = None
+    secondary_label_weight: float = 0.5
+    # What to learn and how to select (pipeline/core/objectives.py, pipeline/core/metrics.py). objective auto: "bce" (an
+    # independent sigmoid per class) when some file has several labels, else "aam" (one class per clip).
+    # metric auto: accuracy for aam, macro_roc_auc otherwise; validation computes it and keeps the best epoch.
+    objective: str = "auto"  # auto | aam | bce | focal
+    metric: str = "auto"  # auto | accuracy | macro_roc_auc | lwlrap | padded_cmap
+    # Labelled soundscapes, the test's own domain (BirdCLEF 2026's train_soundscapes_labels.csv: filename,
+    # start, end, primary_label "a;b"; filenames relative to val_soundscapes_dir): their chunks are scored as the
+    # infer stage scores chunks, and their metric selects the kept epoch. They are left out of noise_dir.
+    val_soundscapes_table: str | None = None
+    val_soundscapes_dir: str | None = "train_soundscapes"
+    # Model
+    model_size: str = "auto"  # auto: "voxceleb" on TPU/GPU, "small" on CPU, "tiny" on the XLA CPU stand-in
+    # ECAPA-TDNNs trained side by side on the same batches from their own random initialisations, each with its
+    # own class centres; the artifact scores with the mean of their cosines (model.py, MemberEncoders). Each
+    # member costs a model's compute in training and inference. None (auto): 3 with noise_dir (soundscapes,
+    # where single models' scores on faint calls vary from seed to seed: FSDD soundscape benchmark, macro
+    # ROC-AUC 0.975 -> 0.982 over 3 seeds, README) and the tiny and small sizes, 1 otherwise: for 'voxceleb'
+    # (3x its CPU time would crowd a 90-minute submission; pretrained.ENSEMBLE_SIZES) and when fine-tuning
+    # (init_from: members would start alike).
+    ensemble_members: int | None = None
+    # Audio is resampled to this rate for training and inference; the Fbank spans 0 to half of it. 16 kHz keeps
+    # what speech needs; birds sing above 8 kHz (BirdCLEF's audio is 32 kHz): use 32000 there.
+    sample_rate: int = SAMPLE_RATE
+    n_mels: int = 80
+    # The features the ECAPA-TDNN sees (model.py): "logmel" (SpeechBrain's log-mel filterbank) or "pcen" (the
+    # same bands, each divided by its own running level and root-compressed: per-channel energy normalisation).
+    # auto: pcen when noise_dir says the test audio is field recordings in noise (FSDD soundscape
+    # benchmark: macro ROC-AUC 0.950 -> 0.975 over 3 seeds), logmel otherwise (clean speech, and SpeechBrain's
+    # pretrained models, which a fine-tune must keep).
+    frontend: str = "auto"  # auto | logmel | pcen
+    window_seconds: float = 1.0  # training crop = inference window (why: inference/predict.py)
+    aam_margin: float = 0.2
+    # Augmentation: half the clips shorter than a window are cut to a random part of at least this fraction of
+    # their length (1.0: off). Tightly trimmed recordings cut some words short ("sev-" for seven); seeing
+    # partial words in training made FSDD digits more robust (held-out mean 0.986 -> 0.991 over 3 seeds).
+    min_short_fraction: float = 0.7
+    # Crops of clips longer than a window are drawn where the clip is loud (not on the pauses of a long
+    # focal recording); False: anywhere with equal chance.
+    crop_on_sound: bool = True
+    # Crops per file and epoch: None gives one per window of audio (up to 8), so long recordings are not seen
+    # through one crop an epoch; clips up to a window long are seen once either way.
+    crops_per_file: int | None = None
+    # Augmentation of training crops (pipeline/training/augment.py). noise_dir: a folder of background recordings in
+    # data_dir (BirdCLEF: "train_soundscapes"), mixed into noise_probability of the crops at a random SNR;
+    # mix_probability: a second crop added, with the union of the labels (multi-label objectives only);
+    # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
+    # time/frequency masks: SpeechBrain's DropChunk and DropFreq. The defaults are the FSDD soundscape
+    # benchmark's best (README, "Measured decisions"): noise 0.8 at -5..15 dB and mixing 0.5 took macro
+    # ROC-AUC 0.919 -> 0.947; none of them touches a single-label task without noise_dir.
+    noise_dir: str | None = None
+    noise_probability: float = 0.8
+    noise_snr_db_low: float = -5.0
+    noise_snr_db_high: float = 15.0
+    mix_probability: float = 0.5
+    background_probability: float = 0.0
+    time_mask_probability: float = 0.0
+    freq_mask_probability: float = 0.0
+    aam_scale: float = 30.0
+    init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
+    freeze_encoder: bool = False
+    # Optimisation
+    epochs: int = 12
+    per_device_batch_size: int | None = None  # None: 32 on GPU/CPU, 128 on TPU (devices/policy.py says why)
+    base_batch_size: int = 32
+    base_lr: float = 2e-3
+    lr_scaling: str = "sqrt"  # linear | sqrt | none
+    warmup_epochs: float = 1.0
+    # Validate and save an average of the weights over about this many epochs (0: off).
+    ema_epochs: float = 1.0
+    # BatchNorm statistics of the validated/saved weights are recomputed on this many training windows (0: off).
+    # The running statistics belong to earlier weights: with them, validation fell to 0.52 at epoch 5 on FSDD
+    # speakers where the same weights with their own statistics scored 0.99. 128 windows: ~0.3 s per epoch.
+    # Not with freeze_encoder: a frozen pretrained encoder keeps its own statistics.
+    bn_calibration_windows: int = 128
+    weight_decay: float = 2e-5
+    grad_accum: int = 1
+    val_fraction: float = 0.1
+    seed: int = 0
+    # Hardware
+    accelerator: str = "auto"  # auto | tpu | cuda | cpu
+    devices: int | None = None
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16
+    num_threads: int | None = None  # torch CPU threads; None = all cores
+    # Data: training audio is decoded once into this cache (None: /kaggle/tmp on Kaggle, else ~/.cache; see
+    # pipeline/training/dataset.py) and crops are made by this many DataLoader worker processes per training process
+    # (None: by hardware, see devices/policy.py).
+    cache_dir: str | None = None
+    num_workers: int | None = None
+    # DDP ranks give up on a collective that waits longer than this (NCCL's own default is 10 min).
+    collective_timeout_minutes: float = 30.0
+    # Robustness
+    # error | skip: a train.csv row with unusable audio or no label (skip reports it).
+    on_bad_row: str = "error"
+    time_budget_minutes: float | None = None
+    checkpoint_every_minutes: float = 10.0
+    checkpoint_dir: str | None = None  # default: <artifact_dir>.checkpoints
+    progress: bool = True
+    # The CPU inference engine's files (pipeline/inference/engines.py): the embedding model exported to ONNX (fp32) and
+    # quantised to int8 on training windows, written into the artifact, with whether int8 kept the validation
+    # metric within 0.5 points of fp32 (the infer stage runs int8 only then). Takes ~20 s plus a CPU pass over
+    # the validation split per precision, counted in time_budget_minutes. False: no ONNX files (the infer
+    # stage exports the fp32 file itself when it needs one).
+    export_onnx: bool = True
+
+    def __post_init__(self) -> None:
+        _check_choice("model_size", self.model_size, ["auto", *MODEL_PRESETS])
+        _check_choice("lr_scaling", self.lr_scaling, ["linear", "sqrt", "none"])
+        _check_choice("accelerator", self.accelerator, ["auto", "tpu", "cuda", "cpu"])
+        _check_choice("precision", self.precision, ["auto", "fp32", "bf16", "fp16"])
+        _check_choice("on_bad_row", self.on_bad_row, ["error", "skip"])
+        _check_choice("objective", self.objective, ["auto", "aam", "bce", "focal"])
+        _check_choice("frontend", self.frontend, ["auto", "logmel", "pcen"])
+        _check_choice("metric", self.metric, ["auto", "accuracy", "macro_roc_auc", "lwlrap", "padded_cmap"])
+        for name in (
+            "noise_probability",
+            "mix_probability",
+            "background_probability",
+            "time_mask_probability",
+            "freq_mask_probability",
+        ):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a probability in [0, 1]")
+        if self.noise_snr_db_low > self.noise_snr_db_high:
+            raise ConfigError(f"parameters noise_snr_db_low={self.noise_snr_db_low!r} > noise_snr_db_high="
+                              f"{self.noise_snr_db_high!r}: the range is low..high dB")  # fmt: skip
+        if not 0.0 < self.secondary_label_weight <= 1.0:
+            raise ConfigError(f"parameter secondary_label_weight={self.secondary_label_weight!r}: use a target in "
+                              "(0, 1] (1: a secondary label counts as much as the file's own)")  # fmt: skip
+        for name in ("epochs", "base_batch_size", "grad_accum", "n_mels"):
+            _check_positive(name, getattr(self, name))
+        if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
+            raise ConfigError(f"parameter sample_rate={self.sample_rate!r}: use a rate in Hz between "
+                              f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} (16000 for speech, 32000 for birds)")  # fmt: skip
+        for name in (
+            "window_seconds",
+            "base_lr",
+            "aam_scale",
+            "checkpoint_every_minutes",
+            "collective_timeout_minutes",
+        ):
+            _check_positive(name, getattr(self, name))
+        if self.per_device_batch_size is not None:
+            _check_positive("per_device_batch_size", self.per_device_batch_size)
+        if self.ensemble_members is not None:
+            _check_positive("ensemble_members", self.ensemble_members)
+            if self.ensemble_members > 1 and self.init_from:
+                raise ConfigError(f"ensemble_members={self.ensemble_members} with init_from: every member would "
+                                  "start from the same pretrained encoder and learn from the same batches, so "
+                                  "they would barely differ; use ensemble_members=1 (or None) to fine-tune")  # fmt: skip
+        if self.crops_per_file is not None:
+            _check_positive("crops_per_file", self.crops_per_file)
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(
+                f"num_workers={self.num_workers!r}: use 0 (crops made in the training process) or more"
+            )
+        if self.devices is not None:
+            _check_positive("devices", self.devices)
+        if self.time_budget_minutes is not None:
+            _check_positive("time_budget_minutes", self.time_budget_minutes)
+        if not 0.0 < self.min_short_fraction <= 1.0:
+            raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
+                              "(1.0 turns the augmentation off)")  # fmt: skip
+        _check_non_negative("bn_calibration_windows", self.bn_calibration_windows, "0 turns it off")
+        _check_non_negative("ema_epochs", self.ema_epochs, "0 turns the average off")
+        if not 0.0 <= self.val_fraction < 0.9:
+            raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
+        if self.freeze_encoder and not self.init_from:
+            raise ConfigError("freeze_encoder=True needs init_from (a pretrained model to freeze)")
+
+    @property
+    def window_samples(self) -> int:
+        return int(round(self.window_seconds * self.sample_rate))
+
+
+@dataclass
+class InferConfig:
+    """Parameters of notebooks/infer.ipynb."""
+
+    data_dir: str | None = None  # None: found by pipeline.tooling.notebook (Kaggle inputs, else artifacts/)
+    artifact_dir: str | None = None
+    submission_path: str | None = None  # a file, or a folder to write submission.csv in
+    # The competition's test set (pipeline/core/tables.py): a table (its file, id and path columns, paths relative to
+    # audio_dir) or, when the test audio is hidden until the scoring rerun, every audio file under
+    # test_audio_dir, named by its file name or stem (test_id: auto | name | stem).
+    sample_submission: str = "sample_submission.csv"
+    test_table: str = "test.csv"
+    id_column: str = "id"
+    path_column: str = "path"
+    audio_dir: str | None = None
+    test_audio_dir: str | None = None
+    test_id: str = "auto"
+    # Chunk rows (soundscape competitions: BirdCLEF scores a row per 5 s chunk of every test file; see rows.py).
+    # None: a row per test file. The id template is recognised from sample_submission's ids ("auto"), e.g.
+    # "{id}_{end}": soundscape_123_5, ..._10. A chunk's windows lie `window_hop_seconds` apart (None: half a
+    # window) and are pooled into its scores by `chunk_pooling` (mean | max | mean_max, see windows.py).
+    segment_seconds: float | None = None
+    row_id_template: str = "auto"
+    chunk_pooling: str = DEFAULT_CHUNK_POOLING
+    window_hop_seconds: float | None = None
+    # Time: prediction stops in time for the notebook to end within time_limit_minutes (counted from the
+    # kernel's start; the rows left get the prior). The hidden set's size, if given, gives a projected time.
+    time_limit_minutes: float | None = None
+    expected_test_files: int | None = None
+    expected_file_seconds: float | None = None
+    device: str = "auto"  # auto | cuda | cpu
+    devices: int | None = None  # GPUs to use (auto: all)
+    batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 256 on GPU)
+    # Longer files are covered by this many evenly spaced windows.
+    max_windows_per_file: int = MAX_WINDOWS_PER_FILE
+    num_workers: int | None = None  # DataLoader decode workers (None: 0 on CPU, 1 per GPU)
+    write_probabilities: bool = False
+    write_embeddings: bool = False
+    fallback_label: str | None = None  # default: the most frequent training label (papermill: -r for text)
+    num_threads: int | None = (
+        None  # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
+    )
+    progress: bool = True
+    # CPU inference engine (pipeline/inference/engines.py): auto races torch and ONNX Runtime (when installed) on the
+    # run's first batches and runs the faster; torch | onnx force one (any ONNX failure still falls back to
+    # torch). GPUs run torch fp16 whatever it says. onnx_precision auto runs the artifact's int8 file
+    # only if it kept the validation metric within 0.5 points of fp32 at training; fp32 | int8 force one.
+    engine: str = "auto"
+    onnx_precision: str = "auto"
+    # Windows shorter than the model's (clips shorter than a window) run at the shortest of this many tensor
+    # lengths that holds their audio (pipeline/core/buckets.py: no compute on padding; scores within 1e-5 of the full
+    # window's, measured); 1: every window at full length, as training pads them.
+    length_buckets: int = 4
+
+    def __post_init__(self) -> None:
+        _check_choice("device", self.device, ["auto", "cuda", "cpu"])
+        _check_choice("engine", self.engine, ["auto", "torch", "onnx"])
+        _check_choice("onnx_precision", self.onnx_precision, ["auto", "fp32", "int8"])
+        _check_positive("length_buckets", self.length_buckets)
+        _check_choice("test_id", self.test_id, ["auto", "name", "stem"])
+        _check_choice("chunk_pooling", self.chunk_pooling, ["mean", "max", "mean_max"])
+        for name in ("batch_windows", "max_windows_per_file", "segment_seconds", "window_hop_seconds",
+                     "time_limit_minutes", "expected_test_files", "expected_file_seconds"):  # fmt: skip
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
+        if self.row_id_template != "auto":
+            check_template(self.row_id_template)
+        if self.devices is not None:
+            _check_positive("devices", self.devices)
+        if self.num_workers is not None and self.num_workers < 0:
+            raise ConfigError(f"num_workers={self.num_workers!r}: use 0 (load in the main process) or more")
+
+
+def check_template(template: str) -> None:
+    """ConfigError unless a chunk-id template names the file ({id}, {stem} or {name}) and the chunk ({start} or
+    {end}), and nothing else (pipeline/inference/rows.py formats it)."""
+    try:
+        names = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as error:
+        raise ConfigError(
+            f"parameter row_id_template={template!r} is not a format string ({error})"
+        ) from None
+    unknown = names - set(TEMPLATE_FIELDS)
+    if unknown or not names & {"id", "stem", "name"} or not names & {"start", "end"}:
+        raise ConfigError(f"parameter row_id_template={template!r}: use {{id}}, {{stem}} or {{name}} for the file "
+                          f"and {{start}} or {{end}} for the chunk's seconds, e.g. {DEFAULT_TEMPLATE!r}"
+                          + (f" (unknown: {sorted(unknown)})" if unknown else ""))  # fmt: skip
+
+
+def _check_choice(name: str, value: Any, allowed: list[str]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"parameter {name}={value!r} is not one of {allowed}")
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if not value > 0:
+        raise ConfigError(f"parameter {name}={value!r} must be > 0")
+
+
+def _check_non_negative(name: str, value: Any, zero_means: str) -> None:
+    if not value >= 0:
+        raise ConfigError(f"parameter {name}={value!r} must be >= 0 ({zero_means})")
+
+
+# Names IPython puts into a notebook's namespace; they are never notebook parameters.
+_IPYTHON_NAMES = {"In", "Out", "get_ipython", "exit", "quit", "open"}
+_PLAIN_TYPES = (str, int, float, bool, type(None), list, tuple, dict)
+
+
+def from_params(config_cls: type, namespace: dict[str, Any]):
+    """Build `config_cls` from a notebook's globals, rejecting unknown or mistyped parameters.
+
+    A notebook calls `from_params(TrainConfig, globals())` right after its parameters cell. Every plain-data
+    global that is not a field is an error: papermill injects `-p lr 0.1` as a variable even when no cell
+    uses it, so a typo would otherwise run silently with the default.
+    """
+    fields = {f.name: f for f in dataclasses.fields(config_cls)}
+    values: dict[str, Any] = {}
+    unknown: list[str] = []
+    for name, value in namespace.items():
+        if name.startswith("_") or name in _IPYTHON_NAMES or not isinstance(value, _PLAIN_TYPES):
+            continue
+        if name in fields:
+            values[name] = _coerce(name, value, fields[name].type)
+        else:
+            unknown.append(name)
+    if unknown:
+        hints = []
+        for name in sorted(unknown):
+            close = difflib.get_close_matches(name, fields, n=1)
+            hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(
+            f"unknown notebook parameter(s): {', '.join(hints)}. "
+            f"Known parameters of {config_cls.__name__}: {', '.join(fields)}"
+        )
+    return config_cls(**values)
+
+
+def _coerce(name: str, value: Any, annotation: Any) -> Any:
+    """Check `value` against the field's annotation; ints are accepted for floats (papermill -p 1 gives int)."""
+    hint = _eval_annotation(annotation)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return None
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option in (str, bool) and type(value) is option:
+            return value
+    expected = " or ".join(getattr(o, "__name__", str(o)) for o in options)
+    hint = ""
+    if str in options and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # papermill's -p parses 3 as a number (and 03 as 3): the text must come through -r (raw) instead.
+        hint = f"; papermill's -p reads it as a number: pass the text with -r {name} {value}"
+    raise ConfigError(
+        f"parameter {name}={value!r} has type {type(value).__name__}; expected {expected}{hint}"
+    )
+
+
+def _eval_annotation(annotation: Any) -> Any:
+    # `from __future__ import annotations` turns field types into strings such as "int | None".
+    if isinstance(annotation, str):
+        return eval(annotation, {"Any": Any}, {})  # noqa: S307 - our own field annotations only
+    return annotation
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+__all__ = [
+    "MODEL_PRESETS",
+    "SAMPLE_RATE",
+    "ConfigError",
+    "InferConfig",
+    "TrainConfig",
+    "from_params",
+    "to_dict",
+]

@@ -1,0 +1,165 @@
+"""Audio in: decoding to the model's rate, mono, and the windows and crops the model sees.
+
+Audio becomes mono float32 at the model's sample rate (16 kHz by default; load_audio, repairing what can be
+repaired); training and inference cut it
+into the same fixed-length windows (`windows`, `crop_span`), because the model learns the statistics of a
+window (sentence mean normalisation over it), not of a whole file. The tables that name the files are
+pipeline.core.tables.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+import torch
+import torchaudio.functional as AF
+
+from .config import SAMPLE_RATE
+
+
+class AudioError(ValueError):
+    """One audio file cannot be used. `reason` is a short machine-readable cause, `detail` says what is wrong
+    without the file's path (reports that leave the machine must not carry absolute paths)."""
+
+    def __init__(self, reason: str, path: Path, detail: str) -> None:
+        super().__init__(f"{path}: {detail}")
+        self.reason, self.path, self.detail = reason, path, detail
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Audio
+
+
+def load_audio(
+    path: Path, *, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None
+) -> tuple[np.ndarray, list[str]]:
+    """Decode `path` to mono float32 at `sample_rate`, repairing what can be repaired.
+
+    Returns the samples and the list of repairs made (e.g. "stereo mixed down", "resampled 8000->16000").
+    Raises AudioError when nothing usable is left. `max_seconds` bounds decoding of very long files.
+    """
+    try:
+        if not path.is_file():
+            raise AudioError("missing", path, "file not found")
+        if path.stat().st_size == 0:
+            raise AudioError("empty", path, "file is empty (0 bytes)")
+        info = sf.info(str(path))
+        frames = -1 if max_seconds is None else int(max_seconds * info.samplerate)
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=frames)
+    except AudioError:
+        raise
+    except (sf.LibsndfileError, OSError, RuntimeError, TypeError, ValueError) as error:
+        # The decoder's message repeats the absolute path; the AudioError already carries it.
+        message = str(error).replace(str(path), path.name)
+        raise AudioError("unreadable", path, f"not readable as audio ({message})") from error
+    repairs: list[str] = []
+    if samples.shape[1] > 1:
+        samples = samples.mean(axis=1, keepdims=True)
+        repairs.append(f"{info.channels} channels mixed down")
+    mono = samples[:, 0]
+    if not np.isfinite(mono).all():
+        bad = int((~np.isfinite(mono)).sum())
+        if bad == mono.size:
+            raise AudioError("non-finite", path, "every sample is NaN or infinite")
+        mono = np.nan_to_num(mono, nan=0.0, posinf=0.0, neginf=0.0)
+        repairs.append(f"{bad} NaN/inf samples zeroed")
+    if mono.size == 0:
+        raise AudioError("empty", path, "no audio samples")
+    if rate != sample_rate:
+        mono = resample(mono, rate, sample_rate)
+        repairs.append(f"resampled {rate}->{sample_rate}")
+    return np.ascontiguousarray(mono, dtype=np.float32), repairs
+
+
+def audio_seconds(path: Path) -> float | None:
+    """The duration a file's header states, without decoding it; None when there is no usable header."""
+    try:
+        info = sf.info(str(path))
+    except (sf.LibsndfileError, OSError, RuntimeError, TypeError, ValueError):
+        return None
+    if info.samplerate <= 0 or info.frames <= 0:
+        return None
+    return info.frames / info.samplerate
+
+
+def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
+    """Resample from `rate` to `target` with torchaudio's windowed-sinc resampler (the one SpeechBrain uses)."""
+    divisor = math.gcd(int(rate), int(target))
+    tensor = torch.from_numpy(np.ascontiguousarray(samples))
+    out = AF.resample(tensor, orig_freq=int(rate) // divisor, new_freq=int(target) // divisor)
+    return out.numpy()
+
+
+def crop_span(
+    length: int,
+    window: int,
+    rng: np.random.Generator,
+    min_short_fraction: float = 1.0,
+    loudness: np.ndarray | None = None,
+    frame: int = 0,
+) -> tuple[int, int]:
+    """Where a training example is cut from a clip of `length` samples: [start, stop), at most `window` long.
+
+    A clip at least a window long gives a random `window`-sample crop: anywhere with equal chance, or, given
+    the clip's `loudness` (RMS per `frame` samples, pipeline/training/store.py), with a chance proportional to the
+    energy the crop holds, so that crops of long recordings with pauses land on the sound, not on silence. A
+    shorter clip is taken whole (it is zero-padded after the cut, see `pad_crop`), except that with
+    `min_short_fraction` < 1 half of them are first cut to a random part of at least that fraction of their
+    length (augmentation: see TrainConfig.min_short_fraction). The draws from `rng` depend only on the clip,
+    so a crop is a function of the seed whether the clip is in memory or in the audio cache.
+    """
+    if length >= window:
+        if loudness is None or frame <= 0 or len(loudness) * frame < window:
+            start = int(rng.integers(0, length - window + 1))
+        else:
+            start = _loud_start(length, window, rng, loudness, frame)
+        return start, start + window
+    if min_short_fraction < 1.0 and rng.random() < 0.5:
+        keep = max(1, int(length * rng.uniform(min_short_fraction, 1.0)))
+        start = int(rng.integers(0, length - keep + 1))
+        return start, start + keep
+    return 0, length
+
+
+def _loud_start(length: int, window: int, rng: np.random.Generator, loudness: np.ndarray, frame: int) -> int:
+    """A crop start drawn with a chance proportional to the energy of the `window` samples it starts."""
+    energy = np.asarray(loudness, dtype=np.float64) ** 2
+    span = max(1, window // frame)  # frames a crop covers
+    totals = np.convolve(energy, np.ones(span), mode="valid")  # energy of the crop starting at each frame
+    weights = totals + 1e-3 * totals.mean() + 1e-30  # silence keeps a small chance: background is data too
+    first = int(rng.choice(len(weights), p=weights / weights.sum()))
+    return min(first * frame + int(rng.integers(0, frame)), length - window)
+
+
+def pad_crop(samples: np.ndarray, window: int) -> tuple[np.ndarray, float]:
+    """`samples` (at most a window) left-aligned and zero-padded to `window`, and their relative length (valid
+    samples / window), which the model uses to ignore padding exactly as at inference."""
+    if samples.size == window:
+        return np.ascontiguousarray(samples, dtype=np.float32), 1.0
+    padded = np.zeros(window, dtype=np.float32)
+    padded[: samples.size] = samples
+    return padded, samples.size / window
+
+
+def windows(
+    samples: np.ndarray, window: int, max_windows: int, hop: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut a clip into inference windows: [n, window] samples and [n] relative lengths.
+
+    A short clip is one left-aligned padded window (as in training). A long one is covered by evenly spaced
+    windows, the first at the start and the last aligned to the end: ceil(len / window) of them (`hop` None),
+    or as many as keep consecutive starts at most `hop` samples apart (overlapping windows); past
+    `max_windows`, that many evenly spaced windows stand for the clip so minutes-long audio costs a bounded
+    amount of compute.
+    """
+    if samples.size <= window:
+        padded, relative = pad_crop(samples, window)
+        return padded[None], np.array([relative], dtype=np.float32)
+    needed = math.ceil(samples.size / window) if hop is None else math.ceil((samples.size - window) / hop) + 1
+    count = min(needed, max_windows)
+    starts = np.linspace(0, samples.size - window, count).round().astype(np.int64)
+    stacked = np.stack([samples[s : s + window] for s in starts])
+    return stacked, np.ones(count, dtype=np.float32)

@@ -1,0 +1,167 @@
+"""Kaggle awareness: is this a Kaggle session, where are its inputs, and how long may it still run?
+
+Inputs are mounted read-only under /kaggle/input in two layouts seen in 2026: the old flat
+`/kaggle/input/<slug>/` and the newer `/kaggle/input/{competitions/<slug>, datasets/<owner>/<slug>,
+notebooks/<owner>/<slug>, models/<owner>/<model>/<framework>/<variation>/<version>}/`. Rather than
+hard-coding either, stages search for what they need (a competition folder, an artifact's manifest, a
+checkpoint). Outputs go to /kaggle/working. `KAGGLE_ROOT` moves the whole tree (tests build a fake one).
+
+Nothing here imports torch: `doctor` and the notebooks' defaults use it before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+RUN_TYPE_VARIABLE = "KAGGLE_KERNEL_RUN_TYPE"  # "Interactive" in the editor, "Batch" for Save Version
+# input/models/<owner>/<model>/<framework>/<variation>/<version> is 6 levels deep, and an artifact may sit
+# in a subfolder of it: 7 covers every layout with one level to spare.
+SEARCH_DEPTH = 7
+# Session limits (Kaggle docs, "Notebooks" -> technical specifications): 12 h for CPU and GPU sessions,
+# 9 h for TPU sessions. A run past the limit is killed without saving anything.
+SESSION_LIMIT_HOURS = {"cpu": 12.0, "tpu": 9.0}  # "cpu" also covers GPU sessions
+# Kept back from the limit for what follows training in the notebook (figures, artifact save, the output
+# upload Kaggle does after the last cell) and for clock differences between our estimate and Kaggle's.
+SESSION_MARGIN_MINUTES = 20.0
+CHECKPOINT_FILE = "latest.pt"  # pipeline.training.checkpoint.LATEST (not imported: that module imports torch)
+
+
+def kaggle_root() -> Path:
+    return Path(os.environ.get("KAGGLE_ROOT", "/kaggle"))
+
+
+def on_kaggle(env: Mapping[str, str] | None = None) -> bool:
+    """True inside a Kaggle notebook session (editor or Save Version), from KAGGLE_KERNEL_RUN_TYPE."""
+    return RUN_TYPE_VARIABLE in (os.environ if env is None else env)
+
+
+def run_type(env: Mapping[str, str] | None = None) -> str | None:
+    """'Interactive', 'Batch' (Save Version / Save & Run All), or None off Kaggle."""
+    return (os.environ if env is None else env).get(RUN_TYPE_VARIABLE)
+
+
+def is_competition_rerun(env: Mapping[str, str] | None = None) -> bool:
+    """True only in the hidden-test scoring rerun of a code competition."""
+    return bool((os.environ if env is None else env).get("KAGGLE_IS_COMPETITION_RERUN"))
+
+
+def working_dir() -> Path:
+    return kaggle_root() / "working"
+
+
+def input_dir() -> Path:
+    return kaggle_root() / "input"
+
+
+def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = None) -> list[Path]:
+    """Directories under `roots` (default: the input root) holding all `marker_files`, shallowest first."""
+    found = []
+    for root in roots or [input_dir()]:
+        if not root.is_dir():
+            continue
+        base_depth = len(root.parts)
+        for current, subdirs, files in os.walk(root, followlinks=True):
+            depth = len(Path(current).parts) - base_depth
+            if all(name in files for name in marker_files):
+                found.append(Path(current))
+            if depth >= SEARCH_DEPTH:
+                subdirs.clear()
+            # Hidden folders are never inputs: `.model.partial-*` / `.model.old-*` are an artifact save
+            # that was interrupted or the artifact it replaced (pipeline/core/artifact.py).
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+    return sorted(found, key=lambda p: (len(p.parts), str(p)))
+
+
+def find_competition_dir(train_table: str = "train.csv") -> Path | None:
+    """A folder holding the training table (the competition's own name for it) and a sample submission."""
+    matches = find_dirs_with((train_table, "sample_submission.csv"))
+    return _first(matches, "competition folders")
+
+
+def find_test_dir(
+    sample_submission: str = "sample_submission.csv",
+    test_table: str = "test.csv",
+    test_audio_dir: str | None = None,
+) -> Path | None:
+    """The submission notebook's folder: the sample submission, and the test table or the test audio folder."""
+    matches = find_dirs_with((sample_submission,) if test_audio_dir else (sample_submission, test_table))
+    if test_audio_dir:
+        matches = [m for m in matches if (m / test_audio_dir).is_dir()]
+    return _first(matches, "competition folders")
+
+
+def find_artifact_dir() -> Path | None:
+    """An artifact among the inputs (a train notebook's output, a dataset or a model), else in working."""
+    markers = ("manifest.json", "model.safetensors")
+    return _first(find_dirs_with(markers) or find_dirs_with(markers, [working_dir()]), "artifacts")
+
+
+def find_input_checkpoints() -> list[Path]:
+    """Training checkpoints among the inputs: the output of an earlier version of the train notebook that
+    stopped on its time budget (or was attached after a timeout). Each is `<fingerprint>/latest.pt`; which
+    one belongs to this run is decided on resume by its fingerprint."""
+    return find_dirs_with((CHECKPOINT_FILE,))
+
+
+def _first(matches: list[Path], what: str) -> Path | None:
+    if len(matches) > 1:  # say which one wins: two attached versions of a model are an easy mistake
+        print(f"found {len(matches)} {what} under {kaggle_root()}; using the shallowest, {matches[0]} "
+              f"(others: {', '.join(map(str, matches[1:4]))}); pass the path explicitly to choose")  # fmt: skip
+    return matches[0] if matches else None
+
+
+# ------------------------------------------------------------------------------------- session limits
+
+
+def tpu_session(env: Mapping[str, str] | None = None) -> bool:
+    """True on a TPU VM, from the variables Kaggle's TPU image sets (no torch_xla import)."""
+    e = os.environ if env is None else env
+    return (
+        e.get("ISTPUVM") == "1"
+        or bool(e.get("TPU_ACCELERATOR_TYPE"))
+        or e.get("PJRT_DEVICE", "").upper() == "TPU"
+    )
+
+
+def session_limit_hours(env: Mapping[str, str] | None = None) -> float:
+    return SESSION_LIMIT_HOURS["tpu" if tpu_session(env) else "cpu"]
+
+
+def session_elapsed_seconds(proc: Path = Path("/proc")) -> float | None:
+    """Seconds since this session began, or None if it cannot be known.
+
+    A Kaggle session is a fresh container (or TPU VM): its PID 1 started with the session, and /proc/uptime
+    and /proc/<pid>/stat's start time both count from the host's boot. The notebook kernel's own start is
+    the fallback (it misses only the container's start-up). An estimate longer than any session limit means
+    PID 1 is not the session's (a long-lived host): then the kernel's start is used.
+    """
+    try:
+        uptime = float((proc / "uptime").read_text().split()[0])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    estimates = []
+    for pid in ("1", "self"):
+        try:
+            # Field 22 is the start time in clock ticks; the command name (field 2) may contain spaces.
+            fields = (proc / pid / "stat").read_text().rsplit(")", 1)[1].split()
+            estimates.append(uptime - int(fields[19]) / ticks)
+        except (OSError, ValueError, IndexError):
+            continue
+    plausible = [e for e in estimates if 0 <= e < max(SESSION_LIMIT_HOURS.values()) * 3600]
+    return plausible[0] if plausible else None
+
+
+def default_time_budget_minutes(
+    env: Mapping[str, str] | None = None, elapsed_seconds: float | None = None
+) -> float | None:
+    """Training budget on Kaggle: the session limit minus a margin minus the time this session already
+    used (when knowable). None off Kaggle: no limit to respect."""
+    if not on_kaggle(env):
+        return None
+    if elapsed_seconds is None:
+        elapsed_seconds = session_elapsed_seconds() or 0.0
+    budget = session_limit_hours(env) * 60 - SESSION_MARGIN_MINUTES - elapsed_seconds / 60
+    return max(budget, 1.0)  # too late to train properly, but a positive budget still saves an artifact

@@ -1,0 +1,323 @@
+"""ONNX for the ECAPA-TDNN embedding model on CPU: export, optional static int8, and an ONNX Runtime embedder
+(`OnnxEmbedder`) with windows.run_windows' `embed(wavs, lens) -> [n, D] CPU fp32` signature.
+
+The split: Fbank and sentence mean normalisation (`model.features`) stay in torch: the TorchScript exporter
+cannot export the STFT, they are parameter-free and a few percent of the compute. The encoder
+(`model.embedding_model`: feats [B, T, n_mels] + relative lengths [B] -> [B, 1, D]) runs in ONNX Runtime.
+
+Export is `torch.export.export(strict=True)` with a dynamic batch and time, then `torch.onnx.export` of that
+ExportedProgram. Not `torch.onnx.export(module, dynamo=True)` directly: it traces non-strict first, where
+SpeechBrain's `length_to_mask` calls `len(lengths)` and so fixes the batch; the exporter then quietly applies
+torch.export's "suggested fix" and writes a graph for the example's batch size only (torch 2.9.1: an ONNX
+file that refuses any other batch). Strict tracing (Dynamo) keeps `len()` symbolic. Every export is checked
+before it is written: symbolic batch and time in the ONNX inputs, and ONNX Runtime equal to torch within
+EXPORT_TOLERANCE at a batch and time other than the example's.
+
+Static int8 (`quantize_embedding_model`): QDQ, per-channel int8 weights and uint8 activations (the fast
+combination on x86 with VNNI), calibrated on real windows. ECAPA's squeeze-excitation blocks are known to be
+quantisation-sensitive, so int8 is used only when held-out accuracy stays within INT8_MAX_ACCURACY_DROP of
+fp32 (`int8_acceptable`); only training has labelled held-out data to decide that.
+
+Which engine runs at inference (torch or ONNX Runtime, raced or forced, with fallbacks) is
+pipeline/inference/engines.py's business; this module is what training and inference both need: the files and a
+session to run them. Imports of onnxruntime / onnxscript happen inside the functions that need them, so this
+module imports where they are not installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import logging
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
+
+from .model import ModelConfig, SpeakerClassifier
+from .progress import first_line
+from .staging import staged_file
+
+# Artifact file names (phase 2 writes them beside embedding_model.ckpt; SpeechBrain's loader ignores them).
+ONNX_FP32 = "embedding_model.onnx"
+ONNX_INT8 = "embedding_model.int8.onnx"
+INPUTS = ("feats", "wav_lens")
+OUTPUT = "embeddings"
+OPSET = 18  # torch's dynamo exporter's default in 2.8-2.10; ONNX Runtime has run opset 18 since 1.14
+# ONNX Runtime against torch, fp32: max |difference| of embeddings, relative to their largest magnitude
+# (measured: <= 3e-7 relative at every preset; anything near 1e-4 is a wrong graph or wrong weights).
+EXPORT_TOLERANCE = 1e-4
+INT8_MAX_ACCURACY_DROP = 0.005  # 0.5 points of held-out accuracy
+# Only the matrix products are quantised: they are the compute. ECAPA's BatchNorms follow a ReLU, so they are
+# not folded into a convolution, and quantising them per channel breaks them (rank-1 weights).
+INT8_OPERATORS = ("Conv", "MatMul", "Gemm")
+# Left in fp32 by default: the squeeze-excitation convolutions and the final linear layer. They run on one
+# pooled vector per window (a negligible share of the FLOPs) and scale or make the embedding directly, which
+# is where quantisation error is known to hurt ECAPA most. Matched against each operator's weight name.
+INT8_KEEP_FP32 = (".se_block.", "fc.")
+# The frame range the export admits: 8 frames (80 ms) keeps every reflect padding of ECAPA valid; 2^15
+# (5.5 minutes per window, inference's windows are seconds) keeps frames x channels within int32, which
+# torch 2.10 asserts (2^20 failed there at the voxceleb size: "frames <= 2147483647/9216").
+MIN_FRAMES, MAX_FRAMES, MAX_BATCH = 8, 1 << 15, 1 << 16
+
+
+class ExportError(RuntimeError):
+    """The embedding model could not be exported, or the export does not match torch. Says which."""
+
+
+def onnxruntime_missing() -> str | None:
+    """Why ONNX Runtime cannot run here, or None when it can be imported."""
+    if importlib.util.find_spec("onnxruntime") is None:
+        return "onnxruntime is not installed"
+    return None
+
+
+def exporter_missing() -> str | None:
+    """Why the dynamo ONNX exporter cannot run here (it needs onnxscript and onnx), or None."""
+    missing = [name for name in ("onnxscript", "onnx") if importlib.util.find_spec(name) is None]
+    return f"{' and '.join(missing)} not installed (torch's ONNX exporter needs them)" if missing else None
+
+
+# --------------------------------------------------------------------------------------------- export
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    path: Path
+    seconds: float  # tracing + conversion + check
+    max_abs_diff: float  # ONNX Runtime vs torch at the check's batch and time
+    torch_version: str
+    opset: int
+
+
+def example_inputs(
+    model: SpeakerClassifier, batch: int, frames: int, seed: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """Normalised-feature-like inputs [batch, frames, n_mels] and relative lengths (one row shorter)."""
+    generator = torch.Generator().manual_seed(seed)
+    feats = torch.randn(batch, frames, model.config.n_mels, generator=generator)
+    lens = torch.ones(batch)
+    if batch > 1:
+        lens[-1] = 0.6
+    return feats, lens
+
+
+def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: int = OPSET) -> ExportReport:
+    """Write `model.embedding_model` as ONNX to `path` (atomically), dynamic in batch and time, checked
+    against torch at another batch and time. `model` itself is not touched (see pristine_encoder).
+    ExportError when the exporter is missing, tracing or conversion fails, or the check fails."""
+    missing = exporter_missing() or onnxruntime_missing()
+    if missing:
+        raise ExportError(f"cannot export the embedding model: {missing}")
+    started = time.perf_counter()
+    encoder = pristine_encoder(model)
+    frames = model.config.window_samples // 160 + 1  # Fbank's 10 ms hop: the frames of one window
+    example = example_inputs(model, 2, frames)
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    time_dim = torch.export.Dim("frames", min=MIN_FRAMES, max=MAX_FRAMES)
+    try:
+        with _quiet_exporter():
+            program = torch.export.export(encoder, example, dynamic_shapes=({0: batch, 1: time_dim}, {0: batch}),
+                                          strict=True)  # fmt: skip
+            onnx_program = torch.onnx.export(program, example, dynamo=True, input_names=list(INPUTS),
+                                             output_names=[OUTPUT], opset_version=opset, optimize=True)  # fmt: skip
+    except Exception as error:  # noqa: BLE001 - the exporter raises many types; all mean "no ONNX file"
+        raise ExportError(f"torch {torch.__version__} could not export the embedding model: "
+                          f"{type(error).__name__}: {first_line(error)}") from error  # fmt: skip
+    target = Path(path)
+    with staged_file(target) as staging:
+        onnx_program.save(str(staging))
+        diff = check_export(encoder, model, staging)
+    return ExportReport(target, time.perf_counter() - started, diff, torch.__version__, opset)
+
+
+def pristine_encoder(model: SpeakerClassifier) -> torch.nn.Module:
+    """What to export, on the CPU in fp32 and eval mode, `model` untouched. SpeechBrain's ECAPA_TDNN is rebuilt
+    from `model`'s config with its weights: SpeechBrain's own forward, free of any patch on `model`
+    (inference's fast reflect padding is slices and concats that ONNX Runtime's symbolic shape inference,
+    run before quantisation, cannot follow; ONNX's Pad is the native op). Any other module is copied as is."""
+    encoder = model.embedding_model
+    if type(encoder) is not ECAPA_TDNN:
+        return copy.deepcopy(encoder).cpu().float().eval()
+    fresh = SpeakerClassifier(ModelConfig(**model.config.to_dict())).embedding_model
+    state = {name: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
+             for name, value in encoder.state_dict().items()}  # fmt: skip
+    fresh.load_state_dict(state)
+    return fresh.eval()
+
+
+def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str | Path) -> float:
+    """Max |ONNX - torch| of embeddings at a batch and time unlike the export's example (3 x 57 frames);
+    ExportError if an input dimension came out fixed or the difference exceeds EXPORT_TOLERANCE."""
+    session = load_session(path, threads=1)
+    for node in session.get_inputs():
+        fixed = [str(d) for d in node.shape[: 2 if node.name == INPUTS[0] else 1] if not isinstance(d, str)]
+        if fixed:
+            raise ExportError(
+                f"{path}: input {node.name} has fixed size(s) {fixed}, not a dynamic batch and time"
+            )
+    feats, lens = example_inputs(model, 3, 57, seed=1)
+    with torch.inference_mode():
+        expected = encoder(feats, lens).reshape(3, -1)
+    found = torch.from_numpy(run_session(session, feats, lens))
+    diff = float((found - expected).abs().max())
+    if not diff <= EXPORT_TOLERANCE * max(1.0, float(expected.abs().max())):
+        raise ExportError(
+            f"{path}: ONNX Runtime differs from torch by {diff:.3g} (tolerance {EXPORT_TOLERANCE})"
+        )
+    return diff
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """The exporter warns about torchvision operators it skips and prints its progress, the quantizer about
+    every tensor it leaves alone: not the user's business. Errors still raise."""
+    names = (
+        "torch.onnx",
+        "torch.export",
+        "torch._dynamo",
+        "onnxscript",
+        "",
+    )  # "": the quantizer logs to root
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    try:
+        for logger in loggers:
+            logger.setLevel(logging.ERROR)
+        with warnings.catch_warnings(), contextlib.redirect_stdout(None):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+# --------------------------------------------------------------------------------------------- int8
+
+
+def quantize_embedding_model(
+    model: SpeakerClassifier,
+    fp32_path: str | Path,
+    int8_path: str | Path,
+    wavs: torch.Tensor,
+    lens: torch.Tensor,
+    batch: int = 16,
+    keep_fp32: tuple[str, ...] = INT8_KEEP_FP32,
+) -> Path:
+    """Static int8 (QDQ, per-channel) of the exported fp32 model at `fp32_path`, written to `int8_path`,
+    calibrated on the windows `wavs` [N, window_samples] with relative lengths `lens` [N] (real audio: the
+    activation ranges are what matter). Operators whose weight name contains a `keep_fp32` string (one
+    starting with it, for a string ending in ".") stay fp32. Needs onnxruntime and onnx."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    if len(wavs) == 0:
+        raise ValueError("quantize_embedding_model: no calibration windows (wavs is empty)")
+    with torch.inference_mode():
+        batches = [
+            {INPUTS[0]: np.ascontiguousarray(model.features(wavs[i : i + batch].float(), lens[i : i + batch].float())
+                                             .cpu().numpy()),
+             INPUTS[1]: lens[i : i + batch].float().cpu().numpy()}
+            for i in range(0, len(wavs), batch)
+        ]  # fmt: skip
+    reader = _Calibration(batches)
+    target, source = Path(int8_path).resolve(), Path(fp32_path).resolve()
+    # In a folder of its own: when its symbolic shape inference fails, onnxruntime saves a debugging copy of
+    # the model into the working directory.
+    with tempfile.TemporaryDirectory(prefix="onnx-quant-") as tmp, contextlib.chdir(tmp), _quiet_exporter():
+        prepared = Path(tmp) / "prepared.onnx"
+        # Shape inference and ONNX Runtime's basic fusions first, as onnxruntime.quantization recommends.
+        quant_pre_process(str(source), str(prepared))
+        kept = [node.name for node in onnx.load(str(prepared), load_external_data=False).graph.node
+                if node.op_type in INT8_OPERATORS and len(node.input) > 1 and _matches(node.input[1], keep_fp32)]  # fmt: skip
+        with staged_file(target) as staging:
+            quantize_static(
+                str(prepared), str(staging), reader, quant_format=QuantFormat.QDQ, per_channel=True,
+                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=list(INT8_OPERATORS),
+                nodes_to_exclude=kept,
+            )  # fmt: skip
+    return target
+
+
+def _matches(weight: str, patterns: tuple[str, ...]) -> bool:
+    return any(
+        weight.startswith(p) if p.endswith(".") and not p.startswith(".") else p in weight for p in patterns
+    )
+
+
+class _Calibration:
+    """onnxruntime.quantization's CalibrationDataReader protocol over prepared input batches."""
+
+    def __init__(self, batches: list[dict[str, np.ndarray]]) -> None:
+        self._batches = iter(batches)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+
+def int8_acceptable(fp32_accuracy: float, int8_accuracy: float) -> bool:
+    """The int8 rule: held-out accuracy (fractions, 0-1) within INT8_MAX_ACCURACY_DROP of fp32's."""
+    return int8_accuracy >= fp32_accuracy - INT8_MAX_ACCURACY_DROP - 1e-12
+
+
+# --------------------------------------------------------------------------------------------- runtime
+
+
+def session_options(threads: int, spin: bool = False) -> Any:
+    """ONNX Runtime options for one inference process: `threads` intra-op threads (its default is one per
+    physical core of the host, whatever the container may use), one inter-op thread (ECAPA is a chain of
+    operators: nothing to run side by side), every graph optimisation. `spin`: idle pool threads busy-wait
+    for the next operator. Off by default: between two ONNX Runtime calls torch computes the features with
+    its own threads, and spinning pool threads take their cores (measured on 2 busy shared cores, voxceleb
+    preset, 2 threads, median of 3: spinning off faster in 5 of 6 cases of 4, 8 or 16 windows per batch, fp32
+    or int8, by 9-77%; 7% slower in the sixth, within that run's spread)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only
+    return options
+
+
+def load_session(path: str | Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+
+
+def run_session(session: Any, feats: torch.Tensor, lens: torch.Tensor) -> np.ndarray:
+    """Embeddings [B, D] from normalised features [B, T, n_mels] and relative lengths [B]."""
+    inputs = {
+        INPUTS[0]: np.ascontiguousarray(feats.detach().float().cpu().numpy()),
+        INPUTS[1]: np.ascontiguousarray(lens.detach().float().cpu().numpy()),
+    }
+    out = session.run([OUTPUT], inputs)[0]
+    return out.reshape(out.shape[0], -1)
+
+
+class OnnxEmbedder:
+    """Features in torch, the encoder in an ONNX Runtime session."""
+
+    def __init__(self, model: SpeakerClassifier, path: str | Path, threads: int, precision: str) -> None:
+        self.model, self.path, self.precision = model, Path(path), precision
+        self.engine = f"onnx-{precision}"
+        self.session = load_session(path, threads)
+
+    @torch.inference_mode()
+    def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        feats = self.model.features(wavs.cpu(), lens.cpu())
+        return torch.from_numpy(run_session(self.session, feats, lens))

@@ -1,0 +1,164 @@
+"""Write where nobody looks, then swap into place: a crash never leaves a half-written file or directory; and
+never replace a folder this project did not write.
+
+Everything is written in a hidden sibling of its target, `.NAME.partial-*` (the same filesystem, so the final
+rename is atomic). A directory it replaces is first renamed to `.NAME.old-*` and removed only after the swap.
+Searches for folders (pipeline.core.kaggle) skip hidden names, so neither is ever taken for the real thing.
+Directories: the artifact, the competition folders the data commands write, `kaggle package` output and the
+audio cache. Files: submission.csv and the files beside it, and training checkpoints.
+
+The one rule for every output folder (`check_output_dir`, re-checked by `staged_directory` at the swap): it
+may be new, empty, or one this project wrote before (its marker says so); anything else is refused with a
+message that says what to do. It may never be the working directory, one of its parents, the home folder or a
+filesystem root, and it may not overlap the folders it must stay apart from (e.g. the data it was made from).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+# Written into every folder the data commands, `kaggle package` and the audio cache create: what it is, so a
+# later run may replace it. The artifact's own marker is its manifest.json (pipeline.core.artifact.is_artifact).
+MARKER = ".written-by-pipeline"
+
+
+class OutputRefused(FileExistsError):
+    """An output folder would replace or overlap something this project does not own. Names both, and the fix."""
+
+
+def mark(folder: Path, kind: str) -> None:
+    """Record in `folder` that this project wrote it, as `kind` (e.g. "competition folder")."""
+    (folder / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+
+
+def marked_as(folder: Path, kind: str) -> bool:
+    try:
+        return json.loads((folder / MARKER).read_text(encoding="utf-8")).get("kind") == kind
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _overlap(a: Path, b: Path) -> str | None:
+    if a == b:
+        return "is"
+    if a.is_relative_to(b):
+        return "lies inside"
+    if b.is_relative_to(a):
+        return "contains"
+    return None
+
+
+def check_output_dir(
+    target: str | os.PathLike,
+    *,
+    name: str,
+    is_ours: Callable[[Path], bool],
+    what: str,
+    keep_apart: Mapping[str, str | os.PathLike | None] | None = None,
+    replace_ours: bool = True,
+    how_to_replace: str = "",
+) -> Path:
+    """Refuse (OutputRefused) to write the folder `target` (parameter `name`) unless it is new, empty, or `what`
+    this project wrote before (`is_ours`) and `replace_ours`; and unless it stays apart from every folder
+    of `keep_apart` ({parameter: path}). Returns the resolved target. Nothing is touched."""
+    resolved = Path(target).expanduser().resolve()
+    cwd, home = Path.cwd().resolve(), Path.home().resolve()
+    if resolved == Path(resolved.anchor) or resolved == home or cwd.is_relative_to(resolved):
+        where = "a filesystem root" if resolved == Path(resolved.anchor) else (
+            "your home folder" if resolved == home else "the working directory or one of its parents")  # fmt: skip
+        raise OutputRefused(f"{name}={str(target)!r} is {where} ({resolved}): this run would replace it. "
+                            f"Give {name} a folder of its own, e.g. {name}={str(Path(target) / 'model')!r}")  # fmt: skip
+    for other_name, other in (keep_apart or {}).items():
+        if other is None:
+            continue
+        relation = _overlap(resolved, Path(other).expanduser().resolve())
+        if relation:
+            raise OutputRefused(f"{name}={str(target)!r} {relation} {other_name}={str(other)!r}: writing it could "
+                                f"replace or mix with what is there. Put {name} in a folder of its own, outside "
+                                f"{other_name}")  # fmt: skip
+    if not resolved.exists():
+        return resolved
+    if not resolved.is_dir():
+        raise OutputRefused(f"{name}={str(target)!r} exists and is not a folder ({resolved}); "
+                            f"give {name} a folder path")  # fmt: skip
+    entries = sorted(p.name for p in resolved.iterdir())
+    if not entries:
+        return resolved
+    if not is_ours(resolved):
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise OutputRefused(f"{name}={str(target)!r} holds files this project did not write ({shown}); it is "
+                            f"not {what}, so it is left alone. Choose a new or empty folder for {name}, or "
+                            "move those files away yourself")  # fmt: skip
+    if not replace_ours:
+        raise OutputRefused(f"{name}={str(target)!r} already holds {what} ({resolved}); "
+                            f"{how_to_replace or 'choose another folder'} to replace it")  # fmt: skip
+    return resolved
+
+
+def replaceable(target: Path, is_ours: Callable[[Path], bool]) -> bool:
+    """True if `target` is absent, an empty folder, or a folder `is_ours` accepts."""
+    if not target.exists():
+        return True
+    return target.is_dir() and (not any(target.iterdir()) or is_ours(target))
+
+
+@contextmanager
+def staged_file(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden path beside `target` to write the file at (it keeps `target`'s suffix, so writers that
+    add one, like numpy's savez, leave it alone); when the block ends without error the file is flushed to
+    disk and replaces `target`, otherwise it is removed and `target` is left as it was."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.stem}.partial-", suffix=target.suffix)
+    os.close(fd)
+    staging = Path(name)
+    try:
+        yield staging
+        with staging.open("rb") as handle:
+            os.fsync(handle.fileno())
+        staging.chmod(0o644)  # mkstemp makes a private file; these files are meant to be read
+        os.replace(staging, target)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomically(target: str | os.PathLike, text: str) -> None:
+    """`target` holds `text` in full, or is left as it was."""
+    with staged_file(target) as staging:
+        staging.write_text(text, encoding="utf-8", newline="")
+
+
+@contextmanager
+def staged_directory(target: str | os.PathLike, is_ours: Callable[[Path], bool]) -> Iterator[Path]:
+    """Yield an empty hidden folder beside `target`; when the block ends without error it replaces `target`,
+    otherwise it is removed and `target` is left as it was.
+
+    `target` is replaced only if it is still `replaceable` at the swap (callers check first with
+    check_output_dir; a long build gives someone time to put files there): never a folder of someone else's."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)  # mkdtemp makes a private folder; these folders are meant to be shared
+        if not replaceable(target, is_ours):
+            raise OutputRefused(f"{target} now holds files this project did not write; the new content was not "
+                                "put there (move them away and run again)")  # fmt: skip
+        if target.exists():
+            retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
+            target.rename(retired)
+            staging.rename(target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            staging.rename(target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

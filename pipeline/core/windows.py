@@ -1,0 +1,321 @@
+"""Windows: how spans of audio become scores, the part of inference that training's validation shares.
+
+A span is a whole file or a part of one (a 5 s chunk of a soundscape). Its samples are cut into fixed-length
+windows exactly like the training crops (`span_windows`, `WindowPlan`), batched densely across files
+(`run_windows`: every batch the same shape, so GPU kernels are reused), embedded, and pooled per span
+(`SpanPooling`):
+
+    mean      the valid-length-weighted mean of the windows' unit embeddings, scored by the cosine classifier
+              (a file's prediction: it is what SpeechBrain's EncoderClassifier computes from an artifact)
+    max       the highest cosine score of each class over the span's windows (a call anywhere in the chunk)
+    mean_max  the average of the windows' mean cosine score and their maximum, per class
+
+Validation (pipeline/training/validation.py) scores held-out files through these functions, so it measures
+what the infer stage computes; pipeline/inference/predict.py decodes test files and runs them on the
+session's devices. This module never imports torch_xla.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .buckets import Buckets
+from .config import MAX_WINDOWS_PER_FILE
+from .data import windows
+from .model import SpeakerClassifier, add_windows
+from .progress import heartbeat, progress_bar
+
+POOLINGS = ("mean", "max", "mean_max")
+# The deadline is kept with this margin over the measured cost of what is still to compute.
+DEADLINE_SAFETY = 1.5
+
+
+@dataclass(frozen=True)
+class Span:
+    """Seconds [start, end) of file `file` (an index into the files predicted); `end` None: to the file's end,
+    covered by at most `max_windows` evenly spaced windows (a whole-file prediction)."""
+
+    file: int
+    start: float = 0.0
+    end: float | None = None
+
+
+def chunk_hop(window: int, hop_seconds: float | None, sample_rate: int) -> int:
+    """Samples between a chunk's windows: `hop_seconds`, or by default half a window."""
+    return int(round(hop_seconds * sample_rate)) if hop_seconds else max(1, window // 2)
+
+
+@dataclass(frozen=True)
+class WindowPlan:
+    """How spans are cut into windows and batched."""
+
+    window: int  # samples per window (the model's training crop)
+    sample_rate: int
+    batch_windows: int
+    max_windows: int = MAX_WINDOWS_PER_FILE  # per whole-file span
+    hop: int | None = None  # samples between the windows of a chunk span (None: as many as cover it)
+    # Windows shorter than `window` run at the shortest of this many tensor lengths that holds them
+    # (pipeline/core/buckets.py); 1: every window at full length, as training pads it.
+    length_buckets: int = 1
+
+    def buckets(self) -> Buckets | None:
+        return (
+            Buckets.plan(self.window, self.sample_rate, self.length_buckets)
+            if self.length_buckets > 1
+            else None
+        )
+
+
+@dataclass
+class FileWindows:
+    """One file's windows for all of its spans (made in a DataLoader worker)."""
+
+    index: int  # the file
+    windows: np.ndarray | None  # [n, window] float32, None when the file could not be used
+    lens: np.ndarray | None  # [n] relative lengths
+    owner: np.ndarray | None  # [n] the span each window belongs to
+    problem: str | None = None  # why the file's spans fall back
+    repairs: list[str] = field(default_factory=list)
+    seconds: float = 0.0  # audio decoded
+
+
+@dataclass
+class SpanPredictions:
+    pooled: dict[str, np.ndarray]  # pooling -> [n_spans, n_classes] cosine scores (NaN rows where not ok)
+    embeddings: np.ndarray  # [n_spans, emb_dim] mean unit window embedding
+    ok: np.ndarray  # [n_spans] bool: a real prediction was made
+    problems: dict[int, str]  # file index -> why its spans fell back
+    repairs: dict[int, list[str]]  # file index -> what was repaired
+    device_counts: dict[str, int]  # files processed per device
+    audio_seconds: float = 0.0  # audio predicted
+    seconds: float = 0.0  # time spent predicting it
+    stopped: str | None = None  # why prediction stopped before every file (the deadline)
+    seen: set[int] = field(default_factory=set)  # the files taken or found unusable before any stop
+    engines: dict[str, str] = field(default_factory=dict)  # device -> the engine that computed its batches
+    engine_notes: list[str] = field(default_factory=list)  # the engine choice's printed lines, for the report
+    threads: dict[str, int] = field(default_factory=dict)  # device -> compute threads (CPU processes)
+    # The embedder of a single-process run, for measuring the rate the same way (submission.probe_rate).
+    embedder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """Whole-file scores: the mean pooling."""
+        return self.pooled["mean"]
+
+
+@torch.inference_mode()
+def embed_windows(
+    model: SpeakerClassifier, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device
+) -> torch.Tensor:
+    """Embeddings [n, D] of one batch of windows, returned on CPU in fp32."""
+    wavs, lens = wavs.to(device, non_blocking=True), lens.to(device, non_blocking=True)
+    use_fp16 = device.type == "cuda"  # T4 tensor cores; the Fbank front end stays in fp32 (see model.py)
+    with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_fp16):
+        embeddings = model.embed(model.features(wavs, lens), lens)
+    return embeddings.float().cpu()
+
+
+class SpanPooling:
+    """Running per-span sums and maxima of window embeddings and scores (windows of a span may come in several
+    batches)."""
+
+    def __init__(self, n_spans: int, emb_dim: int, class_weight: torch.Tensor) -> None:
+        self.unit_classes = torch.nn.functional.normalize(class_weight.detach().float().cpu(), dim=1)
+        n_classes = len(self.unit_classes)
+        self.emb_sum = torch.zeros(n_spans, emb_dim)
+        self.weight = torch.zeros(n_spans)
+        self.score_sum = torch.zeros(n_spans, n_classes)
+        self.score_max = torch.full((n_spans, n_classes), -torch.inf)
+
+    def add(self, embeddings: torch.Tensor, lens: torch.Tensor, owner: torch.Tensor) -> None:
+        add_windows(self.emb_sum, self.weight, embeddings, lens, owner)
+        scores = cosine_scores(embeddings, self.unit_classes)
+        self.score_sum.index_add_(0, owner, scores * lens.float()[:, None])
+        self.score_max.scatter_reduce_(0, owner[:, None].expand_as(scores), scores, reduce="amax")
+
+    def result(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        ok = self.weight > 0
+        n, dim = self.emb_sum.shape
+        embeddings = torch.full((n, dim), float("nan"))
+        embeddings[ok] = self.emb_sum[ok] / self.weight[ok][:, None]
+        mean_score = self.score_sum / self.weight.clamp_min(1e-12)[:, None]
+        pooled = {
+            "mean": cosine_scores(embeddings, self.unit_classes),
+            "max": self.score_max,
+            "mean_max": 0.5 * (mean_score + self.score_max),
+        }
+        for scores in pooled.values():
+            scores[~ok] = float("nan")
+        return {k: v.numpy().astype(np.float32) for k, v in pooled.items()}, embeddings.numpy(), ok.numpy()
+
+
+def cosine_scores(embeddings: torch.Tensor, unit_classes: torch.Tensor) -> torch.Tensor:
+    """Cosine of each embedding with each class centre, in fp32 on the host (what SpeechBrain's classify_batch
+    returns for one embedding)."""
+    unit = torch.nn.functional.normalize(embeddings.float(), dim=1)
+    return torch.nn.functional.linear(unit, unit_classes)
+
+
+def run_windows(
+    model: SpeakerClassifier,
+    items: Iterator[FileWindows],
+    n_spans: int,
+    batch_windows: int,
+    device: torch.device,
+    progress: bool = False,
+    embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    n_files: int | None = None,
+    deadline: float | None = None,
+    buckets: Buckets | None = None,
+) -> SpanPredictions:
+    """Consume per-file windows, batch them densely, and pool window embeddings back to their spans.
+
+    `embed(wavs, lens)` computes a batch's window embeddings on the host (default: `embed_windows` on
+    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA). With
+    `buckets`, a window shorter than the model's runs at its bucket's tensor length, batched with windows of
+    that length (as many windows per batch as keep the batch's samples at `batch_windows` full windows); the
+    pooling still weighs every window by its valid share of a full window. With a `deadline` (time.time()), a
+    file is taken only while the measured seconds per window say that it and the windows already waiting
+    finish before it (with DEADLINE_SAFETY); the files left have no predictions."""
+    embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
+    window = model.config.window_samples
+    # CUDA: every batch is staged in one page-locked buffer, so the copy to the GPU is a DMA that needs no
+    # pageable bounce (batches are assembled here from several files' windows, so pinning each file's
+    # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
+    # the buffer is free again before the next one is staged.
+    staging = None
+    pooling = SpanPooling(n_spans, model.config.embedding_size, model.class_centres())
+    problems: dict[int, str] = {}
+    repairs: dict[int, list[str]] = {}
+    pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # tensor length -> windows
+    started = time.perf_counter()
+    computed = {"windows": 0, "seconds": 0.0}
+    audio_seconds = 0.0
+    stopped = None
+    seen: set[int] = set()
+
+    def batch_size(length: int) -> int:
+        return max(1, batch_windows * window // length)
+
+    def flush(length: int, full_only: bool) -> None:
+        """Run full batches (or everything) of the pending windows of one tensor length."""
+        nonlocal staging
+        if not pending.get(length):
+            return
+        wavs, lens, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
+        size = batch_size(length)
+        stop = (len(wavs) // size) * size if full_only else len(wavs)
+        for start in range(0, stop, size):
+            end = min(start + size, stop)
+            began = time.perf_counter()
+            batch_lens = torch.from_numpy(lens[start:end])
+            model_lens = (
+                batch_lens
+                if buckets is None
+                else torch.from_numpy(buckets.relative_at(lens[start:end], length))
+            )
+            batch = torch.from_numpy(wavs[start:end])
+            if device.type == "cuda":
+                if staging is None:
+                    staging = torch.empty(batch_windows * window, pin_memory=True)
+                batch = staging[: batch.numel()].view(batch.shape).copy_(batch)
+            # Pooled by the valid share of a full window, whatever length the window ran at.
+            pooling.add(embed(batch, model_lens), batch_lens, torch.from_numpy(owner[start:end]))
+            computed["windows"] += end - start
+            computed["seconds"] += time.perf_counter() - began
+            heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
+        pending[length] = [(wavs[stop:], lens[stop:], owner[stop:])]
+
+    def waiting() -> int:
+        return sum(len(part[0]) for parts in pending.values() for part in parts)
+
+    bar = progress_bar(n_files if n_files is not None else n_spans, "infer", "file", progress)
+    for item in items:
+        if item.windows is None:
+            problems[item.index] = item.problem or "unusable"
+            seen.add(item.index)
+        elif deadline is not None and not _fits(deadline, waiting() + len(item.windows), computed, started):
+            stopped = (f"time limit: stopped before the file's windows would end after the deadline "
+                       f"({computed['windows']} windows predicted at "
+                       f"{computed['seconds'] / max(1, computed['windows']) * 1000:.1f} ms each)")  # fmt: skip
+            problems[item.index] = "time limit: not predicted"
+            break
+        else:
+            seen.add(item.index)
+            if item.repairs:
+                repairs[item.index] = item.repairs
+            audio_seconds += item.seconds
+            for length, part in _by_length(item, buckets, window):
+                pending.setdefault(length, []).append(part)
+                if sum(len(p[0]) for p in pending[length]) >= batch_size(length):
+                    flush(length, full_only=True)
+        if bar is not None:
+            bar.update(1)
+    for length in sorted(pending, reverse=True):
+        flush(length, full_only=False)
+    if bar is not None:
+        bar.close()
+    pooled, embeddings, ok = pooling.result()
+    return SpanPredictions(
+        pooled=pooled,
+        embeddings=embeddings,
+        ok=ok,
+        problems=problems,
+        repairs=repairs,
+        device_counts={str(device): len(seen)},
+        audio_seconds=audio_seconds,
+        seconds=time.perf_counter() - started,
+        stopped=stopped,
+        seen=seen,
+    )
+
+
+def _by_length(
+    item: FileWindows, buckets: Buckets | None, window: int
+) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
+    """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], lens, owner))."""
+    wavs, lens, owner = np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)
+    if buckets is None or bool((lens >= 1.0).all()):
+        yield window, (wavs, lens, owner)
+        return
+    lengths = buckets.length_of(lens)
+    for length in np.unique(lengths):
+        chosen = lengths == length
+        yield int(length), (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], owner[chosen])
+
+
+def _fits(deadline: float, windows: int, computed: dict[str, float], started: float) -> bool:
+    """Whether `windows` more windows finish before `deadline` at the rate measured so far: wall time per
+    window, decoding and waiting included (the first file is always taken: there is no rate yet)."""
+    if computed["windows"] == 0:
+        return time.time() < deadline
+    per_window = (time.perf_counter() - started) / computed["windows"]
+    return time.time() + DEADLINE_SAFETY * windows * per_window < deadline
+
+
+def span_windows(
+    samples: np.ndarray, spans: Sequence[tuple[int, float, float | None]], plan: WindowPlan
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The windows of a decoded file's spans ((span index, start s, end s)): [n, window], [n] relative lengths,
+    [n] owning span. A span past the decoded audio has no window (it keeps no prediction)."""
+    cut, lens, owner = [], [], []
+    for span_index, start, end in spans:
+        first = int(round(start * plan.sample_rate))
+        if end is None:
+            part, limit, hop = samples[first:], plan.max_windows, None
+        else:
+            part, limit, hop = samples[first : int(round(end * plan.sample_rate))], 1 << 30, plan.hop
+        if part.size == 0:
+            continue
+        wavs, rel = windows(part, plan.window, limit, hop)
+        cut.append(wavs)
+        lens.append(rel)
+        owner.append(np.full(len(wavs), span_index, dtype=np.int64))
+    if not cut:
+        return np.zeros((0, plan.window), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
+    return np.concatenate(cut), np.concatenate(lens), np.concatenate(owner)

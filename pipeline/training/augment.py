@@ -1,0 +1,144 @@
+"""Training-crop augmentation, run in the DataLoader workers (pipeline/training/batches.py) on the host.
+
+The focal -> soundscape shift: BirdCLEF trains on focal recordings (one bird, close, clean) and scores
+soundscapes (far, noisy, several birds or none). Each augmentation here narrows one side of that gap:
+
+    noise      a crop of a background recording (`noise_dir`: the competition's unlabelled soundscapes) added
+               at a random SNR -- SpeechBrain's AddNoise does the mixing
+    mix        a second training crop added at a random level, the batch row then has the union of both
+               crops' labels (multi-label objectives only: one class per clip cannot hold two)
+    background a crop replaced by background alone, with no label (multi-label objectives only): most of a
+               soundscape is no call at all, and a model that only ever saw calls scores some class on it
+    time mask  SpeechBrain's DropChunk: short stretches set to silence
+    freq mask  SpeechBrain's DropFreq: narrow frequency bands notched out
+
+No gain augmentation: the front end's sentence mean normalisation subtracts each log-mel band's mean over
+the window, so a constant gain changes nothing the model sees (tests/training/test_augment.py checks it).
+
+Each batch's augmentation is a function of the batch's seed, like its crops: resumed runs and any number of
+workers see the same batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .store import AudioStore
+
+
+@dataclass(frozen=True)
+class Augmentation:
+    """TrainConfig's augmentation fields, with the background recordings' cache (pickled to every worker)."""
+
+    noise: AudioStore | None = None
+    noise_probability: float = 0.0
+    noise_snr_db: tuple[float, float] = (0.0, 15.0)
+    mix_probability: float = 0.0
+    background_probability: float = 0.0
+    time_mask_probability: float = 0.0
+    freq_mask_probability: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return bool(
+            (self.noise is not None and (self.noise_probability or self.background_probability))
+            or self.mix_probability or self.time_mask_probability or self.freq_mask_probability
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        parts = []
+        if self.noise is not None and self.noise_probability:
+            parts.append(f"background noise on {self.noise_probability:.0%} of crops ({len(self.noise)} recordings, "
+                         f"SNR {self.noise_snr_db[0]:g}-{self.noise_snr_db[1]:g} dB)")  # fmt: skip
+        if self.mix_probability:
+            parts.append(f"two crops mixed on {self.mix_probability:.0%}")
+        if self.noise is not None and self.background_probability:
+            parts.append(f"{self.background_probability:.0%} of crops background alone, with no label")
+        if self.time_mask_probability:
+            parts.append(f"time masks on {self.time_mask_probability:.0%}")
+        if self.freq_mask_probability:
+            parts.append(f"frequency masks on {self.freq_mask_probability:.0%}")
+        return "augmentation: " + ("; ".join(parts) if parts else "none")
+
+
+def augment(
+    wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator, plan: Augmentation
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch's crops [B, T], relative lengths [B] and labels ([B] classes or [B, C] targets), augmented.
+    Draws only from `rng` (SpeechBrain's modules draw from torch's generator, seeded from it here)."""
+    from speechbrain.augment.time_domain import AddNoise, DropChunk, DropFreq
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(rng.integers(2**31)))
+        if plan.mix_probability and labels.ndim == 2:
+            wavs, lens, labels = _mix(wavs, lens, labels, rng, plan.mix_probability)
+        if plan.noise is not None and plan.background_probability and labels.ndim == 2:
+            rows = _chosen(rng, len(wavs), plan.background_probability)
+            if len(rows):
+                wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
+                wavs[rows] = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
+                lens[rows], labels[rows] = 1.0, 0.0
+        if plan.noise is not None and plan.noise_probability:
+            rows = _chosen(rng, len(wavs), plan.noise_probability)
+            if len(rows):
+                noise = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
+                adder = AddNoise(snr_low=plan.noise_snr_db[0], snr_high=plan.noise_snr_db[1],
+                                 noise_funct=lambda _, noise=noise: noise)  # fmt: skip
+                wavs[rows] = adder(wavs[rows], lens[rows])
+        rows = _chosen(rng, len(wavs), plan.time_mask_probability)
+        if len(rows):
+            window = wavs.shape[1]
+            dropper = DropChunk(drop_length_low=window // 20, drop_length_high=window // 8, drop_count_low=1,
+                                drop_count_high=3)  # fmt: skip
+            wavs[rows] = dropper(wavs[rows], lens[rows])
+        rows = _chosen(rng, len(wavs), plan.freq_mask_probability)
+        if len(rows):
+            wavs[rows] = DropFreq(drop_freq_count_low=1, drop_freq_count_high=3)(wavs[rows])
+    return wavs, lens, labels
+
+
+def _chosen(rng: np.random.Generator, count: int, probability: float) -> torch.Tensor:
+    if not probability:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.from_numpy(np.flatnonzero(rng.random(count) < probability))
+
+
+def _noise_crops(store: AudioStore, count: int, window: int, rng: np.random.Generator) -> torch.Tensor:
+    """`count` random `window`-sample stretches of the background recordings (shorter ones repeated)."""
+    usable = np.flatnonzero(store.lengths > 0)
+    out = np.zeros((count, window), dtype=np.float32)
+    for k in range(count):
+        item = int(usable[rng.integers(len(usable))])
+        length = int(store.lengths[item])
+        if length >= window:
+            start = int(rng.integers(0, length - window + 1))
+            out[k] = store.read(item, start, start + window)
+        else:
+            out[k] = np.resize(store.read(item), window)
+    return torch.from_numpy(out)
+
+
+def _mix(
+    wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator, probability: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows chosen with `probability` get another row's crop added at 0.3-1x its peak-relative level and the
+    union of both rows' targets (their element-wise maximum)."""
+    rows = _chosen(rng, len(wavs), probability)
+    if not len(rows) or len(wavs) < 2:
+        return wavs, lens, labels
+    partners = torch.from_numpy((rows.numpy() + rng.integers(1, len(wavs), len(rows))) % len(wavs))
+    level = torch.from_numpy(rng.uniform(0.3, 1.0, len(rows)).astype(np.float32))
+    peak = wavs.abs().amax(dim=1).clamp_min(1e-6)
+    scale = level * peak[rows] / peak[partners]
+    wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
+    mixed = wavs[rows] + scale[:, None] * wavs[partners]
+    wavs[rows] = mixed
+    lens[rows] = torch.maximum(lens[rows], lens[partners])
+    labels[rows] = torch.maximum(labels[rows], labels[partners])
+    return wavs, lens, labels
+
+
+__all__ = ["Augmentation", "augment"]

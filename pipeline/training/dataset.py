@@ -1,0 +1,384 @@
+"""The training set: the table's rows, their audio in the cache, the classes and the train/validation split.
+
+`load_training_data` runs once per machine, before any training process starts: it reads the table, has the
+audio decoded into the cache (pipeline.training.store) and decides which rows train and which validate. What it
+returns is small (row metadata and index arrays; the audio stays on disk) and is handed to every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..core import kaggle
+from ..core.config import TrainConfig
+from ..core.objectives import is_multi_label
+from ..core.progress import plural
+from ..core.tables import (
+    AUDIO_SUFFIXES,
+    DataError,
+    TrainRow,
+    TrainTable,
+    audio_root,
+    label_list,
+    read_labelled_chunks,
+    read_train_table,
+    skip_or_stop,
+)
+from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
+
+# The share of files with several labels from which objective "auto" learns several labels per clip (bce):
+# BirdCLEF's focal recordings have secondary labels on a fifth to a third of the files.
+MULTI_LABEL_SHARE = 0.05
+MAX_CROPS_PER_FILE = 8  # crops per file and epoch, for files of many windows (TrainingData.epoch_rows)
+
+
+@dataclass
+class LabelledSoundscapes:
+    """Chunks of labelled soundscapes to validate on (val_soundscapes_table), their audio in a cache."""
+
+    store: AudioStore
+    items: np.ndarray  # the cache index of each chunk's file
+    starts: np.ndarray  # seconds
+    ends: np.ndarray
+    truth: np.ndarray  # [chunks, classes] 0/1
+    files: list[str]  # the soundscapes, relative to the data folder
+
+
+@dataclass
+class TrainingData:
+    """What every training process needs to know about the data (pickled to DDP ranks: no audio in it)."""
+
+    store: AudioStore
+    rows: list[TrainRow]  # the usable rows of the table
+    items: np.ndarray  # the cache index of each row
+    labels: list[str]  # the classes, in the model's order
+    targets: np.ndarray  # the class of each row
+    train_idx: list[int]
+    val_idx: list[int]
+    skipped: list[dict[str, str]] = field(default_factory=list)  # rows left out, with line, path and reason
+    notes: list[str] = field(default_factory=list)  # what was changed or noticed on the way, for the report
+    objective: str = "aam"  # pipeline/core/objectives.py
+    noise: AudioStore | None = None  # background recordings for augmentation (noise_dir), cached
+    # Multi-label objectives: one row per file, its target of every class (1 for its labels, the secondary
+    # label weight for its secondary labels); None for aam, whose rows are (file, label) pairs.
+    multi_hot: np.ndarray | None = None
+    soundscapes: LabelledSoundscapes | None = None  # validation chunks in the test's domain
+
+    def truth(self, rows: list[int] | np.ndarray) -> np.ndarray:
+        """[len(rows), classes] targets of `rows` (one-hot for aam): what validation metrics compare with."""
+        rows = np.asarray(rows, dtype=np.int64)
+        if self.multi_hot is not None:
+            return self.multi_hot[rows]
+        truth = np.zeros((len(rows), len(self.labels)), dtype=np.float32)
+        truth[np.arange(len(rows)), self.targets[rows]] = 1.0
+        return truth
+
+    def epoch_rows(self, window: int, crops_per_file: int | None = None) -> list[int]:
+        """The training rows one epoch crops from: each file once per `window` samples of its audio, up to
+        MAX_CROPS_PER_FILE (or `crops_per_file` times each). A clip shorter than a window is seen once an epoch,
+        as before; a 40 s focal recording with several calls is not reduced to one crop an epoch."""
+        rows = []
+        for index in self.train_idx:
+            length = int(self.store.lengths[int(self.items[index])])
+            count = crops_per_file or min(MAX_CROPS_PER_FILE, max(1, round(length / window)))
+            rows += [index] * count
+        return rows
+
+    def label_counts(self) -> dict[str, int]:
+        """Training rows per class (files that have it, for multi-label objectives): the prior at inference."""
+        counts = (self.multi_hot > 0).sum(axis=0) if self.multi_hot is not None else np.bincount(
+            self.targets, minlength=len(self.labels))  # fmt: skip
+        return {label: int(n) for label, n in zip(self.labels, counts, strict=True)}
+
+    def describe(self) -> str:
+        return (f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {len(self.labels)} "
+                f"{'class' if len(self.labels) == 1 else 'classes'}, {len(self.train_idx)} train / "
+                f"{len(self.val_idx)} validation")  # fmt: skip
+
+
+def default_cache_dir() -> Path:
+    """Where decoded audio is cached when cache_dir is not given. On Kaggle: /kaggle/tmp (not saved with the
+    notebook's output, and not counted against /kaggle/working's 20 GB: 100 hours of audio are 11.5 GB), else
+    /tmp. Elsewhere: the user's cache folder ($XDG_CACHE_HOME, ~/.cache), shared by every run on the machine."""
+    if kaggle.on_kaggle():
+        tmp = kaggle.kaggle_root() / "tmp"
+        return (tmp if tmp.is_dir() else Path("/tmp")) / "ecapa-audio-cache"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kaggle-ecapa-pipeline" / "audio"
+
+
+def load_training_data(config: TrainConfig, log: Callable[[str], object] = print) -> TrainingData:
+    """Read the training table, cache its audio and split it. A row with no label or unusable audio stops the
+    run with an error naming its line (or, under on_bad_row="skip", is left out and reported)."""
+    data_dir = Path(config.data_dir)
+    csv_path = data_dir / config.train_table
+    rows, skipped = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+    rows, notes = drop_repeated_rows(rows, csv_path)
+    for note in notes:
+        log(note)
+    files = source_files(data_dir, [row.rel_path for row in rows])
+    try:
+        store = open_or_build(
+            files,
+            config.cache_dir or default_cache_dir(),
+            sample_rate=config.sample_rate,
+            search=[p for p in kaggle.find_dirs_with(("cache.json", "index.npz"))]
+            if kaggle.on_kaggle()
+            else [],
+            stop_at_first_failure=config.on_bad_row != "skip",
+            log=log,
+            progress=config.progress,
+            keep_apart={"data_dir": config.data_dir},
+        )
+    except CacheBuildStopped as stop:
+        row = rows[stop.index]
+        skip_or_stop("error", [], csv_path, row.line, row.written or row.rel_path, stop.reason)
+        raise  # not reached: skip_or_stop raised
+    kept = []
+    for index, row in enumerate(rows):
+        if index in store.failures:
+            skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.written or row.rel_path,
+                         store.failures[index])  # fmt: skip
+        else:
+            kept.append(index)
+    if not kept:
+        raise DataError(f"{csv_path}: no usable training audio (all {len(skipped)} rows were skipped)")
+    rows = [rows[i] for i in kept]
+    items = np.asarray(kept, dtype=np.int64)
+    labels = label_list(row.label for row in rows)
+    objective, why = choose_objective(config.objective, rows, labels)
+    log(f"objective: {objective} ({why})")
+    notes.append(f"objective: {objective} ({why})")
+    multi_hot = None
+    if is_multi_label(objective):
+        first, multi_hot, target_notes = per_file_targets(rows, labels, config.secondary_label_weight)
+        rows, items = [rows[i] for i in first], items[first]
+    else:
+        target_notes = [f"{plural(n, 'secondary label')} left out: the aam objective learns one class per clip"
+                        for n in [sum(len(row.secondary) for row in rows)] if n]  # fmt: skip
+    for note in target_notes:
+        log(note)
+    notes += target_notes
+    class_of = {label: k for k, label in enumerate(labels)}
+    targets = np.array([class_of[row.label] for row in rows], dtype=np.int64)
+    train_idx, val_idx, split_note = split_files(rows, config.val_fraction, config.seed)
+    if split_note:
+        log(split_note)
+        notes.append(split_note)
+    soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
+    held_out = set(soundscapes.files) if soundscapes else set()
+    noise = load_noise(config, log, exclude=held_out) if config.noise_dir else None
+    return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
+                        objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes)  # fmt: skip
+
+
+def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Callable[[str], object] = print
+                              ) -> LabelledSoundscapes:  # fmt: skip
+    """The labelled chunks of val_soundscapes_table, their soundscapes cached. Labels that are no class of the
+    training table are left out (and said); a soundscape that cannot be read stops with its name."""
+    chunks = read_labelled_chunks(config.data_dir, config.val_soundscapes_table, config.val_soundscapes_dir)
+    files = sorted({chunk.rel_path for chunk in chunks})
+    store = open_or_build(source_files(Path(config.data_dir), files), config.cache_dir or default_cache_dir(),
+                          sample_rate=config.sample_rate, log=log, progress=config.progress,
+                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
+    if store.failures:
+        index, why = next(iter(store.failures.items()))
+        raise DataError(f"{config.val_soundscapes_table}: soundscape {files[index]!r} cannot be used ({why}); "
+                        "fix it or remove its rows")  # fmt: skip
+    class_of = {label: k for k, label in enumerate(labels)}
+    truth = np.zeros((len(chunks), len(labels)), dtype=np.float32)
+    unknown: set[str] = set()
+    for row, chunk in enumerate(chunks):
+        for label in chunk.labels:
+            if label in class_of:
+                truth[row, class_of[label]] = 1.0
+            else:
+                unknown.add(label)
+    position = {path: k for k, path in enumerate(files)}
+    log(f"validation soundscapes: {plural(len(chunks), 'labelled chunk')} of {plural(len(files), 'soundscape')}"
+        + (f"; {plural(len(unknown), 'label')} no class of the training table is left out: "
+           f"{', '.join(repr(u) for u in sorted(unknown)[:10])}" if unknown else ""))  # fmt: skip
+    return LabelledSoundscapes(store, np.array([position[c.rel_path] for c in chunks], dtype=np.int64),
+                               np.array([c.start for c in chunks]), np.array([c.end for c in chunks]), truth, files)  # fmt: skip
+
+
+def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclude: set[str] = frozenset()
+               ) -> AudioStore:  # fmt: skip
+    """The background recordings under `noise_dir` (every audio file, nested folders included, but those in
+    `exclude`: validation soundscapes), cached like the training audio. Unreadable ones are left out and said;
+    none usable is an error naming the folder."""
+    data_dir = Path(config.data_dir)
+    root, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
+    found = sorted(p.relative_to(data_dir.resolve()).as_posix() for p in root.rglob("*")
+                   if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
+    if exclude & set(found):
+        log(
+            f"noise_dir: {plural(len(exclude & set(found)), 'validation soundscape')} left out of the background"
+        )
+        found = [f for f in found if f not in exclude]
+    store = open_or_build(source_files(data_dir, found), config.cache_dir or default_cache_dir(),
+                          sample_rate=config.sample_rate, log=log, progress=config.progress,
+                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
+    usable = len(store) - len(store.failures)
+    if usable == 0:
+        raise DataError(f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {root} "
+                        f"({len(found)} found); point it at a folder of background recordings or leave it unset")  # fmt: skip
+    if store.failures:
+        log(f"noise_dir: {plural(len(store.failures), 'file')} unusable and left out of the background noise")
+    return store
+
+
+def choose_objective(objective: str, rows: list[TrainRow], labels: list[str]) -> tuple[str, str]:
+    """The objective and why: "auto" is bce when at least MULTI_LABEL_SHARE of the files have several labels (a
+    separated label cell, a secondary label that is a class, or one file in rows of two labels), else aam."""
+    if objective != "auto":
+        return objective, "the objective parameter"
+    classes = set(labels)
+    labels_of: dict[str, set[str]] = {}
+    for row in rows:
+        labels_of.setdefault(row.rel_path, set()).update(
+            {row.label, *(s for s in row.secondary if s in classes)}
+        )
+    several = sum(len(found) > 1 for found in labels_of.values())
+    if several >= MULTI_LABEL_SHARE * len(labels_of):
+        return "bce", f"auto: {several} of {plural(len(labels_of), 'file')} have several labels"
+    if (
+        several
+    ):  # a few double-labelled files in a single-label task: each label trains on the file, as before
+        return "aam", (f"auto: only {several} of {plural(len(labels_of), 'file')} have several labels (less than "
+                       f"{MULTI_LABEL_SHARE:.0%}); each of their labels is trained on as a clip of its own")  # fmt: skip
+    return "aam", "auto: every file has one label"
+
+
+def per_file_targets(
+    rows: list[TrainRow], labels: list[str], secondary_weight: float
+) -> tuple[list[int], np.ndarray, list[str]]:
+    """One row per file (its first) and its targets: 1 for every label its rows give it, `secondary_weight`
+    for its secondary labels. Secondary labels that are no class are left out, and said."""
+    class_of = {label: k for k, label in enumerate(labels)}
+    first: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        first.setdefault(row.rel_path, index)
+    order = list(first.values())
+    position = {path: k for k, path in enumerate(first)}
+    targets = np.zeros((len(order), len(labels)), dtype=np.float32)
+    unknown: set[str] = set()
+    for row in rows:
+        k = position[row.rel_path]
+        for label in row.secondary:
+            if label in class_of:
+                targets[k, class_of[label]] = max(targets[k, class_of[label]], secondary_weight)
+            else:
+                unknown.add(label)
+    for row in rows:
+        targets[position[row.rel_path], class_of[row.label]] = 1.0
+    notes = []
+    if unknown:
+        notes.append(f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as "
+                     f"its label) and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}")  # fmt: skip
+    return order, targets, notes
+
+
+def split_files(rows: list[TrainRow], fraction: float, seed: int) -> tuple[list[int], list[int], str | None]:
+    """stratified_split over files, not rows: a file with several labels (one row each, from label_separator)
+    goes wholly to training or wholly to validation, stratified by its first label, so validation never
+    scores audio training saw. A label whose files all went to validation brings one back (every class is
+    trained). With one row per file this is stratified_split itself. Returns row indices and a note."""
+    first_row: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        first_row.setdefault(row.rel_path, index)
+    files = list(first_row)
+    train_files, val_files, note = stratified_split([rows[first_row[f]].label for f in files], fraction, seed)
+    held = {files[k] for k in val_files}
+    trained = {row.label for row in rows if row.rel_path not in held}
+    returned = 0
+    for row in rows:
+        if row.label not in trained and row.rel_path in held:
+            held.discard(row.rel_path)
+            trained |= {other.label for other in rows if other.rel_path == row.rel_path}
+            returned += 1
+    if returned:
+        extra = (f"validation: {plural(returned, 'file')} with several labels went back to training, where "
+                 "one of their labels had no other file")  # fmt: skip
+        note = f"{note}; {extra}" if note else extra
+    train_idx = [i for i, row in enumerate(rows) if row.rel_path not in held]
+    val_idx = [i for i, row in enumerate(rows) if row.rel_path in held]
+    return train_idx, val_idx, note
+
+
+def drop_repeated_rows(rows: list[TrainRow], csv_path: Path) -> tuple[list[TrainRow], list[str]]:
+    """Rows with the same path and label as an earlier row are dropped (the same clip twice would weigh double,
+    and could land in both training and validation). A path with two labels is kept, and said."""
+    seen: dict[tuple[str, str], int] = {}
+    labels_of: dict[str, set[str]] = {}
+    kept, repeats = [], []
+    for row in rows:
+        key = (row.rel_path, row.label)
+        if key in seen:
+            repeats.append(f"line {row.line} (= line {seen[key]})")
+            continue
+        seen[key] = row.line
+        labels_of.setdefault(row.rel_path, set()).add(row.label)
+        kept.append(row)
+    notes = []
+    if repeats:
+        notes.append(f"{csv_path.name}: {len(repeats)} repeated row(s) dropped (same path and label as an "
+                     f"earlier row): {', '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''}")  # fmt: skip
+    conflicts = sorted(path for path, labels in labels_of.items() if len(labels) > 1)
+    if conflicts:
+        notes.append(f"{csv_path.name}: {len(conflicts)} file(s) carry more than one label; each label is "
+                     f"trained on: {', '.join(repr(p) for p in conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}")  # fmt: skip
+    return kept, notes
+
+
+def stratified_split(
+    labels: list[str], fraction: float, seed: int
+) -> tuple[list[int], list[int], str | None]:
+    """Indices (train, validation), and a note when the split is not what `fraction` asks or is empty.
+
+    `fraction` of each label is held out (at least one clip of every label stays in training). When that
+    rounds to fewer than round(fraction x files) (at least one) -- many classes with few clips, e.g. 120
+    classes x 2 clips gave none -- classes that can spare a clip give one each (in a seeded order) until it
+    does: model selection needs something to select on.
+    """
+    rng = np.random.default_rng(seed)
+    by_label: dict[str, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_label.setdefault(label, []).append(index)
+    held: dict[str, int] = {}
+    for label in sorted(by_label):
+        members = by_label[label]
+        rng.shuffle(members)
+        held[label] = min(int(round(len(members) * fraction)), len(members) - 1)
+    spare_clips = sum(len(m) - 1 for m in by_label.values())
+    wanted = 0 if fraction <= 0 else min(max(1, round(fraction * len(labels))), spare_clips)
+    topped_up = 0
+    spare = np.random.default_rng([seed, 31337])
+    while sum(held.values()) < wanted:
+        can_spare = [label for label in sorted(by_label) if len(by_label[label]) - held[label] > 1]
+        for k in spare.permutation(len(can_spare)):
+            if sum(held.values()) >= wanted:
+                break
+            held[can_spare[k]] += 1
+            topped_up += 1
+    train_idx, val_idx = [], []
+    for label in sorted(by_label):
+        val_idx += by_label[label][: held[label]]
+        train_idx += by_label[label][held[label] :]
+    note = None
+    if not val_idx:
+        why = "val_fraction=0" if fraction <= 0 else "every class has a single clip, which training needs"
+        note = (f"no validation split ({why}): model selection is off, the last epoch's weights are saved "
+                "and no validation accuracy is reported")  # fmt: skip
+    elif topped_up:
+        counts = Counter(labels)
+        note = (f"validation: {len(val_idx)} files; val_fraction={fraction:g} of each class gives "
+                f"{len(val_idx) - topped_up} with {len(counts)} classes of {min(counts.values())}-"
+                f"{max(counts.values())} clips, so {topped_up} more came from classes that could spare a clip")  # fmt: skip
+    return sorted(train_idx), sorted(val_idx), note

@@ -1,0 +1,203 @@
+"""The ONNX Runtime files training writes into the artifact: the fp32 export, the int8 file calibrated on
+training windows, and the int8 accuracy rule judged on the validation split.
+
+Why at training, not at inference: only training has labelled held-out data, which the int8 rule needs, and
+training windows to calibrate on; the export (~20 s) is then paid once instead of in every submission run, and
+by a known torch (the Kaggle TPU image's 2.8 exports files that ONNX Runtime runs beside the GPU image's 2.10;
+the matrix checks both). Artifacts without the files (export_onnx=False, an export that failed, earlier
+versions) still work: the infer stage exports the fp32 file from the loaded weights when it needs one.
+
+Everything runs on the host CPU copy of the kept weights (train.finish's `final`), on rank 0, after the last
+step: on TPU the XLA device is never involved. A failure costs the files, never the artifact: ExportError (or
+a quantisation error) is reported in one line and recorded in the provenance (`provenance["onnx"]`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..core import metrics
+from ..core.config import MAX_WINDOWS_PER_FILE, TrainConfig
+from ..core.model import ModelConfig, SpeakerClassifier
+from ..devices.threads import available_cores
+from .batches import crops
+
+if TYPE_CHECKING:
+    from .dataset import TrainingData
+
+CALIBRATION_WINDOWS = 256  # training crops whose activation ranges set int8's scales
+# Time kept back from the training budget for the export, beyond the CPU passes estimated from the model:
+# the export itself took 16-18 s for every preset here (tracing dominates, not the weights), ONNX Runtime's
+# sessions and the quantiser's graph passes a few more.
+EXPORT_FIXED_SECONDS = 45.0
+
+
+@dataclass
+class OnnxFiles:
+    """What training adds to the artifact: artifact name -> file, and the provenance record."""
+
+    files: dict[str, Path] = field(default_factory=dict)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def export_for_artifact(
+    model: SpeakerClassifier, data: TrainingData, config: TrainConfig, metric: str, folder: Path,
+    log: Callable[[str], Any] = print,
+) -> OnnxFiles:  # fmt: skip
+    """The fp32 and int8 ONNX files of `model` (CPU, eval) in `folder`, int8 judged on the validation split by
+    `metric` (accuracy for one-class models). Never raises for an export or quantisation problem."""
+    from ..core.onnx import (
+        ONNX_FP32,
+        ONNX_INT8,
+        ExportError,
+        export_embedding_model,
+        quantize_embedding_model,
+    )
+    from ..core.progress import first_line
+
+    try:
+        exported = export_embedding_model(model, folder / ONNX_FP32)
+    except ExportError as error:
+        log(
+            f"ONNX export: the artifact gets no ONNX files ({error}); the infer stage runs torch or exports again"
+        )
+        return OnnxFiles(record={"error": str(error)})
+    result = OnnxFiles({ONNX_FP32: exported.path})
+    result.record = {"torch": exported.torch_version, "opset": exported.opset,
+                     "fp32": {"file": ONNX_FP32, "export_s": round(exported.seconds, 1),
+                              "max_abs_diff_vs_torch": exported.max_abs_diff}}  # fmt: skip
+    started = time.perf_counter()
+    try:
+        wavs, lens = calibration_windows(data, config)
+        int8_path = quantize_embedding_model(model, exported.path, folder / ONNX_INT8, wavs, lens)
+        rule = int8_rule(model, data, config, metric, exported.path, int8_path)
+    except Exception as error:  # noqa: BLE001 - onnxruntime.quantization raises many types; fp32 still ships
+        log(f"ONNX int8: none in the artifact ({type(error).__name__}: {first_line(error)}); fp32 is there")
+        result.record["int8"] = {"error": f"{type(error).__name__}: {error}"[:500]}
+        return result
+    result.files[ONNX_INT8] = int8_path
+    result.record["int8"] = {"file": ONNX_INT8, "calibration_windows": len(wavs),
+                             "seconds": round(time.perf_counter() - started, 1), **rule}  # fmt: skip
+    log(f"ONNX files for CPU inference: fp32 (export {exported.seconds:.0f} s), int8 {describe(rule)}")
+    return result
+
+
+def calibration_windows(data: TrainingData, config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to CALIBRATION_WINDOWS training crops, one per file, drawn with the run's seed: the audio int8's
+    activation ranges are set on (real audio: random noise has other ranges)."""
+    rng = np.random.default_rng([config.seed, 2039])
+    rows = np.asarray(data.train_idx or data.val_idx)
+    chosen = rng.choice(rows, size=min(CALIBRATION_WINDOWS, len(rows)), replace=False)
+    return crops(data.store, data.items[chosen], config.window_samples, rng, on_sound=config.crop_on_sound)
+
+
+def int8_rule(
+    model: SpeakerClassifier, data: TrainingData, config: TrainConfig, metric: str, fp32_path: Path,
+    int8_path: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """fp32 and int8 ONNX Runtime scored on the validation split as validation scores it (the held-out files;
+    labelled soundscape chunks too when there are), and whether int8 stays within the rule on each."""
+    from ..core.onnx import OnnxEmbedder, int8_acceptable
+    from .validation import score_chunks, score_files
+
+    name = "accuracy" if data.objective == "aam" else metric
+    if not data.val_idx and data.soundscapes is None:
+        return {"passed": False, "metric": name,
+                "reason": "no validation split (val_fraction=0): nothing to judge int8 by, inference runs fp32"}  # fmt: skip
+    threads = available_cores()
+    found: dict[str, dict[str, float]] = {}
+    for precision, path in (("fp32", fp32_path), ("int8", int8_path)):
+        host = HostScoring(OnnxEmbedder(model, path, threads, precision))
+        if data.val_idx:
+            scores = score_files(model, host, data, config)
+            found.setdefault("held_out", {})[precision] = _metric(name, data.truth(data.val_idx), scores)
+        if data.soundscapes is not None:
+            scores = score_chunks(model, host, data.soundscapes, config)
+            found.setdefault("soundscapes", {})[precision] = _metric(name, data.soundscapes.truth, scores)
+    judged = {k: v for k, v in found.items() if not np.isnan(v["fp32"])}
+    passed = bool(judged) and all(int8_acceptable(v["fp32"], v["int8"]) for v in judged.values())
+    return {
+        "passed": passed,
+        "metric": name,
+        **{k: {p: round(x, 5) for p, x in v.items()} for k, v in found.items()},
+    }
+
+
+def _metric(name: str, truth: np.ndarray, scores: np.ndarray) -> float:
+    try:
+        return metrics.score(name, truth, scores)
+    except metrics.MetricError:  # e.g. no class with both positive and negative rows
+        return float("nan")
+
+
+def describe(rule: dict[str, Any]) -> str:
+    if "reason" in rule:
+        return f"not judged ({rule['reason']})"
+    values = "; ".join(f"{where} {rule['metric']} fp32 {v['fp32']:.4f}, int8 {v['int8']:.4f}"
+                       for where, v in rule.items() if isinstance(v, dict))  # fmt: skip
+    verdict = (
+        "passes: the infer stage runs it"
+        if rule["passed"]
+        else "fails the 0.5-point rule: inference runs fp32"
+    )
+    return f"{verdict} ({values})"
+
+
+class HostScoring:
+    """What validation.score_files / score_chunks ask of a strategy, in this process on the CPU with `embed`."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        self.embed = embed
+
+    def shard(self, indices: list[int]) -> list[int]:
+        return list(indices)
+
+    def sum_across(self, values: torch.Tensor) -> torch.Tensor:
+        return values
+
+    def embeddings(
+        self, model, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
+    ) -> torch.Tensor:
+        return self.embed(wavs, lens)
+
+
+def reserve_seconds(
+    model_config: ModelConfig, data: TrainingData, config: TrainConfig, per_window: float | None = None
+) -> float:
+    """Time to keep back from the training budget for export_for_artifact: EXPORT_FIXED_SECONDS, plus ONNX
+    Runtime passes over the calibration windows and (fp32 and int8) the validation windows at `per_window`
+    seconds each (default: what torch eager takes on this host, cpu_seconds_per_window; ONNX Runtime's fp32
+    measured 0.9-1.0x that, int8 0.5x: an upper bound), times 1.5."""
+    if not config.export_onnx:
+        return 0.0
+    window = config.window_samples
+    lengths = data.store.lengths
+    val_windows = sum(min(MAX_WINDOWS_PER_FILE, max(1, -(-int(lengths[int(data.items[i])]) // window)))
+                      for i in data.val_idx)  # fmt: skip
+    if data.soundscapes is not None:
+        val_windows += 3 * len(
+            data.soundscapes.items
+        )  # a 5 s chunk: about 9 half-overlapping 1 s windows / 3
+    if per_window is None:
+        per_window = cpu_seconds_per_window(model_config, window)
+    return EXPORT_FIXED_SECONDS + 1.5 * per_window * (CALIBRATION_WINDOWS + 2 * val_windows)
+
+
+def cpu_seconds_per_window(model_config: ModelConfig, window: int) -> float:
+    """Seconds torch eager takes per window of this model on this host's CPU (a batch of 4, after a warm-up)."""
+    probe = SpeakerClassifier(model_config).eval()
+    wavs, lens = 0.05 * torch.randn(4, window), torch.ones(4)
+    with torch.inference_mode():
+        probe.embed(probe.features(wavs, lens), lens)
+        started = time.perf_counter()
+        probe.embed(probe.features(wavs, lens), lens)
+        return (time.perf_counter() - started) / 4

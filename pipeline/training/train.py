@@ -1,0 +1,531 @@
+"""The train stage: competition folder -> artifact, on whatever topology the session has.
+
+    train(config)   check the outputs -> hardware plan (devices/policy) -> training data (audio decoded once
+                    into the cache, by every core) -> policy.run(plan, fit, ...)
+    fit(strategy)   run by every process of the topology: prepare -> run_epochs -> finish
+
+Everything hardware-specific is behind the strategy the policy hands to `fit` (devices/strategy.py, ddp.py,
+xla.py); this file never imports torch_xla. Batches come from DataLoader worker processes (batches.py);
+validation reads the cache one file at a time (validation.py).
+
+Sessions die (Kaggle time limits, preemption). Training checkpoints every `checkpoint_every_minutes` and a
+rerun with the same parameters resumes from its checkpoint, exactly; `time_budget_minutes` stops early enough
+to save the best model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core.artifact import check_artifact_dir, save_artifact
+from ..core.config import TrainConfig
+from ..core.metrics import selection_metric
+from ..core.model import count_parameters, host_model
+from ..core.objectives import make_loss
+from ..core.progress import progress_bar
+from ..core.report import save_training_figures
+from ..core.scaling import Schedule, plan_schedule
+from ..core.staging import check_output_dir
+from ..core.tables import TrainTable, read_train_table
+from ..devices import policy
+from ..devices.policy import HardwarePlan
+from . import checkpoint as ckpt
+from .augment import Augmentation
+from .batches import BatchRecipe, training_loader
+from .dataset import TrainingData, load_training_data
+from .ema import WeightAverage
+from .pretrained import initial_model
+from .provenance import build_provenance, run_fingerprint, weights_digest
+from .validation import calibration_windows, evaluate, recalibrates, validation_model
+
+GRAD_CLIP = 5.0
+# Under DDP every "stop now?" / "checkpoint now?" decision is rank 0's, broadcast to the others: a collective
+# and a device-to-host copy. It is taken at the first step of a session, every this many steps, and at the end
+# of every epoch -- not at every step, where it would stall the GPUs twice per step.
+DECISION_EVERY_STEPS = 25
+SAVE_SECONDS_MIN = 30.0  # kept back from the time budget for the artifact save, at least
+
+
+@dataclass
+class TrainResult:
+    artifact_dir: Path
+    history: list[dict[str, float]]
+    best_val_accuracy: float | None
+    best_epoch: int
+    seconds: float
+    plan: dict[str, Any]
+    topology: dict[str, Any]
+    compile_count: int | None
+    schedule: dict[str, Any] = field(default_factory=dict)
+    skipped_rows: list[dict[str, str]] = field(default_factory=list)
+    data_notes: list[str] = field(default_factory=list)
+    label_counts: dict[str, int] = field(default_factory=dict)  # training files per class: the prior
+    resumed_from: str | None = None
+    stopped_early: str | None = None
+    rows_trained: int = 0  # rows of this process's shard
+    weights_sha256: str = ""  # of the final weights: equal on every rank under data parallelism
+    objective: str = "aam"
+    metric: str = "accuracy"  # what validation selected by
+    best_val_metric: float | None = None
+    train_files: int = 0
+    onnx: dict[str, Any] = field(default_factory=dict)  # the artifact's ONNX files: provenance["onnx"]
+
+    def summary(self) -> str:
+        value = "n/a" if self.best_val_metric is None else f"{self.best_val_metric:.4f}"
+        compiles = "" if self.compile_count is None else f"; XLA compilations {self.compile_count}"
+        return (f"trained on {self.topology['device_kind']} x{self.topology['num_devices']} in "
+                f"{self.seconds:.0f}s; kept val {self.metric} {value} (epoch {self.best_epoch}){compiles}; "
+                f"artifact {self.artifact_dir}")  # fmt: skip
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
+    started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
+    check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
+    rows, _ = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
+    plan = policy.decide(config, train_rows=round(len(rows) * (1 - config.val_fraction)))
+    log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
+    log(plan.describe())  # what was found and what will be done, before anything slow happens
+    data = load_training_data(config, log)  # audio decoded once per machine, before any rank starts
+    return policy.run(plan, fit, config, plan, data, started,
+                      collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
+
+
+def checkpoint_dir_of(config: TrainConfig) -> Path:
+    return Path(config.checkpoint_dir or f"{config.artifact_dir}.checkpoints")
+
+
+def check_output_dirs(config: TrainConfig) -> None:
+    """The artifact may replace only an earlier artifact or an empty folder; checkpoints are written beside
+    it; neither may overlap the data or each other (pipeline.core.staging's rule for every output folder)."""
+    check_artifact_dir(
+        config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoint_dir_of(config)
+    )
+    check_output_dir(checkpoint_dir_of(config), name="checkpoint_dir", is_ours=lambda _: True,
+                     what="a checkpoint folder", keep_apart={"data_dir": config.data_dir})  # fmt: skip
+
+
+@dataclass
+class Run:
+    """The live state of one process's training run, shared by prepare / run_epochs / finish."""
+
+    strategy: Any
+    config: TrainConfig
+    plan: HardwarePlan
+    data: TrainingData
+    schedule: Schedule
+    model: torch.nn.Module
+    average: WeightAverage | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    state: ckpt.TrainingState
+    fingerprint: str
+    checkpoint_dir: Path
+    calibration: tuple[torch.Tensor, torch.Tensor] | None
+    batches: Iterator[dict[str, torch.Tensor]]
+    log: Callable[[str], Any]
+    started: float
+    metric: str = "accuracy"
+    resumed_from: str | None = None
+    stopped_early: str | None = None
+    last_checkpoint: float = 0.0
+    first_step_of_session: bool = True
+    export_reserve_s: float = 0.0  # kept back from the time budget for the ONNX files (rank 0 writes them)
+
+    def save_checkpoint(self) -> None:
+        ckpt.save(self.checkpoint_dir, self.fingerprint, self.model, self.optimizer, self.scheduler,
+                  self.strategy, self.state, self.average)  # fmt: skip
+        self.last_checkpoint = time.monotonic()
+
+
+def fit(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingData, started: float) -> TrainResult:
+    """The training run of one process of the topology (policy.run calls it with the process's strategy)."""
+    run = prepare(strategy, config, plan, data, started)
+    run_epochs(run)
+    return finish(run)
+
+
+def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingData, started: float) -> Run:
+    """Model, optimizer, schedule, weight average, resumed state and the batch pipeline of this process."""
+    torch.manual_seed(config.seed)
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    log = print if strategy.is_main else _silent
+    epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
+    schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
+    model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
+    export_reserve = _export_reserve(strategy, model, data, config)
+    members = f" x {model.config.members} members" if model.config.members > 1 else ""
+    log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}'{members}, {count_parameters(model) / 1e6:.2f}M "
+        f"parameters, {model.config.frontend} features; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
+    # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
+    # Its BatchNorm statistics are averaged only when validation does not recompute them.
+    horizon = config.ema_epochs * schedule.steps_per_epoch
+    average = (
+        WeightAverage(model, horizon, average_buffers=not recalibrates(config)) if config.ema_epochs else None
+    )
+    model = strategy.setup_model(model)
+    if average is not None:
+        average.module.to(strategy.device)
+    trainable = [p for p in model.parameters() if p.requires_grad]  # freeze_encoder: the classifier only
+    # foreach: one call for all parameters. On XLA the step is traced in Python every time; per-parameter Adam
+    # took ~100 ms of host time per step there, foreach ~45 ms (benchmarks/xla_step.py). CUDA picks it anyway.
+    optimizer = torch.optim.Adam(trainable, lr=plan.batch.lr, weight_decay=config.weight_decay, foreach=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
+
+    state = ckpt.TrainingState()
+    checkpoint_dir = checkpoint_dir_of(config)
+    fingerprint = run_fingerprint(config, data, plan.topology)
+    # Only rank 0's filesystem is sure to hold the checkpoint: it reads it, every rank gets what it read.
+    payload = ckpt.read(checkpoint_dir, fingerprint, log) if strategy.is_main else None
+    payload = strategy.broadcast_object(payload)
+    resumed = (
+        ckpt.restore(payload, model, optimizer, scheduler, strategy, state, average, log) if payload else None
+    )
+
+    augmentation = Augmentation(
+        noise=data.noise, noise_probability=config.noise_probability,
+        noise_snr_db=(config.noise_snr_db_low, config.noise_snr_db_high),
+        mix_probability=config.mix_probability if data.multi_hot is not None else 0.0,
+        background_probability=config.background_probability if data.multi_hot is not None else 0.0,
+        time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
+    )  # fmt: skip
+    log(augmentation.describe() + (" (no crop mixing: the aam objective learns one class per clip)"
+                                   if config.mix_probability and data.multi_hot is None else ""))  # fmt: skip
+    recipe = BatchRecipe(
+        store=data.store, items=data.items, rows=strategy.shard(epoch_rows),
+        targets=data.multi_hot if data.multi_hot is not None else data.targets,
+        rows_per_batch=plan.batch.per_device_batch * strategy.devices_per_process,
+        batches_per_epoch=schedule.steps_per_epoch * plan.batch.grad_accum, window=config.window_samples,
+        seed=config.seed, rank=strategy.rank, min_short_fraction=config.min_short_fraction,
+        host_features_mels=config.n_mels if strategy.features_on_host else None,
+        host_features_frontend=strategy.unwrap(model).config.frontend,
+        crop_on_sound=config.crop_on_sound, augmentation=augmentation,
+    )  # fmt: skip
+    loader = training_loader(recipe, state.epoch, state.step_in_epoch * plan.batch.grad_accum, config.epochs,
+                             plan.loader_workers, pin_memory=strategy.device.type == "cuda")  # fmt: skip
+    return Run(
+        strategy, config, plan, data, schedule, model, average, optimizer, scheduler, state, fingerprint,
+        checkpoint_dir, calibration_windows(data.store, data.items, data.train_idx, config),
+        strategy.device_batches(iter(loader)), log, started, selection_metric(config.metric, data.objective),
+        resumed, last_checkpoint=time.monotonic(), export_reserve_s=export_reserve,
+    )  # fmt: skip
+
+
+def run_epochs(run: Run) -> None:
+    """Epochs of steps, each followed by validation, until the last epoch or the time budget."""
+    config, state = run.config, run.state
+    bar = progress_bar(run.schedule.total_steps, "train", "step", run.strategy.is_main and config.progress,
+                       state.global_step, False)  # fmt: skip
+    try:
+        for epoch in range(state.epoch, config.epochs):
+            timing = run_steps(run, epoch, bar)
+            state.step_in_epoch = 0
+            validate(run, epoch, timing)
+            state.epoch = epoch + 1
+            if run.stopped_early:
+                break
+            (due,) = run.strategy.broadcast_flags(_checkpoint_due(run))
+            if due and epoch + 1 < config.epochs:
+                run.save_checkpoint()
+    finally:
+        if bar is not None:
+            bar.close()
+        close = getattr(run.batches, "close", None)
+        if close is not None:
+            close()  # stops the loader: its worker processes (and XLA's transfer threads) end here
+
+
+def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
+    """The optimizer steps of one epoch (from where a resumed run stopped); returns their timing."""
+    config, state, strategy = run.config, run.state, run.strategy
+    run.model.train()
+    loss_fn = make_loss(run.data.objective, config.aam_margin, config.aam_scale)
+    losses: list[torch.Tensor] = []
+    wait = busy = startup = 0.0
+    first_step_at = None
+    first = state.step_in_epoch
+    for step in range(first, run.schedule.steps_per_epoch):
+        started = time.perf_counter()
+        micro_batches = [next(run.batches) for _ in range(run.plan.batch.grad_accum)]
+        ready = time.perf_counter()
+        loss = train_step(run.model, strategy, loss_fn, run.optimizer, micro_batches, run.average)
+        advance_schedule(run.scheduler)
+        if run.first_step_of_session:  # the loader's workers were starting: not a steady-state wait
+            startup, busy = ready - started, busy + time.perf_counter() - ready
+            first_step_at = time.time()  # wall clock: benchmarks time a whole process up to here
+        else:
+            wait, busy = wait + ready - started, busy + time.perf_counter() - ready
+        losses.append(loss)  # stays on the device: reading it every step would stall XLA and the GPU
+        state.global_step += 1
+        state.step_in_epoch = step + 1
+        if bar is not None:
+            bar.update(1)
+            if step % DECISION_EVERY_STEPS == 0 or step + 1 == run.schedule.steps_per_epoch:
+                bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1, refresh=False)
+        last = step + 1 == run.schedule.steps_per_epoch
+        if run.first_step_of_session or (step + 1) % DECISION_EVERY_STEPS == 0 or last:
+            run.first_step_of_session = False
+            checkpoint, stop = strategy.broadcast_flags(_checkpoint_due(run), _out_of_time(run))
+            if stop:
+                run.stopped_early = (
+                    f"time budget of {config.time_budget_minutes} min reached in epoch {epoch + 1}"
+                )
+                run.save_checkpoint()  # the exact position: a rerun (next Save Version) continues from here
+                break
+            if checkpoint and not last:  # at the end of the epoch it is saved after validation
+                run.save_checkpoint()
+    # Read each loss back on its own: stacking them would be one more XLA graph to compile.
+    mean_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
+    steps = state.step_in_epoch - first
+    return {
+        "train_loss": mean_loss,
+        "steps": steps,
+        "data_wait_s": wait,
+        "step_s": busy,
+        "loader_start_s": startup,
+        "first_step_at": first_step_at,
+    }
+
+
+def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
+    """Validate the kept weights, record the epoch in the history, keep them if they are the best so far."""
+    strategy, state, config = run.strategy, run.state, run.config
+    started = time.perf_counter()
+    compiles_before = strategy.compile_count()
+    kept = validation_model(run.model, run.average, strategy, run.calibration)
+    result = evaluate(kept, strategy, run.data, config, run.metric)
+    seconds = time.perf_counter() - started
+    steps = max(1, timing["steps"])
+    loop = timing["data_wait_s"] + timing["step_s"]
+    record = {
+        "epoch": epoch + 1,
+        "train_loss": timing["train_loss"],
+        **(result.metrics if result else {}),
+        "lr": run.scheduler.get_last_lr()[0],
+        "seconds": round(time.monotonic() - run.started, 1),
+        "samples_per_s": round(timing["steps"] * run.plan.batch.global_batch / loop, 1) if loop else 0.0,
+        "step_ms": round(1000 * timing["step_s"] / steps, 2),
+        "data_wait_ms": round(1000 * timing["data_wait_s"] / steps, 2),
+        "data_wait_share": round(timing["data_wait_s"] / loop, 4) if loop else 0.0,
+        "validation_s": round(seconds, 2),
+    }
+    if timing["first_step_at"] is not None:  # the first step of this session
+        record.update(
+            loader_start_s=round(timing["loader_start_s"], 2), first_step_at=timing["first_step_at"]
+        )
+    if compiles_before is not None:  # XLA, so far in the run: neither may grow after the first epoch
+        record.update(xla_compiles_before_validation=compiles_before, xla_compiles=strategy.compile_count())
+    state.history.append(record)
+    if state.is_better(record, selection_key(run)):
+        state.best_state = {k: v.detach().to("cpu").clone() for k, v in kept.state_dict().items()}
+        state.best_epoch = epoch + 1
+        state.best_predictions = None if result is None else result.predictions
+    run.log(format_epoch(record, config.epochs, run.metric))
+
+
+def finish(run: Run) -> TrainResult:
+    """The best weights as the artifact (rank 0), the checkpoint kept or dropped; every rank returns."""
+    strategy, state, config, data = run.strategy, run.state, run.config, run.data
+    if run.stopped_early:
+        run.log(f"stopping early: {run.stopped_early}; saving the best epoch so far")
+    if state.best_state is None:  # no epoch finished (budget hit in epoch 1): the current weights
+        kept = validation_model(run.model, run.average, strategy, run.calibration)
+        state.best_state = {k: v.detach().to("cpu") for k, v in kept.state_dict().items()}
+    # The final model is built on the host from CPU tensors: loading them back into the device model
+    # would compile one more XLA graph per tensor shape just to read them out again.
+    final = host_model(strategy.unwrap(run.model), state.best_state)
+    best = state.history[state.best_epoch - 1] if state.best_epoch else {}
+    result = TrainResult(
+        artifact_dir=Path(config.artifact_dir),
+        history=state.history,
+        best_val_accuracy=best.get("val_accuracy"),
+        objective=data.objective,
+        metric=run.metric,
+        best_val_metric=best.get(selection_key(run), best.get(f"val_{run.metric}")),
+        train_files=len({data.rows[i].rel_path for i in data.train_idx}),
+        best_epoch=state.best_epoch,
+        seconds=time.monotonic() - run.started,
+        plan=run.plan.batch.to_dict(),
+        topology=run.plan.topology.to_dict(),
+        compile_count=strategy.compile_count(),  # every device computation of the run is behind us
+        schedule=run.schedule.to_dict(),
+        skipped_rows=data.skipped,
+        data_notes=data.notes,
+        label_counts=data.label_counts(),
+        resumed_from=run.resumed_from,
+        stopped_early=run.stopped_early,
+        rows_trained=len(strategy.shard(data.train_idx)),
+        weights_sha256=weights_digest(final),
+    )
+    if not strategy.is_main:
+        return result  # no collective follows: the other ranks leave while rank 0 saves
+    provenance = build_provenance(config, run.plan, strategy, result)
+    truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
+    with (
+        _figures(
+            state.history, truth, state.best_predictions, data.labels, state.best_epoch, run.metric
+        ) as figures,
+        _onnx_files(run, final) as onnx,
+    ):
+        provenance["onnx"] = result.onnx = onnx.record
+        result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
+                                            extra_files={**figures, **onnx.files},
+                                            fallback_label=data.labels[int(np.bincount(data.targets).argmax())])  # fmt: skip
+    if run.stopped_early:
+        run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
+                "parameters to continue training")  # fmt: skip
+    else:
+        ckpt.remove(run.checkpoint_dir, run.fingerprint)
+    run.log(result.summary())
+    return result
+
+
+@contextlib.contextmanager
+def _onnx_files(run: Run, final: torch.nn.Module):
+    """The ONNX Runtime files of the kept weights (on the host CPU copy, so never on the training device) in a
+    temporary folder, with their provenance record; none with export_onnx=False."""
+    import tempfile
+
+    from .onnx_artifact import OnnxFiles, export_for_artifact
+
+    if not run.config.export_onnx:
+        yield OnnxFiles(record={"skipped": "export_onnx=False"})
+        return
+    with tempfile.TemporaryDirectory(prefix="onnx-export-") as folder:
+        started, compiles = time.monotonic(), run.strategy.compile_count()
+        try:
+            onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
+        except Exception as error:  # noqa: BLE001 - hours of training must not be lost to an optional file
+            # export_for_artifact turns the failures it knows into a line of its own; this is for the rest
+            # (seen on a GPU machine: an int8 failure whose message was empty broke the error report itself).
+            from ..core.progress import first_line
+
+            run.log(f"ONNX files: none in the artifact ({type(error).__name__}: {first_line(error)}); "
+                    "inference runs torch")  # fmt: skip
+            onnx = OnnxFiles(record={"error": f"{type(error).__name__}: {error}"[:500]})
+        onnx.record["seconds"] = round(time.monotonic() - started, 1)
+        if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
+            onnx.record["xla_compiles_during_export"] = run.strategy.compile_count() - compiles
+        yield onnx
+
+
+def _export_reserve(strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> float:
+    """Seconds the ONNX files will take after the last step (rank 0 decides when to stop; 0 without a budget)."""
+    if not (strategy.is_main and config.export_onnx and config.time_budget_minutes):
+        return 0.0
+    from .onnx_artifact import reserve_seconds as onnx_reserve
+
+    return onnx_reserve(model.config, data, config)
+
+
+@contextlib.contextmanager
+def _figures(history, truth, predictions, labels, best_epoch, metric):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        if predictions is None:  # no validation split, or no epoch validated: curves only
+            truth = predictions = np.zeros(0, dtype=np.int64)
+        yield save_training_figures(history, truth, predictions, labels, Path(folder), best_epoch, metric)
+
+
+def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
+    """One learning-rate step per training step, skipped optimizer steps included.
+
+    Under fp16 the GradScaler skips ``optimizer.step()`` while it calibrates its scale (the first few
+    steps overflow at 65536). The schedule still counts those steps, on purpose, and torch would warn
+    about the call order in every T4 run's log; that one warning is silenced here.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", re.escape("Detected call of `lr_scheduler.step()` before"), UserWarning
+        )
+        scheduler.step()
+
+
+def train_step(
+    model, strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]], average=None
+) -> torch.Tensor:
+    """One optimizer step over `grad_accum` micro-batches already on the device; returns the loss (on device)."""
+    total = None
+    for index, batch in enumerate(micro_batches):
+        last = index == len(micro_batches) - 1
+        with strategy.no_sync(model) if not last else contextlib.nullcontext():
+            loss = strategy.forward_backward(model, loss_fn, batch, len(micro_batches))
+        total = loss if total is None else total + loss
+    # An ensemble's members have independent gradients whose norms add in quadrature: each keeps one model's clip.
+    members = getattr(getattr(strategy.unwrap(model), "config", None), "members", 1)
+    strategy.optimizer_step(optimizer, model, GRAD_CLIP * members**0.5)
+    if average is not None:
+        unwrapped = strategy.unwrap(model)  # the average joins the step's XLA graph: no extra compile
+        average.update(unwrapped, strategy.flat_parameters(unwrapped))
+    strategy.mark_step()
+    return total
+
+
+def selection_key(run: Run) -> str:
+    """The history entry that picks the kept epoch: the metric on labelled soundscapes (the test's domain)
+    when there are any, else on the held-out files."""
+    return f"val_soundscape_{run.metric}" if run.data.soundscapes is not None else f"val_{run.metric}"
+
+
+def _checkpoint_due(run: Run) -> bool:
+    return time.monotonic() - run.last_checkpoint > run.config.checkpoint_every_minutes * 60
+
+
+def _out_of_time(run: Run) -> bool:
+    if run.config.time_budget_minutes is None:
+        return False
+    reserve = reserve_seconds(run.state) + run.export_reserve_s
+    return time.monotonic() - run.started > run.config.time_budget_minutes * 60 - reserve
+
+
+def reserve_seconds(state: ckpt.TrainingState) -> float:
+    """Time kept back from the budget for what follows the last step: the epoch's validation (as long as the
+    longest so far, with its BatchNorm recalibration), a checkpoint and the artifact save."""
+    validation = max((r.get("validation_s", 0.0) for r in state.history), default=0.0)
+    epoch_times = np.diff([0.0, *(r["seconds"] for r in state.history)])
+    longest_epoch = float(max(epoch_times, default=60.0))
+    return max(SAVE_SECONDS_MIN, 0.25 * longest_epoch) + 1.5 * validation
+
+
+def format_epoch(record: dict[str, float], epochs: int, metric: str = "accuracy") -> str:
+    parts = [f"epoch {int(record['epoch'])}/{epochs}", f"loss {record['train_loss']:.3f}"]
+    if "val_accuracy" in record:
+        parts += [_value("val_acc", record, "val_accuracy"), f"val_loss {record['val_loss']:.3f}"]
+    if f"val_{metric}" in record and metric != "accuracy":
+        parts.append(_value(f"val_{metric}", record, f"val_{metric}"))
+    if f"val_soundscape_{metric}" in record:
+        parts.append(_value(f"soundscapes {metric}", record, f"val_soundscape_{metric}"))
+    parts += [f"lr {record['lr']:.2e}", f"{record.get('samples_per_s', 0):.0f} samples/s",
+              f"data wait {record.get('data_wait_share', 0):.1%}", f"{record['seconds']:.0f}s"]  # fmt: skip
+    return " | ".join(parts)
+
+
+def _value(name: str, record: dict[str, float], key: str) -> str:
+    """`name value`, with the value's standard error where validation computed one (checkpoint.is_better)."""
+    error = f" +-{record[f'{key}_se']:.4f}" if f"{key}_se" in record else ""
+    return f"{name} {record[key]:.4f}{error}"
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0"))
+
+
+def _silent(*_: Any) -> None:
+    pass
+
+
+__all__ = ["TrainResult", "fit", "train", "train_step"]

@@ -1,0 +1,153 @@
+"""Validation during training: the kept weights, their BatchNorm statistics, and how they score held-out files.
+
+Files are read from the audio cache one at a time and cut into the windows inference uses, so nothing holds the
+validation split in memory. Each process validates its own share of the files on its own device (the batch
+shape fixed on XLA, so one graph serves every batch) and the per-file results are summed across processes:
+every rank ends with the same predictions, and so the same best-epoch decision.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ..core import metrics
+from ..core.config import DEFAULT_CHUNK_POOLING, MAX_WINDOWS_PER_FILE, TrainConfig
+from ..core.objectives import validation_loss
+from ..core.windows import FileWindows, WindowPlan, chunk_hop, run_windows, span_windows
+from .batches import crops
+from .ema import WeightAverage, recompute_batchnorm
+from .store import AudioStore
+
+if TYPE_CHECKING:
+    from .dataset import LabelledSoundscapes, TrainingData
+
+# Windows per validation batch: a multiple of 8 (the XLA mesh splits it evenly), large enough for the devices.
+VALIDATION_BATCH = 64
+
+
+@dataclass
+class Validation:
+    """One epoch's validation: metrics for the history, the predicted class of every validation file."""
+
+    metrics: dict[str, float]
+    predictions: np.ndarray  # [n_val] class index, in validation-split order
+
+
+def recalibrates(config: TrainConfig) -> bool:
+    """Whether validation gives the weights it validates BatchNorm statistics of their own (see ema.py)."""
+    return config.bn_calibration_windows > 0 and not config.freeze_encoder
+
+
+def calibration_windows(
+    store: AudioStore, items: np.ndarray, train_idx: list[int], config: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A fixed sample of training crops for recompute_batchnorm: the same every epoch and on every rank.
+    None with freeze_encoder: the pretrained encoder's weights and statistics are kept exactly as they are."""
+    count = min(config.bn_calibration_windows, len(train_idx))
+    if count == 0 or not recalibrates(config):
+        return None
+    rng = np.random.default_rng([config.seed, 104729])
+    rows = rng.choice(np.asarray(train_idx), size=count, replace=False)
+    return crops(store, items[rows], config.window_samples, rng, on_sound=config.crop_on_sound)
+
+
+def validation_model(
+    model: torch.nn.Module, average: WeightAverage | None, strategy, calibration
+) -> torch.nn.Module:
+    """The weights an epoch validates and may keep (the average, else the model itself), on the training
+    device, in eval mode, with BatchNorm statistics of their own (computed in one batch: on XLA one graph)."""
+    kept = average.module if average is not None else strategy.unwrap(model)
+    if calibration is not None:
+        wavs, lens = calibration
+        recompute_batchnorm(kept, wavs, lens, forward=functools.partial(strategy.embeddings, kept))
+    strategy.sync_buffers(kept)  # DDP: every rank validates (and may keep) exactly rank 0's statistics
+    return kept.eval()
+
+
+def evaluate(
+    model: torch.nn.Module, strategy, data: TrainingData, config: TrainConfig, metric: str
+) -> Validation | None:
+    """Validation exactly as at inference (windowed, length-weighted) of `model` (unwrapped, on the strategy's
+    device) on the held-out files, and on the labelled soundscape chunks if there are any; None with neither.
+    Every process scores its share; the scores are summed across processes, so every rank computes the same
+    metrics from all of them."""
+    if not data.val_idx and data.soundscapes is None:
+        return None
+    values: dict[str, float] = {}
+    predicted = np.zeros(0, dtype=np.int64)
+    if data.val_idx:
+        scores = score_files(model, strategy, data, config)
+        truth = data.truth(data.val_idx)
+        losses = validation_loss(
+            data.objective, torch.from_numpy(scores), torch.from_numpy(truth), config.aam_scale
+        )
+        values["val_accuracy"] = metrics.score("accuracy", truth, scores)
+        values["val_loss"] = float(losses.mean())
+        if metric != "accuracy":
+            values[f"val_{metric}"] = _score(metric, truth, scores)
+        values[f"val_{metric}_se"] = metrics.standard_error(metric, truth, scores)  # for is_better
+        predicted = scores.argmax(axis=1)
+    if data.soundscapes is not None:
+        chunks = score_chunks(model, strategy, data.soundscapes, config)
+        values[f"val_soundscape_{metric}"] = _score(metric, data.soundscapes.truth, chunks)
+        values[f"val_soundscape_{metric}_se"] = metrics.standard_error(metric, data.soundscapes.truth, chunks)
+    return Validation(values, predicted)
+
+
+def score_files(model: torch.nn.Module, strategy, data: TrainingData, config: TrainConfig) -> np.ndarray:
+    """[validation files, classes] cosine scores of the held-out files, each process its share."""
+    val_idx = data.val_idx
+    mine = strategy.shard(list(range(len(val_idx))))  # positions in val_idx this process scores
+    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE)
+
+    def files():
+        for k, position in enumerate(mine):
+            samples = data.store.read(int(data.items[val_idx[position]]))
+            yield FileWindows(k, *span_windows(samples, [(k, 0.0, None)], plan))
+
+    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
+    with torch.inference_mode():
+        predictions = run_windows(model, files(), len(mine), VALIDATION_BATCH, strategy.device, embed=embed)
+    scores = torch.zeros(len(val_idx), len(data.labels), dtype=torch.float64)
+    if mine:
+        scores[mine] = torch.from_numpy(predictions.scores).double()
+    return strategy.sum_across(scores).numpy()  # other processes' rows were zeros here
+
+
+def score_chunks(
+    model: torch.nn.Module, strategy, chunks: LabelledSoundscapes, config: TrainConfig
+) -> np.ndarray:
+    """[chunks, classes] cosine scores of labelled soundscape chunks, computed as the infer notebook's defaults
+    compute a chunk's (windows half a window apart, pooled by InferConfig's default chunk_pooling); each process
+    scores its share, summed across processes."""
+    pooling = DEFAULT_CHUNK_POOLING
+    hop = chunk_hop(config.window_samples, None, config.sample_rate)
+    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE, hop)
+    mine = strategy.shard(list(range(len(chunks.items))))
+    rate = config.sample_rate
+
+    def spans():
+        for k, chunk in enumerate(mine):
+            item, start, end = int(chunks.items[chunk]), chunks.starts[chunk], chunks.ends[chunk]
+            samples = chunks.store.read(item, int(round(start * rate)), int(round(end * rate)))
+            yield FileWindows(k, *span_windows(samples, [(k, 0.0, end - start)], plan))
+
+    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
+    with torch.inference_mode():
+        predictions = run_windows(model, spans(), len(mine), VALIDATION_BATCH, strategy.device, embed=embed)
+    scores = torch.zeros(len(chunks.items), chunks.truth.shape[1], dtype=torch.float64)
+    if mine:
+        scores[mine] = torch.from_numpy(np.nan_to_num(predictions.pooled[pooling], nan=-1.0)).double()
+    return strategy.sum_across(scores).numpy()
+
+
+def _score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
+    try:
+        return metrics.score(metric, truth, scores)
+    except metrics.MetricError:  # e.g. no class with both positive and negative held-out rows
+        return float("nan")

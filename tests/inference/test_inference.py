@@ -1,0 +1,166 @@
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from pipeline.core.artifact import load_artifact
+from pipeline.core.data import load_audio
+from pipeline.core.tables import TestLayout, read_test_items
+from pipeline.core.windows import Span, WindowPlan
+from pipeline.inference.predict import classify_clips, file_order, predict_spans
+
+
+def test_batched_windows_equal_one_file_at_a_time(tiny_artifact, synthetic_data):
+    """Dense batching must not change any file's scores (the naive loop is the reference)."""
+    artifact = load_artifact(tiny_artifact)
+    rows = read_test_items(synthetic_data, TestLayout()).rows[:9]
+    clips = [load_audio(synthetic_data / r.rel_path)[0] for r in rows]
+    window = artifact.window_samples
+    batched = classify_clips(artifact.model, clips, window, batch_windows=5, device=torch.device("cpu"))
+    for i, clip in enumerate(clips):
+        alone = classify_clips(artifact.model, [clip], window, batch_windows=1, device=torch.device("cpu"))
+        np.testing.assert_allclose(batched.scores[i], alone.scores[0], atol=2e-5)
+    assert batched.ok.all()
+
+
+def test_long_file_score_is_the_length_weighted_mean_of_its_windows(tiny_artifact):
+    artifact = load_artifact(tiny_artifact)
+    window = artifact.window_samples
+    rng = np.random.default_rng(0)
+    clip = (0.1 * rng.standard_normal(int(2.5 * window))).astype(np.float32)
+    whole = classify_clips(artifact.model, [clip], window, device=torch.device("cpu"))
+    # ceil(2.5) = 3 evenly spaced windows: the first at the start, the last ending at the end
+    step = (clip.size - window) // 2
+    parts = [clip[:window], clip[step : step + window], clip[-window:]]
+    each = classify_clips(artifact.model, parts, window, device=torch.device("cpu"))
+    # The file's embedding is the mean of its windows' unit embeddings; the classifier ranks classes on it
+    # exactly as the mean of the windows' cosine scores does.
+    np.testing.assert_allclose(whole.embeddings[0], each.embeddings.mean(0), atol=2e-6)
+    np.testing.assert_allclose(np.linalg.norm(each.embeddings, axis=1), 1.0, atol=1e-5)
+    assert whole.scores[0].argmax() == each.scores.mean(0).argmax()
+    np.testing.assert_allclose(whole.scores[0] * np.linalg.norm(each.embeddings.mean(0)), each.scores.mean(0),
+                               atol=2e-5)  # fmt: skip
+
+
+def whole_files(artifact, batch=16, max_windows=64):
+    config = artifact.model.config
+    return WindowPlan(config.window_samples, config.sample_rate, batch, max_windows)
+
+
+def test_predict_spans_with_workers_matches_in_process(tiny_artifact, synthetic_data):
+    artifact = load_artifact(tiny_artifact)
+    files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows]
+    spans = [Span(k) for k in range(len(files))]
+    order = file_order(synthetic_data, files)
+    cpu, plan = torch.device("cpu"), whole_files(artifact)
+    a = predict_spans(artifact.model, synthetic_data, files, spans, order, cpu, plan, num_workers=0)
+    b = predict_spans(artifact.model, synthetic_data, files, spans, order, cpu, plan, num_workers=2)
+    for pooling in a.pooled:
+        np.testing.assert_allclose(a.pooled[pooling], b.pooled[pooling], atol=1e-6)
+    assert a.ok.all() and sum(a.device_counts.values()) == len(files)
+
+
+def test_file_order_is_longest_first(synthetic_data):
+    files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows]
+    sizes = [(synthetic_data / files[i]).stat().st_size for i in file_order(synthetic_data, files)]
+    assert sizes == sorted(sizes, reverse=True)
+    seconds = [float(k % 5) for k in range(len(files))]
+    assert [seconds[i] for i in file_order(synthetic_data, files, seconds)] == sorted(seconds, reverse=True)
+
+
+@pytest.mark.parametrize("damage", ["missing", "empty", "garbage", "all_nan"])
+def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage):
+    artifact = load_artifact(tiny_artifact)
+    (tmp_path / "test.csv").write_text("id,path\na,ok.wav\nb,bad.wav\n")
+    sf.write(tmp_path / "ok.wav", np.zeros(8000, dtype=np.float32) + 0.01, 16000)
+    if damage == "empty":
+        (tmp_path / "bad.wav").write_bytes(b"")
+    elif damage == "garbage":
+        (tmp_path / "bad.wav").write_bytes(b"\x00\x01" * 500)
+    elif damage == "all_nan":
+        sf.write(tmp_path / "bad.wav", np.full(800, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
+    files = [row.rel_path for row in read_test_items(tmp_path, TestLayout()).rows]
+    spans = [Span(0), Span(1)]
+    result = predict_spans(artifact.model, tmp_path, files, spans, [0, 1], torch.device("cpu"),
+                           whole_files(artifact, 8, 8), num_workers=0)  # fmt: skip
+    assert result.ok.tolist() == [True, False]
+    assert 1 in result.problems and "bad.wav" in result.problems[1]
+
+
+def test_fast_reflect_padding_is_bit_identical(tiny_artifact):
+    import copy
+
+    from pipeline.inference.predict import use_fast_reflect_padding
+
+    reference = load_artifact(tiny_artifact).model
+    fast = copy.deepcopy(reference)
+    assert use_fast_reflect_padding(fast) > 0
+    wavs = 0.1 * torch.randn(3, reference.config.window_samples, generator=torch.Generator().manual_seed(0))
+    lens = torch.tensor([1.0, 0.7, 0.3])
+    with torch.inference_mode():
+        expected = reference.scores(reference.embed(reference.features(wavs, lens), lens))
+        actual = fast.scores(fast.embed(fast.features(wavs, lens), lens))
+    assert torch.equal(actual, expected)
+
+
+def test_chunk_spans_pool_their_own_overlapping_windows(tiny_artifact):
+    """Every chunk's windows lie inside it, `hop` apart (the last ends at the chunk's end); max, mean and
+    mean_max pool the windows' cosine scores exactly as computed one window at a time."""
+    from pipeline.core.data import windows
+    from pipeline.core.windows import FileWindows, run_windows, span_windows
+
+    artifact = load_artifact(tiny_artifact)
+    model, config = artifact.model, artifact.model.config
+    rate, window = config.sample_rate, config.window_samples
+    clip = (0.1 * np.random.default_rng(1).standard_normal(int(6.3 * rate))).astype(np.float32)
+    spans = [(0, 0.0, 2.5), (1, 2.5, 5.0), (2, 5.0, 7.5)]  # the last has 1.3 s of audio
+    plan = WindowPlan(window, rate, batch_windows=3, hop=window // 2)
+    result = run_windows(
+        model, iter([FileWindows(0, *span_windows(clip, spans, plan))]), 3, 3, torch.device("cpu")
+    )
+    unit_classes = torch.nn.functional.normalize(model.classifier.weight.detach(), dim=1)
+    for k, (_, start, end) in enumerate(spans):
+        part = clip[int(start * rate) : int(end * rate)]
+        wavs, lens = windows(part, window, 1000, window // 2)
+        expected_count = int(np.ceil((len(part) - window) / (window // 2))) + 1
+        assert len(wavs) == expected_count
+        with torch.inference_mode():
+            each = model.embed(
+                model.features(torch.from_numpy(wavs), torch.from_numpy(lens)), torch.from_numpy(lens)
+            )
+            cosines = torch.nn.functional.normalize(each, dim=1) @ unit_classes.T
+        np.testing.assert_allclose(result.pooled["max"][k], cosines.max(0).values.numpy(), atol=2e-5)
+        mean = (cosines * torch.from_numpy(lens)[:, None]).sum(0) / lens.sum()
+        np.testing.assert_allclose(result.pooled["mean_max"][k], (0.5 * (mean + cosines.max(0).values)).numpy(),
+                                   atol=2e-5)  # fmt: skip
+    assert result.ok.all()
+
+
+def test_a_span_past_the_decoded_audio_has_no_prediction(tiny_artifact):
+    from pipeline.core.windows import FileWindows, run_windows, span_windows
+
+    model = load_artifact(tiny_artifact).model
+    rate, window = model.config.sample_rate, model.config.window_samples
+    clip = np.full(int(2 * rate), 0.05, dtype=np.float32)
+    plan = WindowPlan(window, rate, 4, hop=window)
+    spans = [(0, 0.0, 2.0), (1, 2.0, 4.0)]  # the header said 4 s, the file held 2
+    result = run_windows(
+        model, iter([FileWindows(0, *span_windows(clip, spans, plan))]), 2, 4, torch.device("cpu")
+    )
+    assert result.ok.tolist() == [True, False] and np.isnan(result.pooled["max"][1]).all()
+
+
+def test_a_deadline_stops_prediction_and_names_every_file_it_left(tiny_artifact, synthetic_data):
+    import time
+
+    artifact = load_artifact(tiny_artifact)
+    files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows][:6]
+    spans = [Span(k) for k in range(len(files))]
+    cpu, plan = torch.device("cpu"), whole_files(artifact)
+    late = predict_spans(artifact.model, synthetic_data, files, spans, list(range(6)), cpu, plan, 0,
+                         deadline=time.time() - 1)  # fmt: skip
+    assert late.stopped and "time limit" in late.stopped and not late.ok.any()
+    assert late.problems == {k: "time limit: not predicted" for k in range(6)}
+    early = predict_spans(artifact.model, synthetic_data, files, spans, list(range(6)), cpu, plan, 0,
+                          deadline=time.time() + 3600)  # fmt: skip
+    assert early.stopped is None and early.ok.all() and early.audio_seconds > 0

@@ -1,0 +1,371 @@
+"""pipeline/core/onnx.py and inference/engines.py with the real exporter and ONNX Runtime, on a trained tiny model.
+
+Skipped where onnxruntime or torch's exporter (onnxscript, onnx) is not installed: Python 3.10 has no
+onnxruntime wheel, and a leg of the version matrix may lack them.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import importlib.util
+import time
+
+import numpy as np
+import pytest
+import torch
+from onnx_fixtures import Unexportable
+
+from pipeline.core import onnx as onnx_engine
+from pipeline.core.artifact import load_artifact
+from pipeline.core.data import load_audio, windows
+from pipeline.core.model import SpeakerClassifier
+from pipeline.core.onnx import OnnxEmbedder, export_embedding_model, int8_acceptable, quantize_embedding_model
+from pipeline.core.windows import FileWindows, WindowPlan, cosine_scores, run_windows
+from pipeline.inference.engines import GuardedEmbedder, RacingEmbedder, TorchEmbedder, make_embedder
+from pipeline.inference.predict import clip_items
+
+pytestmark = pytest.mark.skipif(
+    onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
+    reason=f"{onnx_engine.onnxruntime_missing() or onnx_engine.exporter_missing()}: the ONNX engine is off here",
+)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_artifact):
+    return load_artifact(tiny_artifact).model
+
+
+@pytest.fixture(scope="module")
+def exported(model, tmp_path_factory):
+    return export_embedding_model(model, tmp_path_factory.mktemp("onnx") / onnx_engine.ONNX_FP32)
+
+
+def clips_of(model, seconds: list[float], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Noise windows of other lengths than the export's example (2 windows of 0.5 s: 51 frames)."""
+    rng = np.random.default_rng(seed)
+    longest = int(max(seconds) * model.config.sample_rate)
+    wavs = torch.zeros(len(seconds), longest)
+    for row, length in enumerate(seconds):
+        n = int(length * model.config.sample_rate)
+        wavs[row, :n] = torch.from_numpy((0.1 * rng.standard_normal(n)).astype(np.float32))
+    lens = torch.tensor([s / max(seconds) for s in seconds])
+    return wavs, lens
+
+
+def test_export_is_dynamic_in_batch_and_time(exported):
+    session = onnx_engine.load_session(exported.path, threads=1)
+    shapes = {node.name: node.shape for node in session.get_inputs()}
+    assert isinstance(shapes["feats"][0], str) and isinstance(shapes["feats"][1], str)
+    assert shapes["wav_lens"][0] == shapes["feats"][0]  # one symbolic batch
+    assert exported.max_abs_diff < 1e-5 and exported.path.stat().st_size > 0
+
+
+@pytest.mark.parametrize("seconds", [[0.3, 1.3, 0.9], [0.8] * 7 + [0.25]])
+def test_onnx_embeddings_and_scores_equal_torchs(model, exported, seconds):
+    wavs, lens = clips_of(model, seconds)
+    expected = TorchEmbedder(model)(wavs, lens)
+    found = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")(wavs, lens)
+    assert found.shape == expected.shape == (len(seconds), model.config.lin_neurons)
+    assert float((found - expected).abs().max()) < 1e-4
+    unit_classes = torch.nn.functional.normalize(model.classifier.weight.detach(), dim=1)
+    scores = [cosine_scores(e, unit_classes).numpy() for e in (expected, found)]
+    np.testing.assert_allclose(scores[1], scores[0], atol=1e-4)
+    assert (scores[1].argmax(1) == scores[0].argmax(1)).all()
+
+
+def test_an_ensemble_exports_and_its_scores_are_the_mean_of_its_members(model, tmp_path):
+    torch.manual_seed(0)
+    ensemble = SpeakerClassifier(dataclasses.replace(model.config, members=2)).eval()
+    exported = export_embedding_model(ensemble, tmp_path / "ensemble.onnx")
+    wavs, lens = clips_of(ensemble, [0.3, 1.3, 0.9])
+    expected = TorchEmbedder(ensemble)(wavs, lens)
+    found = OnnxEmbedder(ensemble, exported.path, threads=2, precision="fp32")(wavs, lens)
+    assert found.shape == expected.shape == (3, 2 * model.config.lin_neurons)
+    assert float((found - expected).abs().max()) < 1e-4
+    # What inference computes from the ONNX embeddings is the mean of each member's cosine with its own centres.
+    scores = cosine_scores(found, ensemble.class_centres())
+    with torch.no_grad():
+        members = ensemble.member_scores(expected)
+    assert not torch.allclose(members[:, 0], members[:, 1], atol=1e-3)  # two different models
+    np.testing.assert_allclose(scores.numpy(), members.mean(dim=1).numpy(), atol=1e-4)
+    # The engines inference builds take the ensemble's wider embedding: they once expected one member's
+    # length, so every ensemble's ONNX file failed its first batch and torch computed the whole run.
+    for engine in ("onnx", "auto"):
+        lines: list[str] = []
+        embed = make_embedder(ensemble, engine, onnx_path=exported.path, threads=1, batch_windows=3,
+                              log=lines.append)  # fmt: skip
+        for seed in range(6):  # past the race's first batch and its timed ones
+            batch = clips_of(ensemble, [0.3, 1.3, 0.9], seed=seed)
+            assert float((embed(*batch) - TorchEmbedder(ensemble)(*batch)).abs().max()) < 1e-4
+        assert not any("failed" in line or "differs" in line for line in lines), lines
+        assert embed.engine in (("onnx-fp32",) if engine == "onnx" else ("onnx-fp32", "torch")), lines
+    # Its int8 file too: normalize's ONNX form once stopped onnxruntime's shape inference before quantisation.
+    window = ensemble.config.window_samples / ensemble.config.sample_rate
+    calibration = clips_of(ensemble, [window] * 16, seed=1)
+    int8 = quantize_embedding_model(ensemble, exported.path, tmp_path / "ensemble.int8.onnx", *calibration)
+    quantized = OnnxEmbedder(ensemble, int8, threads=2, precision="int8")(wavs, lens)
+    assert quantized.shape == expected.shape
+    # Untrained weights on noise: a coarser match than a trained model's on speech (the test below), not noise.
+    assert float(torch.nn.functional.cosine_similarity(quantized, expected).min()) > 0.8
+
+
+def file_items(clips: list[np.ndarray], window: int) -> list[FileWindows]:
+    return list(clip_items(clips, WindowPlan(window, 16000, 8)))
+
+
+def test_run_windows_with_the_onnx_engine_predicts_torchs_labels(model, exported, synthetic_data):
+    clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:12]]
+    window, cpu = model.config.window_samples, torch.device("cpu")
+    reference = run_windows(model, iter(file_items(clips, window)), len(clips), 3, cpu)
+    embed = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")
+    found = run_windows(model, iter(file_items(clips, window)), len(clips), 3, cpu, embed=embed)
+    assert found.ok.all() and reference.ok.all()
+    np.testing.assert_allclose(found.scores, reference.scores, atol=1e-4)
+    assert (found.scores.argmax(1) == reference.scores.argmax(1)).all()
+
+
+def test_forced_onnx_announces_itself_once(model, exported):
+    lines: list[str] = []
+    embed = make_embedder(
+        model, "onnx", onnx_path=exported.path, threads=1, batch_windows=3, log=lines.append
+    )
+    assert embed.engine == "onnx-fp32"
+    assert len(lines) == 1 and lines[0].startswith("inference engine: onnx-fp32")
+    wavs, lens = clips_of(model, [0.5, 0.4])
+    assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
+
+
+def test_auto_exports_here_without_a_file_and_agrees_with_torch_whichever_it_picks(model):
+    """No ONNX file (an artifact from before the ONNX engine): make_embedder exports from the loaded weights,
+    then torch and ONNX Runtime race on the first batches; every batch agrees with torch, during and after."""
+    lines: list[str] = []
+    embed = make_embedder(model, "auto", threads=1, batch_windows=4, log=lines.append)
+    assert isinstance(embed, RacingEmbedder)
+    assert lines == ["inference engine: auto: torch and onnx-fp32 (1 thread(s), embedding_model.onnx) race on "
+                     "the run's first batches"]  # fmt: skip
+    for seed in range(9):  # 1 batch both compute, 3 each timed, then the winner's
+        wavs, lens = clips_of(model, [0.6, 0.5, 0.2], seed)
+        assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
+    assert len(lines) == 2 and lines[1].startswith(f"inference engine: {embed.engine}")
+    assert embed.engine in ("torch", "onnx-fp32") and "ns per input sample" in lines[1]
+
+
+class Slowed:
+    """An engine `seconds` slower per batch than the one it wraps: the race's outcome made certain. With a
+    `clock` (a VirtualClock) it moves that clock by `seconds` instead of sleeping, so the race's timings are
+    these costs alone, whatever else the machine is doing (a loaded CI machine once stalled torch past
+    0.2 s and the race took a 3rd round)."""
+
+    def __init__(self, embed, seconds: float, name: str | None = None, clock=None) -> None:
+        self.embed, self.seconds, self.engine, self.calls = embed, seconds, name or embed.engine, 0
+        self.clock = clock
+
+    def __call__(self, wavs, lens):
+        self.calls += 1
+        if self.clock is None:
+            time.sleep(self.seconds)
+        else:
+            self.clock.now += self.seconds
+        return self.embed(wavs, lens)
+
+
+class VirtualClock:
+    """A clock that only the Slowed engines move: RacingEmbedder(clock=...) sees their costs, not the load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def slowed_pair(model, exported, slow: str) -> tuple:
+    """ONNX Runtime fp32 and torch, and each wrapped in Slowed on one VirtualClock: the one named by `slow`
+    costs 0.2 s a batch, the other 0.01 s. Returns them and the clock for RacingEmbedder."""
+    onnx, torch_embed = OnnxEmbedder(model, exported.path, threads=1, precision="fp32"), TorchEmbedder(model)
+    clock = VirtualClock()
+    return (
+        onnx,
+        torch_embed,
+        Slowed(onnx, 0.2 if slow == "onnx" else 0.01, clock=clock),
+        Slowed(torch_embed, 0.2 if slow == "torch" else 0.01, clock=clock),
+        clock,
+    )
+
+
+@pytest.mark.parametrize("slow", ["onnx", "torch"])
+def test_the_race_runs_the_faster_engine_after_two_batches_each_when_clearly_apart(model, exported, slow):
+    onnx, torch_embed, onnx_side, torch_side, clock = slowed_pair(model, exported, slow)
+    lines: list[str] = []
+    race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "fp32", lines.append, clock=clock)
+    batches = [clips_of(model, [0.7, 0.4], seed) for seed in range(10)]
+    for count, (wavs, lens) in enumerate(batches, 1):
+        assert float((race(wavs, lens) - torch_embed(wavs, lens)).abs().max()) < 1e-4
+        assert len(lines) == (1 if count >= 5 else 0)  # the first batch, then 2 each: decided after the 5th
+        if count == 4:
+            assert race.engine == "torch and onnx-fp32 in turn (the run ended during the race)"
+    winner = "torch" if slow == "onnx" else "onnx-fp32"
+    assert race.engine == winner and lines[0].startswith(f"inference engine: {winner}")
+    assert "median of 2 of the run's batches each" in lines[0]
+    # the first batch by both (ONNX Runtime: 2 of its windows), 2 timed each, then the 5 left by the winner
+    assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 5) if winner == "torch" else (3 + 5, 3))
+
+
+@pytest.mark.parametrize("slow", ["onnx", "torch"])
+def test_an_int8_race_is_run_on_the_first_batch_and_every_row_comes_from_the_winner(model, exported, slow):
+    """int8 differs from torch by quantisation noise: the race is decided on the first batch (computed again by
+    each engine in turn), whose result is the winner's, so a run's rows all come from one engine. The race's
+    int8 mode is chosen by `precision`; the engine here is the fp32 file (the mechanics, not the quantisation:
+    int8 on this tiny model and noise is test_int8_embeddings_stay_close_to_fp32_on_real_speech's subject)."""
+    onnx, torch_embed, onnx_side, torch_side, clock = slowed_pair(model, exported, slow)
+    lines: list[str] = []
+    race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "int8", lines.append, clock=clock)
+    winner = onnx if slow == "torch" else torch_embed
+    for seed in range(4):
+        wavs, lens = clips_of(model, [0.7, 0.4, 0.9], seed)
+        assert torch.equal(race(wavs, lens), winner(wavs, lens))
+        assert len(lines) == 1  # decided during the first batch
+    assert race.engine == ("torch" if slow == "onnx" else "onnx-fp32")
+    assert "median of 2 runs each on the run's first batch" in lines[0]
+    # first batch: torch once untimed + 2 timed, ONNX on 2 windows + 2 timed; then 3 batches by the winner
+    assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 3) if winner is torch_embed else (3 + 3, 3))
+
+
+def test_engines_close_together_race_until_decided_on_their_own_timings(model):
+    """Two copies of one engine (one named "copy"): no clear gap, so the race takes 3 timed batches each unless
+    2 each happened to be apart; either way each side's timings are its own, the decision comes after the
+    5th or the 7th batch, and torch's results come back throughout."""
+    torch_embed = TorchEmbedder(model)
+    lines: list[str] = []
+    race = RacingEmbedder(Slowed(torch_embed, 0.0, name="copy"), torch_embed, model.config.lin_neurons, "fp32",
+                          lines.append)  # fmt: skip
+    for seed in range(7):
+        assert race.winner is None or seed >= 5  # undecided before 2 timed batches each
+        wavs, lens = clips_of(model, [0.7, 0.4], seed)
+        assert torch.equal(race(wavs, lens), torch_embed(wavs, lens))
+    assert len(lines) == 1 and race.engine in ("copy", "torch") and race.winner is not None
+    assert len(race.per_sample["copy"]) == len(race.per_sample["torch"]) in (2, 3)
+
+
+def test_the_race_ends_for_torch_when_onnx_disagrees_or_fails(model, exported, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(exported.path))
+    weight = next(t for t in graph.graph.initializer if len(t.dims) == 3)
+    weight.CopyFrom(numpy_helper.from_array(1.5 * numpy_helper.to_array(weight), weight.name))
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(graph, str(foreign))
+    wider = type(model)(type(model.config)(**{**model.config.to_dict(), "n_mels": 80})).eval()
+    mismatched = export_embedding_model(wider, tmp_path / "wider.onnx").path
+    for path, why in ((foreign, "differs from torch by"), (mismatched, "failed on a batch of 2 windows")):
+        lines: list[str] = []
+        race = RacingEmbedder(OnnxEmbedder(model, path, threads=1, precision="fp32"), TorchEmbedder(model),
+                              model.config.lin_neurons, "fp32", lines.append)  # fmt: skip
+        for seed in range(3):
+            wavs, lens = clips_of(model, [0.5, 0.3], seed)
+            assert torch.equal(race(wavs, lens), TorchEmbedder(model)(wavs, lens))
+        assert race.engine == "torch" and len(lines) == 1 and why in lines[0], lines
+
+
+def test_torch_engine_and_a_bad_engine_name(model):
+    lines: list[str] = []
+    assert isinstance(make_embedder(model, "torch", log=lines.append), TorchEmbedder)
+    assert lines == ["inference engine: torch (engine='torch')"]
+    with pytest.raises(ValueError, match="engine='tensorrt': use one of auto, torch, onnx"):
+        make_embedder(model, "tensorrt")
+
+
+def test_a_corrupt_onnx_file_falls_back_to_torch_with_one_line(model, exported, tmp_path):
+    corrupt = tmp_path / "embedding_model.onnx"
+    corrupt.write_bytes(exported.path.read_bytes()[:5000])  # a truncated download or copy
+    for engine in ("onnx", "auto"):
+        lines: list[str] = []
+        embed = make_embedder(model, engine, onnx_path=corrupt, threads=1, batch_windows=2, log=lines.append)
+        assert isinstance(embed, TorchEmbedder)
+        assert len(lines) == 1 and lines[0].startswith("inference engine: torch (ONNX Runtime unavailable:")
+        wavs, lens = clips_of(model, [0.5, 0.3])
+        assert torch.equal(embed(wavs, lens), TorchEmbedder(model)(wavs, lens))
+
+
+def test_an_onnx_file_of_other_weights_is_refused(model, exported, tmp_path):
+    """A file that loads and runs but holds other weights (an artifact mixed up with another's file)."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(exported.path))
+    weight = next(t for t in graph.graph.initializer if len(t.dims) == 3)  # the first convolution's kernel
+    weight.CopyFrom(numpy_helper.from_array(1.5 * numpy_helper.to_array(weight), weight.name))
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(graph, str(foreign))
+    lines: list[str] = []
+    embed = make_embedder(model, "onnx", onnx_path=foreign, threads=1, batch_windows=2, log=lines.append)
+    assert isinstance(embed, TorchEmbedder)
+    assert len(lines) == 1 and "differs from torch" in lines[0]
+
+
+def test_an_export_that_fails_falls_back_to_torch_with_one_line(model):
+    broken = copy.deepcopy(model)
+    broken.embedding_model = Unexportable(broken.embedding_model)
+    with pytest.raises(onnx_engine.ExportError, match="could not export the embedding model"):
+        export_embedding_model(broken, "/nonexistent/never-written.onnx")
+    lines: list[str] = []
+    embed = make_embedder(broken, "onnx", threads=1, batch_windows=2, log=lines.append)  # exports here
+    assert isinstance(embed, TorchEmbedder)
+    assert len(lines) == 1 and "ExportError" in lines[0] and "could not export" in lines[0]
+    wavs, lens = clips_of(model, [0.5, 0.5])
+    assert torch.equal(embed(wavs, lens), TorchEmbedder(model)(wavs, lens))
+
+
+def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(model, tmp_path, synthetic_data):
+    """An ONNX file for 80 mel bands behind a 40-band model: ONNX Runtime rejects every batch at run time."""
+    wider = type(model)(type(model.config)(**{**model.config.to_dict(), "n_mels": 80})).eval()
+    mismatched = export_embedding_model(wider, tmp_path / "wider.onnx").path
+    lines: list[str] = []
+    guarded = GuardedEmbedder(OnnxEmbedder(model, mismatched, threads=1, precision="fp32"), TorchEmbedder(model),
+                              model.config.lin_neurons, "test", lines.append)  # fmt: skip
+    clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:6]]
+    window, cpu = model.config.window_samples, torch.device("cpu")
+    found = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu, embed=guarded)
+    reference = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu)
+    assert found.ok.all() and not found.problems
+    np.testing.assert_allclose(found.scores, reference.scores, atol=1e-6)
+    assert len(lines) == 1 and "onnx-fp32 failed on a batch" in lines[0]
+    assert guarded.engine == "onnx-fp32, then torch (a batch failed)"
+
+
+def fsdd_windows(model, paths) -> tuple[torch.Tensor, torch.Tensor]:
+    cut = [windows(load_audio(path)[0], model.config.window_samples, 64) for path in paths]
+    return torch.from_numpy(np.concatenate([w for w, _ in cut])), torch.from_numpy(
+        np.concatenate([r for _, r in cut])
+    )
+
+
+def test_int8_embeddings_stay_close_to_fp32_on_real_speech(model, exported, fsdd_recordings, tmp_path):
+    recordings = sorted(fsdd_recordings.glob("*.wav"))
+    calibration = fsdd_windows(model, recordings[::40])  # 68 recordings across speakers and digits
+    int8_path = quantize_embedding_model(model, exported.path, tmp_path / onnx_engine.ONNX_INT8, *calibration)
+    held_out = fsdd_windows(model, recordings[7::50])  # other recordings than the calibration's
+    fp32 = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")(*held_out)
+    int8 = OnnxEmbedder(model, int8_path, threads=2, precision="int8")(*held_out)
+    cosine = torch.nn.functional.cosine_similarity(int8, fp32, dim=1)
+    assert float(cosine.mean()) > 0.99 and float(cosine.min()) > 0.95, cosine
+    assert int8_path.stat().st_size < exported.path.stat().st_size  # int8 weights are in it
+    lines: list[str] = []
+    embed = make_embedder(model, "onnx", int8_path=int8_path, threads=1, batch_windows=4, log=lines.append)
+    assert embed.engine == "onnx-int8" and len(lines) == 1
+
+
+def test_the_int8_rule():
+    assert int8_acceptable(0.990, 0.985) and int8_acceptable(0.990, 0.995)
+    assert not int8_acceptable(0.990, 0.984)
+    assert importlib.util.find_spec("onnxruntime.quantization") is not None
+
+
+def test_the_exported_frame_range_keeps_every_preset_within_int32():
+    """torch 2.10 refuses a voxceleb-size export whose frames x (3 x widest channels) may pass 2^31."""
+    from pipeline.core.config import MODEL_PRESETS
+
+    for preset, sizes in MODEL_PRESETS.items():
+        assert onnx_engine.MAX_FRAMES * 3 * sizes["channels"][-1] < 2**31, preset

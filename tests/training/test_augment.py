@@ -1,0 +1,122 @@
+"""Training-crop augmentation (pipeline/training/augment.py) and crops that land on the sound (data.crop_span)."""
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from pipeline.core.data import crop_span
+from pipeline.core.model import Frontend
+from pipeline.training.augment import Augmentation, augment
+from pipeline.training.store import open_or_build, source_files
+
+RATE = 16000
+
+
+@pytest.fixture(scope="module")
+def noise_store(tmp_path_factory):
+    root = tmp_path_factory.mktemp("noise")
+    rng = np.random.default_rng(0)
+    for k in range(3):
+        sf.write(root / f"bg{k}.wav", (0.05 * rng.standard_normal(3 * RATE)).astype(np.float32), RATE)
+    return open_or_build(
+        source_files(root, [f"bg{k}.wav" for k in range(3)]), root / "cache", log=lambda _: None
+    )
+
+
+def batch(n=8, window=RATE):
+    t = torch.arange(window) / RATE
+    wavs = torch.stack([0.3 * torch.sin(2 * torch.pi * (300 + 100 * k) * t) for k in range(n)])
+    return wavs, torch.ones(n), torch.eye(n)  # a class of its own for every crop
+
+
+def test_augmentation_is_a_function_of_the_seed(noise_store):
+    plan = Augmentation(noise_store, 0.5, (0, 10), 0.5, 0.5, 0.5)
+    first = augment(*batch(), np.random.default_rng(7), plan)
+    again = augment(*batch(), np.random.default_rng(7), plan)
+    other = augment(*batch(), np.random.default_rng(8), plan)
+    for a, b in zip(first, again, strict=True):
+        assert torch.equal(a, b)
+    assert not torch.equal(first[0], other[0])
+
+
+def test_background_noise_is_mixed_at_the_asked_snr(noise_store):
+    wavs, lens, labels = batch()
+    out, _, same_labels = augment(
+        wavs.clone(), lens, labels, np.random.default_rng(0), Augmentation(noise_store, 1.0, (5, 5))
+    )
+    # AddNoise scales the clean signal by (1 - f) and adds noise of RMS f x clean RMS, f = 1 / (10^(snr/20) + 1).
+    factor = 1 / (10 ** (5 / 20) + 1)
+    residual = out - (1 - factor) * wavs
+    ratio = residual.pow(2).mean(1).sqrt() / wavs.pow(2).mean(1).sqrt()
+    torch.testing.assert_close(ratio, torch.full((8,), factor), rtol=1e-3, atol=1e-4)
+    assert torch.equal(same_labels, labels)
+
+
+def test_mixed_crops_carry_the_union_of_their_labels():
+    wavs, lens, labels = batch()
+    out, _, mixed = augment(
+        wavs.clone(), lens, labels, np.random.default_rng(0), Augmentation(mix_probability=1.0)
+    )
+    assert (mixed.sum(1) == 2).all()  # every row: its own class and its partner's (a different row's)
+    assert (mixed >= labels).all() and not torch.equal(out, wavs)
+    single = torch.arange(8)  # one class per clip (aam): crops are never mixed
+    _, _, kept = augment(
+        wavs.clone(), lens, single, np.random.default_rng(0), Augmentation(mix_probability=1.0)
+    )
+    assert torch.equal(kept, single)
+
+
+def test_masks_change_the_crops_and_nothing_else():
+    wavs, lens, labels = batch()
+    timed, _, _ = augment(
+        wavs.clone(), lens, labels, np.random.default_rng(0), Augmentation(time_mask_probability=1.0)
+    )
+    silenced = (timed == 0) & (wavs != 0)
+    assert silenced.any(dim=1).all()  # every crop lost a stretch
+    notched, _, _ = augment(
+        wavs.clone(), lens, labels, np.random.default_rng(0), Augmentation(freq_mask_probability=1.0)
+    )
+    assert notched.shape == wavs.shape and not torch.allclose(notched, wavs)
+
+
+def test_a_constant_gain_changes_nothing_the_model_sees():
+    """Why there is no gain augmentation: sentence mean normalisation of log-mel features removes it."""
+    wavs, lens, _ = batch(2)
+    wavs = wavs + 0.01 * torch.randn(2, RATE, generator=torch.Generator().manual_seed(0))
+    frontend = Frontend(40)
+    with torch.no_grad():
+        torch.testing.assert_close(frontend(wavs, lens), frontend(0.2 * wavs, lens), atol=2e-4, rtol=1e-4)
+
+
+def test_crops_of_a_long_quiet_clip_land_on_its_loud_second():
+    frame, window, length = 1600, RATE, 10 * RATE
+    loudness = np.full(length // frame, 1e-3)
+    loudness[50:60] = 1.0  # 5-6 s
+    rng = np.random.default_rng(0)
+    on_sound = [crop_span(length, window, rng, 1.0, loudness, frame)[0] for _ in range(200)]
+    uniform = [crop_span(length, window, rng)[0] for _ in range(200)]
+    covers = lambda start: start < 6 * RATE and start + window > 5 * RATE  # noqa: E731
+    assert np.mean([covers(s) for s in on_sound]) > 0.95
+    assert np.mean([covers(s) for s in uniform]) < 0.4
+    assert all(0 <= s <= length - window for s in on_sound)
+
+
+def test_the_cache_records_each_files_loudness(noise_store):
+    envelope = noise_store.envelope(0)
+    assert len(envelope) == int(np.ceil(noise_store.lengths[0] / noise_store.envelope_frame))
+    samples = noise_store.read(0)
+    rms = np.sqrt(np.mean(samples[: noise_store.envelope_frame] ** 2))
+    assert envelope[0] == pytest.approx(rms, rel=1e-3)
+
+
+def test_background_crops_carry_no_label_and_only_for_several_labels_per_clip(noise_store):
+    wavs, lens, labels = batch()
+    plan = Augmentation(noise_store, background_probability=1.0)
+    out, out_lens, out_labels = augment(wavs.clone(), lens * 0.5, labels, np.random.default_rng(0), plan)
+    assert (out_labels == 0).all() and (out_lens == 1).all()
+    level = out.pow(2).mean(1).sqrt()  # every crop is background now, at the recordings' level (0.05 RMS)
+    torch.testing.assert_close(level, torch.full((8,), 0.05), rtol=0.1, atol=0)
+    single = torch.arange(8)  # aam: a crop must keep its one class
+    _, _, kept = augment(wavs.clone(), lens, single, np.random.default_rng(0), plan)
+    assert torch.equal(kept, single)
