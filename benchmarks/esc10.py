@@ -1,7 +1,7 @@
 """Real sound events: ESC-10's official 5-fold cross-validation through both notebooks, with the defaults.
 
     python -m benchmarks.esc10 [--folds 1,2,3,4,5] [--set NAME=VALUE ...] [--infer-set NAME=VALUE ...]
-                               [--seed S] [--source DIR] [--out FILE]
+                               [--variant NAME:PARAM=VALUE,PARAM=VALUE ...] [--source DIR] [--out FILE]
 
 ESC-10 (Piczak, ACM MM 2015; ../shared/esc10, CC BY 3.0): 400 clips of 5 s, 44.1 kHz Ogg/Vorbis, 10 classes of
 40, five official folds (the first digit of a file name; clips cut from one recording share a fold). Protocol:
@@ -9,7 +9,8 @@ train on four folds, test on the fifth, report the mean over the five. Each fold
 competition folder in this project's layout (train.csv, test.csv, sample_submission.csv), `papermill
 notebooks/train.ipynb` then `papermill notebooks/infer.ipynb` with no parameter but the folders, and
 `pipeline score`. `--set` / `--infer-set` change one notebook parameter, for experiments against the defaults
-(the result records them). One fold is 80 clips: its accuracy has a standard error of ~4.5 points, so compare
+(the result records them). `--variant` runs the infer notebook again on each fold's artifact with other
+parameters (e.g. `max:clip_pooling=max`): inference choices measured on the same trained models. One fold is 80 clips: its accuracy has a standard error of ~4.5 points, so compare
 5-fold means, and more than one seed where a difference is small.
 """
 
@@ -109,8 +110,10 @@ def run_fold(
     work: Path,
     train_overrides: dict[str, Any],
     infer_overrides: dict[str, Any],
+    variants: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Both notebooks on one fold; accuracy, per-class hits and the minutes each notebook took."""
+    """Both notebooks on one fold; accuracy, per-class hits and the minutes each notebook took; the accuracy of
+    each infer `variant` on the same artifact."""
     data = make_fold_folder(clips, test_fold, work / f"fold{test_fold}")
     artifact, submission = work / f"model{test_fold}", work / f"submission{test_fold}.csv"
     trained = papermill(ROOT, "train.ipynb", work, {"data_dir": data, "artifact_dir": artifact, "progress": False,
@@ -123,6 +126,13 @@ def run_fold(
     confusions = Counter(
         (label, predicted.get(key)) for key, label in truth.items() if predicted.get(key) != label
     )
+    by_variant = {}
+    for name, params in (variants or {}).items():
+        other = work / f"submission{test_fold}-{name}.csv"
+        papermill(ROOT, "infer.ipynb", work, {"data_dir": data, "artifact_dir": artifact, "submission_path": other,
+                                              "progress": False, **infer_overrides, **params})  # fmt: skip
+        found = _read(other)
+        by_variant[name] = round(sum(found.get(k) == v for k, v in truth.items()) / len(truth), 4)
     manifest = json.loads((artifact / "manifest.json").read_text())
     provenance = manifest["provenance"]
     return {
@@ -137,7 +147,7 @@ def run_fold(
         "minutes": round((trained["seconds"] + inferred["seconds"]) / 60, 2),
         "epochs": len(provenance.get("history", [])),
         "best_epoch": provenance.get("best_epoch"),
-        "chosen": provenance.get("auto_choices") or provenance.get("choices"),
+        "variants": by_variant,
     }
 
 
@@ -151,6 +161,9 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
         totals.update(fold["per_class_total"])
     per_class = {label: round(hits[label] / totals[label], 3) for label in sorted(totals)}
     minutes = [f["minutes"] for f in folds]
+    variants = {
+        name: round(sum(f["variants"][name] for f in folds) / len(folds), 4) for name in folds[0]["variants"]
+    }
     whole = len(folds) == len(FOLDS)
     verdict = ("" if not whole else
                f"; target {TARGET:.2f} {'met' if mean >= TARGET else 'MISSED'}")  # fmt: skip
@@ -163,6 +176,7 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
         "fold_std": round(spread, 4),
         "per_fold": accuracies,
         "per_class": per_class,
+        "variants_mean_accuracy": variants,
         "minutes_per_fold": minutes,
         "target": TARGET,
         "minutes_per_fold_limit": MINUTES_PER_FOLD_LIMIT,
@@ -179,6 +193,7 @@ def run(
     train_overrides: dict[str, Any] | None = None,
     infer_overrides: dict[str, Any] | None = None,
     quick: bool = False,
+    variants: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The cross-validation; `quick` runs one fold for 2 epochs (the path, not the accuracy)."""
     clips = scan(Path(source))
@@ -190,7 +205,7 @@ def run(
         for fold in folds:
             work = Path(tmp) / f"run{fold}"
             work.mkdir()
-            results.append(run_fold(clips, fold, work, train_overrides, infer_overrides or {}))
+            results.append(run_fold(clips, fold, work, train_overrides, infer_overrides or {}, variants))
             print(
                 f"fold {fold}: {results[-1]['accuracy']:.4f} in {results[-1]['minutes']:.1f} min",
                 file=sys.stderr,
@@ -219,11 +234,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--infer-set", action="append", default=[], metavar="NAME=VALUE", help="infer notebook"
     )
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME:PARAM=VALUE,...",
+                        help="infer again with these parameters")  # fmt: skip
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
     folds = tuple(int(f) for f in args.folds.split(","))
-    result = run(args.source, folds, _parse_sets(args.set), _parse_sets(args.infer_set), quick=args.quick)
+    variants = {}
+    for text in args.variant:
+        name, _, params = text.partition(":")
+        variants[name] = _parse_sets(params.split(",") if params else [])
+    result = run(args.source, folds, _parse_sets(args.set), _parse_sets(args.infer_set), quick=args.quick,
+                 variants=variants)  # fmt: skip
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")

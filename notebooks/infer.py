@@ -33,6 +33,8 @@ segment_seconds = None  # e.g. 5: a row per chunk; None: a row per test file
 row_id_template = "auto"  # auto: recognised from sample_submission ("{id}_{end}" for BirdCLEF)
 chunk_pooling = "max"  # mean | max | mean_max: a chunk's windows -> its scores
 window_hop_seconds = None  # between a chunk's windows (None: half a window)
+clip_pooling = "mean"  # mean | max | mean_max: a file's windows -> its scores (a row per file)
+clip_hop_seconds = None  # between a file's windows when clip_pooling is not mean (None: half a window)
 # Time: stop predicting in time (the rest gets the prior) and project the hidden set's time
 time_limit_minutes = None  # e.g. 85 for a 90-minute limit
 expected_test_files = None  # e.g. 700

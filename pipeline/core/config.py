@@ -260,6 +260,11 @@ class InferConfig:
     row_id_template: str = "auto"
     chunk_pooling: str = DEFAULT_CHUNK_POOLING
     window_hop_seconds: float | None = None
+    # A row per file: how the file's windows become its scores (mean | max | mean_max, as chunk_pooling). "mean"
+    # is the mean embedding SpeechBrain's EncoderClassifier computes; with another pooling the file's windows
+    # overlap by half (clip_hop_seconds; None: half a window), so an event on a window's edge is whole in one.
+    clip_pooling: str = "mean"
+    clip_hop_seconds: float | None = None
     # Time: prediction stops in time for the notebook to end within time_limit_minutes (counted from the
     # kernel's start; the rows left get the prior). The hidden set's size, if given, gives a projected time.
     time_limit_minutes: float | None = None
@@ -296,7 +301,8 @@ class InferConfig:
         _check_positive("length_buckets", self.length_buckets)
         _check_choice("test_id", self.test_id, ["auto", "name", "stem"])
         _check_choice("chunk_pooling", self.chunk_pooling, ["mean", "max", "mean_max"])
-        for name in ("batch_windows", "max_windows_per_file", "segment_seconds", "window_hop_seconds",
+        _check_choice("clip_pooling", self.clip_pooling, ["mean", "max", "mean_max"])
+        for name in ("batch_windows", "max_windows_per_file", "segment_seconds", "window_hop_seconds", "clip_hop_seconds",
                      "time_limit_minutes", "expected_test_files", "expected_file_seconds"):  # fmt: skip
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))

@@ -62,6 +62,7 @@ class WindowPlan:
     # Windows shorter than `window` run at the shortest of this many tensor lengths that holds them
     # (pipeline/core/buckets.py); 1: every window at full length, as training pads it.
     length_buckets: int = 1
+    file_hop: int | None = None  # samples between a whole-file span's windows (None: as many as cover it)
 
     def buckets(self) -> Buckets | None:
         return (
@@ -307,7 +308,7 @@ def span_windows(
     for span_index, start, end in spans:
         first = int(round(start * plan.sample_rate))
         if end is None:
-            part, limit, hop = samples[first:], plan.max_windows, None
+            part, limit, hop = samples[first:], plan.max_windows, plan.file_hop
         else:
             part, limit, hop = samples[first : int(round(end * plan.sample_rate))], 1 << 30, plan.hop
         if part.size == 0:

@@ -98,7 +98,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
     fallback = config.fallback_label or artifact.manifest["fallback_label"]  # sealed in every artifact
     if fallback not in artifact.labels:
         raise DataError(f"fallback_label={fallback!r} is not one of the model's labels {artifact.labels}")
-    pooling = config.chunk_pooling if plan.chunked else "mean"
+    pooling = config.chunk_pooling if plan.chunked else config.clip_pooling
     scores = predictions.pooled[pooling]
     fallbacks = fallback_rows(plan, predictions)
     submission_path = _submission_file(Path(config.submission_path))
@@ -112,6 +112,7 @@ def run_inference(config: InferConfig) -> InferenceResult:
         "rows": len(plan.ids),
         "row_rule": plan.rule,
         "format": "probabilities" if sample.probabilities else "label",
+        "clip_pooling": None if plan.chunked else pooling,
         "probabilities": None if not sample.probabilities else "independent" if independent else "softmax",
         "test_items": {"source": items.source, "count": len(items.rows)},
         "chunks": None
@@ -176,8 +177,10 @@ def window_plan(config: InferConfig, artifact: Artifact) -> WindowPlan:
     """The artifact's windows; a chunk's windows `window_hop_seconds` apart (default: half a window)."""
     model = artifact.model.config
     hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
+    file_hop = (None if config.clip_pooling == "mean" else
+                chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate))  # fmt: skip
     return WindowPlan(model.window_samples, model.sample_rate, config.batch_windows or 0,
-                      config.max_windows_per_file, hop, config.length_buckets)  # fmt: skip
+                      config.max_windows_per_file, hop, config.length_buckets, file_hop)  # fmt: skip
 
 
 def _devices(config: InferConfig, artifact: Artifact) -> DeviceSettings:

@@ -164,3 +164,17 @@ def test_a_deadline_stops_prediction_and_names_every_file_it_left(tiny_artifact,
     early = predict_spans(artifact.model, synthetic_data, files, spans, list(range(6)), cpu, plan, 0,
                           deadline=time.time() + 3600)  # fmt: skip
     assert early.stopped is None and early.ok.all() and early.audio_seconds > 0
+
+
+def test_a_whole_file_span_overlaps_its_windows_by_file_hop():
+    """clip_pooling other than mean: a file's windows lie `file_hop` apart, the last ending at the file's end,
+    so an event cut by one window's edge is whole in the next; without file_hop they tile the file."""
+    from pipeline.core.windows import span_windows
+
+    rate, window = 1000, 1000
+    clip = np.arange(5000, dtype=np.float32)
+    tiled, _, _ = span_windows(clip, [(0, 0.0, None)], WindowPlan(window, rate, 8))
+    halves, _, owner = span_windows(clip, [(0, 0.0, None)], WindowPlan(window, rate, 8, file_hop=500))
+    assert [int(w[0]) for w in tiled] == [0, 1000, 2000, 3000, 4000]
+    assert [int(w[0]) for w in halves] == [0, 500, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
+    assert (owner == 0).all()

@@ -128,3 +128,20 @@ def test_a_label_outside_the_solutions_classes_is_simply_wrong(tmp_path):
     (tmp_path / "sol.csv").write_text("id,label\n1,a\n2,b\n")
     (tmp_path / "sub.csv").write_text("id,label\n1,zz\n2,b\n")  # 'zz' must not count as class 'a'
     assert score_submission(tmp_path / "sub.csv", tmp_path / "sol.csv") == ("accuracy", 0.5)
+
+
+def test_clip_pooling_max_scores_a_file_by_its_best_windows(tiny_artifact, synthetic_data, tmp_path):
+    """A row per file: clip_pooling picks how the file's windows become its scores, and the report says which."""
+    written = {}
+    for pooling in ("mean", "max"):
+        out = tmp_path / pooling / "sub.csv"
+        result = run_inference(InferConfig(data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact),
+                                           submission_path=str(out), progress=False, write_probabilities=True,
+                                           clip_pooling=pooling))  # fmt: skip
+        assert result.report["clip_pooling"] == pooling and result.n_fallbacks == 0
+        written[pooling] = np.array([[float(v) for k, v in row.items() if k != "id"]
+                                     for row in read_rows(out.parent / "probabilities.csv")])  # fmt: skip
+    assert written["mean"].shape == written["max"].shape
+    assert not np.allclose(
+        written["mean"], written["max"], atol=1e-4
+    )  # the synthetic clips span several windows
