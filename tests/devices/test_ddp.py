@@ -195,7 +195,7 @@ def test_ddp_fp16_with_gradient_accumulation(synthetic_data, tmp_path):
     from pipeline.training.train import train
 
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"), precision="fp16",
-                         **{**TINY_TRAIN, "epochs": 3, "devices": 2, "grad_accum": 2, "per_device_batch_size": 4})  # fmt: skip
+                         **{**TINY_TRAIN, "epochs": 1, "devices": 2, "grad_accum": 2, "per_device_batch_size": 4})  # fmt: skip
     result = train(config)
     assert result.plan["global_batch"] == 16 and all(np.isfinite(r["train_loss"]) for r in result.history)
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
@@ -206,7 +206,9 @@ def test_ddp_fp16_with_gradient_accumulation(synthetic_data, tmp_path):
     )
 
 
+# One node under torchrun (make test) takes the same environment path with one node's ranks.
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.timeout(400)
 def test_two_nodes_under_torchrun_on_localhost(synthetic_data, tmp_path):
     """Issue 13: multi-node torchrun (here 2 "nodes" of one process each, c10d rendezvous on 127.0.0.1, gloo):

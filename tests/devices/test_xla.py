@@ -26,6 +26,9 @@ sys.meta_path.insert(0, _NoXla())
 """
 
 
+# `make handoff` (CI) runs this notebook on 8 XLA CPU devices with the TPU image's torch_xla, with stricter
+# compile-count rules, and predicts from its artifact offline with the GPU image's versions.
+@pytest.mark.extended
 @pytest.mark.timeout(600)
 def test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla(synthetic_data, tmp_path):
     artifact = tmp_path / "model"
@@ -116,6 +119,8 @@ print(json.dumps({"reported": result.compile_count, "process": process_compiles,
 """
 
 
+# The handoff's training (CI) shards over 8 devices in bf16 and checks the compilations per epoch.
+@pytest.mark.extended
 @pytest.mark.timeout(600)
 def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic_data, tmp_path):
     params = {"data_dir": str(synthetic_data), "artifact_dir": str(tmp_path / "model"), "accelerator": "tpu",
@@ -213,6 +218,8 @@ print(json.dumps({"losses": losses, "averaged": averaged, "statistics": statisti
 """
 
 
+# test_xla_traced.py (make test) holds the traced step to the step traced in full; this one to eager CPU.
+@pytest.mark.extended
 @pytest.mark.timeout(600)
 def test_the_trace_remedies_keep_the_losses_of_todays_xla_step_and_of_eager_cpu():
     """Issue 20: functionalization off, the flat Adam, the flat weight average, the flat vectors reused

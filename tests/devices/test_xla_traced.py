@@ -28,8 +28,7 @@ def batch(rows, frames):
             "labels": torch.randint(0, 10, (rows,), generator=generator)}
 
 # (micro-batches of one step, ...): two shapes, the first again after the second
-steps = [[batch(16, 51), batch(16, 51)], [batch(16, 51), batch(16, 51)], [batch(8, 41), batch(8, 41)],
-         [batch(16, 51), batch(16, 51)]]
+steps = [[batch(16, 51), batch(16, 51)], [batch(8, 41), batch(8, 41)], [batch(16, 51), batch(16, 51)]]
 found = {}
 for trace_once in (True, False):
     strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32", trace_once=trace_once)
@@ -81,7 +80,7 @@ def test_traced_once_equals_traced_every_step_with_accumulation_shapes_and_part_
     # little differently, and Adam turns a rounding difference in a near-zero gradient into a step's worth.
     assert once["weights"] == pytest.approx(every["weights"], rel=1e-5, abs=1e-3)
     assert once["statistics"] == pytest.approx(every["statistics"], rel=1e-6, abs=1e-6)
-    assert len(set(once["losses"])) == 4  # the steps moved the weights
+    assert len(set(once["losses"])) == 3  # the steps moved the weights
     # One trace per input shape: the first shape's is reused after the second's.
     assert (once["traces"], every["traces"]) == (2, 0)
     # Two graphs per input shape at most (the first step also creates the optimizer's state): 3 here.

@@ -27,7 +27,9 @@ def test_first_code_cell_is_the_parameters_cell(notebook):
     assert not nb.metadata.get("kaggle", {}).get("dockerImageVersionId")
 
 
+# test_kaggle_run.py's two Save Versions (make test) run both notebooks through papermill on the same data.
 @pytest.mark.slow
+@pytest.mark.extended
 def test_train_then_infer_through_papermill(synthetic_data, tmp_path):
     artifact = tmp_path / "model"
     train = run_papermill("notebooks/train.ipynb", tmp_path / "train.out.ipynb", {
