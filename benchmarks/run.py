@@ -308,6 +308,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "competition_layout": section_competition_layout,
     "soundscape": section_soundscape,
     "soundscape_snr": section_soundscape_snr,
+    "esc10": section_esc10,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,
