@@ -17,7 +17,6 @@ parameters (e.g. `max:clip_pooling=max`): inference choices measured on the same
 from __future__ import annotations
 
 import argparse
-import ast
 import csv
 import json
 import math
@@ -31,6 +30,7 @@ from typing import Any
 
 from benchmarks.fsdd_accuracy import CpuMeter
 from benchmarks.scale import papermill
+from benchmarks.soundscape import _parse_sets
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = ROOT.parent / "shared" / "esc10"
@@ -213,17 +213,6 @@ def run(
             shutil.rmtree(work, ignore_errors=True)
     return summarise(results, {"quick": quick, "train_overrides": train_overrides,
                                "infer_overrides": infer_overrides or {}, **meter.result})  # fmt: skip
-
-
-def _parse_sets(items: list[str]) -> dict[str, Any]:
-    parsed = {}
-    for item in items:
-        name, _, text = item.partition("=")
-        try:
-            parsed[name] = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            parsed[name] = text
-    return parsed
 
 
 def main(argv: list[str] | None = None) -> int:
