@@ -35,7 +35,7 @@ requirements.lock (the Makefile's .venv). The cache is uv's own ($UV_CACHE_DIR, 
 
 The summary (leg, versions the venv reports, checks, result, seconds) goes to stdout, matrix/results.md and
 matrix/results.json; a run with --only updates those legs' rows and keeps the others'. --handoff runs only the
-legs' handoff checks (pipeline/versions.py: the artifact trained on the TPU image's versions, predicted from on
+legs' handoff checks (pipeline/tooling/versions.py: the artifact trained on the TPU image's versions, predicted from on
 the GPU image's, offline) and writes its summary to .matrix/handoff-results.md instead: a partial run never
 replaces the committed record of a whole one. Exit status 1 names
 each failing leg and check, with the tail of its log (.matrix/logs/<leg>/<check>.log).
