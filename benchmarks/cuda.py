@@ -123,14 +123,15 @@ def inference_throughput(preset: str, batches: tuple[int, ...], quick: bool) -> 
     """Windows per second through the infer stage's `embed_windows` (fp16 autocast, copy to and from the GPU)
     at each batch size, and the naive loop: one 1 s clip per forward pass."""
     from pipeline.core.windows import embed_windows
-    from pipeline.inference.inference_devices import batching_for
-    from pipeline.inference.predict import use_fast_reflect_padding
+    from pipeline.devices.threads import available_cores
+    from pipeline.inference.engines import use_fast_reflect_padding
+    from pipeline.inference.runtime import batching_for
 
     model = _model(preset).cuda().eval()
     use_fast_reflect_padding(model)
     window = model.config.window_samples
     device = torch.device("cuda")
-    default_batch, _ = batching_for(None, None, model.config, device)
+    default_batch, _ = batching_for(None, None, model.config, device, available_cores())
     out: dict[str, Any] = {"preset": preset, "default_batch": default_batch, "by_batch": {}}
     with torch.inference_mode():
         per_window = (

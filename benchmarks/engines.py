@@ -5,12 +5,12 @@
 
 Speed: seconds of audio per second through `embed(wavs, lens)` (Fbank + normalisation in torch, the encoder
 in the engine), on full 1 s windows of real speech (FSDD recordings resampled to 16 kHz and laid end to end),
-in batches of the size inference uses on this CPU (inference/inference_devices.batching_for; voxceleb: 4,
+in batches of the size inference uses on this CPU (inference/runtime.batching_for; voxceleb: 4,
 small: 32) and of 16. Weights are random (speed does not depend on them; the int8 file is calibrated on FSDD
 windows all the same). At each thread count the engines run in turn, round after round, each round over the
 same windows; a figure is the median over rounds, and `vs_torch` the median of the per-round ratios (a
 neighbour's burst of load hits the engines of a round alike). Torch runs with the project's fast reflect
-padding (pipeline.inference.predict.use_fast_reflect_padding), as inference runs it today.
+padding (pipeline.inference.engines.use_fast_reflect_padding), as inference runs it today.
 
 Accuracy: a 'small' model trained with default settings but 4 epochs (a CPU session's size) on FSDD recordings with
 index < 40, then scored on everything it never saw -- the competition folder's test split and every
@@ -77,9 +77,9 @@ def speed(
     """Audio s/s of every engine at every thread count and batch size, plus export and quantisation times."""
     from pipeline.core.model import ModelConfig, SpeakerClassifier
     from pipeline.core.onnx import OnnxEmbedder, export_embedding_model, quantize_embedding_model
-    from pipeline.inference.engines import TorchEmbedder
-    from pipeline.inference.inference_devices import batching_for
-    from pipeline.inference.predict import use_fast_reflect_padding
+    from pipeline.devices.threads import available_cores
+    from pipeline.inference.engines import TorchEmbedder, use_fast_reflect_padding
+    from pipeline.inference.runtime import batching_for
 
     torch.manual_seed(0)
     model = SpeakerClassifier(ModelConfig.from_preset(preset, n_classes=10)).eval()
@@ -92,7 +92,7 @@ def speed(
         model, exported.path, work / f"{preset}.int8.onnx", audio[:64], lens[:64]
     )
     quantize_s = time.perf_counter() - started
-    default_batch = batching_for(None, None, model.config, torch.device("cpu"))[0]
+    default_batch = batching_for(None, None, model.config, torch.device("cpu"), available_cores())[0]
     result: dict[str, Any] = {
         "preset": preset,
         "windows": windows,
@@ -164,10 +164,9 @@ def accuracy(
         int8_acceptable,
         quantize_embedding_model,
     )
-    from pipeline.core.windows import WindowPlan, run_windows
+    from pipeline.core.windows import FileWindows, WindowPlan, run_windows, span_windows
     from pipeline.demo_data.fsdd import make_fsdd_competition
-    from pipeline.inference.engines import TorchEmbedder
-    from pipeline.inference.predict import clip_items, use_fast_reflect_padding
+    from pipeline.inference.engines import TorchEmbedder, use_fast_reflect_padding
     from pipeline.training.train import train
 
     development, heldout = split_by_index(Path(source), work, HOLDOUT_INDEX, task)
@@ -218,7 +217,10 @@ def accuracy(
     scores: dict[str, dict[str, np.ndarray]] = {}
     for engine, embed in engines.items():
         for name, found in clips.items():
-            items = clip_items(found, WindowPlan(window, model.config.sample_rate, 32))
+            plan = WindowPlan(window, model.config.sample_rate, 32)
+            items = (
+                FileWindows(i, *span_windows(clip, [(i, 0.0, None)], plan)) for i, clip in enumerate(found)
+            )
             scores.setdefault(engine, {})[name] = run_windows(model, items, len(found), 32, torch.device("cpu"),
                                                               embed=embed).scores  # fmt: skip
     truth = {name: np.array([label for _, label in found]) for name, found in sets.items()}

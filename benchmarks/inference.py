@@ -258,13 +258,13 @@ def executed_fraction(durations: list[float], length_buckets: int) -> float:
 
 
 SLOW_PADDING = (
-    "slow_padding"  # a benchmark-only switch: time without pipeline.inference.predict's padding rewrite
+    "slow_padding"  # a benchmark-only switch: time without pipeline.inference.engines' padding rewrite
 )
 
 
 def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
     """InferConfig settings to time: today's path, the defaults, the steps between them; with --tune also the
-    variants tried earlier (batch sizes, workers, torch's own reflect padding, two processes)."""
+    variants tried earlier (batch sizes, workers, torch's own reflect padding)."""
     runs: list[tuple[str, dict[str, Any]]] = [
         (TODAY, {"engine": "torch", "length_buckets": 1}),
         (DEFAULT, {}),
@@ -281,7 +281,6 @@ def configurations(tune: bool) -> list[tuple[str, dict[str, Any]]]:
             ("batch 32", {"batch_windows": 32}),
             ("batch 64", {"batch_windows": 64}),
             ("1 worker", {"num_workers": 1}),
-            ("2 CPU processes", {"device": "cpu", "devices": 2}),
         ]
     return runs
 
@@ -430,16 +429,16 @@ def ours_timed(
     """`run_inference` end to end with `overrides` (on `warm`'s files instead when `timed` is False)."""
     import dataclasses
 
-    import pipeline.inference.predict
+    import pipeline.inference.engines
     from pipeline.inference.submission import run_inference
 
     out.mkdir(parents=True)
     settings = dict(overrides)
     threads = torch.get_num_threads()
-    fast_padding = pipeline.inference.predict.use_fast_reflect_padding
+    fast_padding = pipeline.inference.engines.use_fast_reflect_padding
     overrides = dict(overrides)
     if overrides.pop(SLOW_PADDING, False):
-        pipeline.inference.predict.use_fast_reflect_padding = lambda model: 0
+        pipeline.inference.engines.use_fast_reflect_padding = lambda model: 0
     where = {} if timed else {"data_dir": str(warm)}
     config = dataclasses.replace(base, submission_path=str(out / "submission.csv"), **where, **overrides)
     try:
@@ -449,7 +448,7 @@ def ours_timed(
             seconds = time.perf_counter() - started
     finally:
         torch.set_num_threads(threads)  # num_threads overrides are process-wide
-        pipeline.inference.predict.use_fast_reflect_padding = fast_padding
+        pipeline.inference.engines.use_fast_reflect_padding = fast_padding
     assert result.n_fallbacks == 0, result.report["fallbacks"][:3]
     return {"seconds": seconds, "settings": settings, "device_counts": result.device_counts,
             "engine": result.report["engine"]["ran"], "submission": result.submission_path}  # fmt: skip
@@ -458,10 +457,15 @@ def ours_timed(
 def default_batching(model_config: dict[str, Any], base) -> tuple[int, int]:
     """What run_inference chooses on this CPU when batch_windows / num_workers are left at None."""
     from pipeline.core.model import ModelConfig
-    from pipeline.inference.inference_devices import batching_for
+    from pipeline.devices.threads import available_cores
+    from pipeline.inference.runtime import batching_for
 
     return batching_for(
-        base.batch_windows, base.num_workers, ModelConfig(**model_config), torch.device("cpu")
+        base.batch_windows,
+        base.num_workers,
+        ModelConfig(**model_config),
+        torch.device("cpu"),
+        available_cores(),
     )
 
 

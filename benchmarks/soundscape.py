@@ -84,22 +84,20 @@ def predict_chunks(folder: Path, artifact: Path, hop: float | None = None) -> Ch
     prediction, without writing a submission)."""
     from pipeline.core.artifact import load_artifact
     from pipeline.core.config import InferConfig
-    from pipeline.core.tables import TestLayout, read_sample_submission, read_test_items
     from pipeline.core.windows import POOLINGS
-    from pipeline.inference.predict import predict_on_devices
-    from pipeline.inference.submission import _devices, plan_rows, window_plan
+    from pipeline.inference.predict import predict
+    from pipeline.inference.rows import plan_rows
+    from pipeline.inference.runtime import resolve_runtime
+    from pipeline.inference.submission import read_test_set
 
     config = InferConfig(data_dir=str(folder), artifact_dir=str(artifact), progress=False, window_hop_seconds=hop,
                          **CHUNKS)  # fmt: skip
     loaded = load_artifact(artifact)
-    layout = TestLayout.of(config)
-    sample = read_sample_submission(folder / layout.sample_submission)
-    items = read_test_items(folder, layout, sample.ids)
+    sample, items = read_test_set(config)
     with contextlib.redirect_stdout(sys.stderr):
-        plan = plan_rows(config, sample, items, folder, layout)
+        plan = plan_rows(sample, items, config)
         started = time.perf_counter()
-        predicted = predict_on_devices(loaded.model, folder, plan.files, plan.spans, _devices(config, loaded),
-                                       window_plan(config, loaded), plan.seconds)  # fmt: skip
+        predicted = predict(loaded.model, plan, resolve_runtime(config, loaded)).spans
         seconds = time.perf_counter() - started
     solution, classes = read_solution(folder / "solution.csv")
     columns = [loaded.labels.index(c) for c in classes]
@@ -128,11 +126,10 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
     from pipeline.core.artifact import load_artifact
     from pipeline.core.config import InferConfig
     from pipeline.core.model import ModelConfig, SpeakerClassifier
-    from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, export_embedding_model
-    from pipeline.inference.engines import make_embedder
-    from pipeline.inference.inference_devices import batching_for
-    from pipeline.inference.predict import use_fast_reflect_padding
-    from pipeline.inference.submission import window_plan
+    from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, OnnxEmbedder, export_embedding_model
+    from pipeline.devices.threads import available_cores
+    from pipeline.inference.engines import TorchEmbedder, use_fast_reflect_padding
+    from pipeline.inference.runtime import batching_for, window_plan
 
     trained = load_artifact(artifact)
     voxceleb = SpeakerClassifier(ModelConfig.from_preset("voxceleb", n_classes=len(trained.labels))).eval()
@@ -143,8 +140,8 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as scratch:
         for name, model in (("default", trained.model), ("voxceleb", voxceleb)):
             use_fast_reflect_padding(model)
-            plan = window_plan(InferConfig(segment_seconds=5), trained)
-            batch, _ = batching_for(None, None, model.config, torch.device("cpu"))
+            batch, _ = batching_for(None, None, model.config, torch.device("cpu"), available_cores())
+            plan = window_plan(InferConfig(segment_seconds=5), model.config, batch)
             onnx_path = trained.listed_file(ONNX_FP32) if name == "default" else None
             if onnx_path is None:
                 onnx_path = Path(scratch) / f"{name}.onnx"
@@ -156,10 +153,8 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
                 rates = {}
                 for threads in (1, 2):
                     torch.set_num_threads(threads)
-                    embed = make_embedder(model, engine.split("_")[0], onnx_path=onnx_path, int8_path=int8,
-                                          threads=threads, batch_windows=batch,
-                                          log=lambda line: print(line, file=sys.stderr))  # fmt: skip
-
+                    embed = (TorchEmbedder(model) if engine == "torch" else
+                             OnnxEmbedder(model, int8 or onnx_path, threads, "int8" if int8 else "fp32"))  # fmt: skip
                     args = (model, embed, noise, spans, plan, batch)
                     _timed_pass(*args)  # warm-up
                     rates[threads] = seconds / min(_timed_pass(*args), _timed_pass(*args))

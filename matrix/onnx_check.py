@@ -6,8 +6,8 @@
 export: the artifact's embedding model to OUT/embedding_model.onnx (fp32, checked against torch by the export
 itself) and OUT/embedding_model.int8.onnx (calibrated on windows of DATA's training files): the files training
 is to write into the artifact.
-compare: DATA's test files through inference.run_windows with torch, and with make_embedder(engine="onnx") on
-ONNX_DIR's fp32 file, its int8 file, and an export made here by this leg's torch. Exit status 1 if an engine
+compare: DATA's test files through inference.run_windows with torch, and with make_embedder (engine "onnx") on
+ONNX_DIR's fp32 file and its int8 file (inference never exports: the files come from training). Exit status 1 if an engine
 fell back to torch, or an fp32 engine's labels differ from torch's or its scores by more than 1e-4 (int8 is
 reported, not judged: its accuracy rule needs held-out labels, which training has).
 Prints one JSON line. Run by matrix/run.py with the leg's interpreter (compare: under the offline guard).
@@ -52,8 +52,9 @@ def export(artifact: Path, data: Path, out: Path) -> dict:
 def compare(artifact: Path, data: Path, onnx_dir: Path) -> tuple[dict, list[str]]:
     from pipeline.core.artifact import load_artifact
     from pipeline.core.onnx import ONNX_FP32, ONNX_INT8
-    from pipeline.core.windows import FileWindows, run_windows
+    from pipeline.core.windows import FileWindows, WindowPlan, run_windows
     from pipeline.inference.engines import make_embedder
+    from pipeline.inference.runtime import EngineChoice, Runtime
 
     model = load_artifact(artifact).model
     wavs, lens = windows_of(data, "test.csv", model.config.window_samples, limit=10_000)
@@ -67,13 +68,14 @@ def compare(artifact: Path, data: Path, onnx_dir: Path) -> tuple[dict, list[str]
     reference = predict()
     lines: list[str] = []
     engines = {
-        "fp32 (kaggle-tpu export)": {"onnx_path": onnx_dir / ONNX_FP32},
-        "int8 (kaggle-tpu quantisation)": {"int8_path": onnx_dir / ONNX_INT8},
-        f"fp32 (exported here, torch {torch.__version__})": {},
+        "fp32 (kaggle-tpu export)": ("fp32", onnx_dir / ONNX_FP32),
+        "int8 (kaggle-tpu quantisation)": ("int8", onnx_dir / ONNX_INT8),
     }
     found, problems = {"torch": torch.__version__, "files": len(wavs), "engines": {}}, []
-    for name, paths in engines.items():
-        embed = make_embedder(model, "onnx", threads=2, batch_windows=8, log=lines.append, **paths)
+    windows = WindowPlan(model.config.window_samples, model.config.sample_rate, 8)
+    for name, (precision, path) in engines.items():
+        choice = EngineChoice("onnx", precision, "the matrix's check", str(path))
+        embed = make_embedder(model, Runtime(torch.device("cpu"), windows, 0, 2, choice), lines.append)
         scores = predict(embed)
         agree = int((scores.argmax(1) == reference.argmax(1)).sum())
         diff = float(np.abs(scores - reference).max())

@@ -23,7 +23,7 @@ admit the pins. The legs then run their checks from the repository root with the
                  Kaggle mounts inputs) under that guard, engine='onnx' on the artifact's ONNX files, writes a
                  row for every sample_submission id, in order;
                  SpeechBrain's client on the same artifact, under the same guard, agrees with it; ONNX Runtime
-                 runs the handoff's ONNX files and one exported by torch 2.10 with torch's labels (matrix/onnx_check.py)
+                 runs the handoff's ONNX files with torch's labels (matrix/onnx_check.py)
 
 Why uv and not pip or nox: a leg is about 7 GB of CUDA wheels (PyPI's Linux torch). uv downloads in parallel
 into one cache and hardlinks installed files out of it, so a venv costs seconds and almost no disk once its
@@ -460,8 +460,8 @@ def onnx_export_handoff(leg: Leg) -> str:
 
 
 def onnx_engine_handoff(leg: Leg) -> str:
-    """kaggle-gpu, under the offline guard: ONNX Runtime runs kaggle-tpu's fp32 and int8 files and an export made
-    here, each through make_embedder(engine='onnx'), and the fp32 ones give torch's labels and scores."""
+    """kaggle-gpu, under the offline guard: ONNX Runtime runs kaggle-tpu's fp32 and int8 files, each through
+    make_embedder (engine 'onnx'), and the fp32 one gives torch's labels and scores."""
     artifact, data = handoff_input(leg)
     onnx_dir = artifact.parent / "onnx"
     if not (onnx_dir / "embedding_model.onnx").is_file():

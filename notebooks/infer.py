@@ -29,10 +29,14 @@ audio_dir = None  # the test table's paths are relative to it (None: data_dir)
 test_audio_dir = None  # e.g. "test_soundscapes": every audio file under it is a test item
 test_id = "auto"  # auto | name | stem: a discovered file's id
 # Chunk rows (soundscapes: BirdCLEF scores every 5 s chunk of every test file)
-segment_seconds = None  # e.g. 5: a row per chunk; None: a row per test file
+segment_seconds = (
+    "auto"  # auto: chunk rows when sample_submission's ids are chunks; 5: 5 s chunks; None: per file
+)
 row_id_template = "auto"  # auto: recognised from sample_submission ("{id}_{end}" for BirdCLEF)
 chunk_pooling = "max"  # mean | max | mean_max: a chunk's windows -> its scores
 window_hop_seconds = None  # between a chunk's windows (None: half a window)
+chunk_smoothing = None  # e.g. [0.1, 0.8, 0.1]: each class smoothed over a file's neighbouring chunks
+file_max_weight = 0.0  # e.g. 0.3: each chunk moved towards the file's highest score of the class
 clip_pooling = "mean"  # mean | max | mean_max: a file's windows -> its scores (a row per file)
 clip_hop_seconds = None  # between a file's windows when clip_pooling is not mean (None: half a window)
 # Time: stop predicting in time (the rest gets the prior) and project the hidden set's time
@@ -41,12 +45,13 @@ expected_test_files = None  # e.g. 700
 expected_file_seconds = None  # e.g. 60
 # Hardware
 device = "auto"  # auto | cuda | cpu (never TPU: code competitions do not accept TPU notebooks)
-devices = None  # GPUs to use (auto: all)
 batch_windows = None  # windows per forward pass (auto: sized for the device)
 max_windows_per_file = 64  # longer files are covered by this many evenly spaced windows
 num_workers = None  # DataLoader decode workers (auto: 0 on CPU, 1 per GPU)
 num_threads = None  # CPU compute threads, torch's and ONNX Runtime's (auto: the session's cores)
-engine = "auto"  # auto | torch | onnx: the CPU engine (auto: ONNX Runtime if faster; GPUs run torch fp16)
+engine = (
+    "auto"  # auto | torch | onnx: the CPU engine (auto: the artifact's int8 ONNX if faster; GPUs: torch fp16)
+)
 onnx_precision = "auto"  # auto | fp32 | int8 (auto: int8 only if it passed its accuracy rule at training)
 length_buckets = 4  # short windows run at the shortest of this many lengths that holds them (1: full)
 # Outputs

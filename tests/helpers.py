@@ -101,3 +101,56 @@ def write_folder(root, rows, files):
 def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
     t = np.arange(int(seconds * rate)) / rate
     return (0.3 * np.sin(2 * np.pi * freq * t)).astype(np.float32)
+
+
+# ------------------------------------------------------------------------- inference without tables
+
+
+def classify_clips(model, clips, window, batch_windows=64, max_windows=None, device=None, length_buckets=1):
+    """Whole-file predictions (SpanPredictions) for clips already in memory, one span per clip, through the
+    infer stage's windows and batches."""
+    import torch
+
+    from pipeline.core.config import MAX_WINDOWS_PER_FILE
+    from pipeline.core.windows import WindowPlan, run_windows
+
+    device = device or torch.device("cpu")
+    plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows or MAX_WINDOWS_PER_FILE, None,
+                      length_buckets)  # fmt: skip
+    return run_windows(
+        model, clip_items(clips, plan), len(clips), batch_windows, device, buckets=plan.buckets()
+    )
+
+
+def clip_items(clips, plan):
+    """The windows of decoded clips (FileWindows), one whole-file span each (span k is clip k)."""
+    from pipeline.core.windows import FileWindows, span_windows
+
+    for i, clip in enumerate(clips):
+        yield FileWindows(i, *span_windows(clip, [(i, 0.0, None)], plan))
+
+
+def span_plan(root, files, spans=None, seconds=None):
+    """A RowPlan of one row per span (default: each file whole), for calling inference.predict directly."""
+    from pipeline.core.windows import Span
+    from pipeline.inference.rows import RowPlan
+
+    spans = spans if spans is not None else [Span(k) for k in range(len(files))]
+    ids = [f"row{k}" for k in range(len(spans))]
+    return RowPlan(Path(root), ids, list(range(len(spans))), list(spans), list(files),
+                   list(seconds) if seconds is not None else [None] * len(files), "test rows",
+                   [f"item{k}" for k in range(len(files))])  # fmt: skip
+
+
+def cpu_runtime(model, batch_windows=16, max_windows=64, num_workers=0, engine=None, **windows):
+    """A Runtime on the CPU with torch (or `engine`, an EngineChoice), for calling inference.predict."""
+    import torch
+
+    from pipeline.core.windows import WindowPlan
+    from pipeline.inference.runtime import EngineChoice, Runtime
+
+    config = model.config
+    plan = WindowPlan(config.window_samples, config.sample_rate, batch_windows, max_windows, **windows)
+    return Runtime(
+        torch.device("cpu"), plan, num_workers, None, engine or EngineChoice("torch", "fp32", "test")
+    )

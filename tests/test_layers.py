@@ -143,3 +143,33 @@ def test_an_import_from_above_is_found_in_the_source(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", fake)
     assert imported_modules(bad) == [(2, "pipeline.training.dataset")]
     assert violation("pipeline.core.config", "pipeline.training.dataset") == "training is above core"
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+
+
+def test_the_infer_stage_has_no_import_cycle():
+    """Issue 33: the infer stage reads in one direction (rows, runtime -> engines -> predict -> submission)."""
+    inference = {module_name(p): p for p in (PACKAGE / "inference").glob("*.py")}
+    edges = {
+        name: {m for _, m in imported_modules(path) if m in inference} for name, path in inference.items()
+    }
+    for start in edges:
+        seen, todo = set(), list(edges[start])
+        while todo:
+            current = todo.pop()
+            assert current != start, f"{start} imports a module that imports it"
+            if current not in seen:
+                seen.add(current)
+                todo += edges[current]
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "inference").glob("*.py")), ids=lambda p: p.name)
+def test_no_function_of_the_infer_stage_takes_more_than_six_positional_parameters(path):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            positional = [
+                a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")
+            ]
+            assert len(positional) <= 6, f"{path.name}:{node.lineno} {node.name}({', '.join(positional)})"

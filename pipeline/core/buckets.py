@@ -22,6 +22,7 @@ that SpeechBrain's EncoderClassifier on an artifact computes what the infer stag
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,3 +75,18 @@ class Buckets:
             return np.asarray(lens, dtype=np.float32)
         scaled = np.asarray(lens, dtype=np.float64) * self.frames(self.window) / self.frames(length)
         return np.minimum(scaled, 1.0).astype(np.float32)
+
+
+def length_groups(
+    lens: np.ndarray, window: int, buckets: Buckets | None
+) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+    """Windows grouped by the tensor length they run at: (length, their indices, their relative lengths at
+    that length). Without buckets, or when every window is full, one group at `window`."""
+    lens = np.asarray(lens, dtype=np.float32)
+    if buckets is None or bool((lens >= 1.0).all()):
+        yield window, np.arange(len(lens)), lens
+        return
+    lengths = buckets.length_of(lens)
+    for length in np.unique(lengths):
+        chosen = np.flatnonzero(lengths == length)
+        yield int(length), chosen, buckets.relative_at(lens[chosen], int(length))

@@ -216,8 +216,6 @@ class TrainConfig:
             raise ConfigError(
                 f"num_workers={self.num_workers!r}: use 0 (crops made in the training process) or more"
             )
-        if self.devices is not None:
-            _check_positive("devices", self.devices)
         if self.time_budget_minutes is not None:
             _check_positive("time_budget_minutes", self.time_budget_minutes)
         if not 0.0 < self.min_short_fraction <= 1.0:
@@ -253,13 +251,20 @@ class InferConfig:
     test_audio_dir: str | None = None
     test_id: str = "auto"
     # Chunk rows (soundscape competitions: BirdCLEF scores a row per 5 s chunk of every test file; see rows.py).
-    # None: a row per test file. The id template is recognised from sample_submission's ids ("auto"), e.g.
+    # "auto": chunk rows when sample_submission's ids are `<file>_<seconds>` chunk ids (their step is the chunk
+    # length), else a row per test file; a number: chunks of that length; None: a row per test file. A number
+    # or None that the ids contradict stops the run with what to set. The id template is recognised from sample_submission's ids ("auto"), e.g.
     # "{id}_{end}": soundscape_123_5, ..._10. A chunk's windows lie `window_hop_seconds` apart (None: half a
     # window) and are pooled into its scores by `chunk_pooling` (mean | max | mean_max, see windows.py).
-    segment_seconds: float | None = None
+    segment_seconds: float | str | None = "auto"
     row_id_template: str = "auto"
     chunk_pooling: str = DEFAULT_CHUNK_POOLING
     window_hop_seconds: float | None = None
+    # Post-processing of chunk scores (pipeline/inference/postprocess.py): a kernel that smooths each class over a
+    # file's neighbouring chunks (odd length, e.g. [0.1, 0.8, 0.1]; papermill: -p chunk_smoothing 0.1,0.8,0.1;
+    # None: off), and a weight that moves each chunk towards the file's highest score of the class (0: off).
+    chunk_smoothing: list[float] | None = None
+    file_max_weight: float = 0.0
     # A row per file: how the file's windows become its scores (mean | max | mean_max, as chunk_pooling). "mean"
     # is the mean embedding SpeechBrain's EncoderClassifier computes; with another pooling the file's windows
     # overlap by half (clip_hop_seconds; None: half a window), so an event on a window's edge is whole in one.
@@ -272,8 +277,7 @@ class InferConfig:
     time_limit_minutes: float | None = None
     expected_test_files: int | None = None
     expected_file_seconds: float | None = None
-    device: str = "auto"  # auto | cuda | cpu
-    devices: int | None = None  # GPUs to use (auto: all)
+    device: str = "auto"  # auto | cuda | cpu (auto: the first GPU if there is one)
     batch_windows: int | None = None  # windows per forward pass (None: sized to the CPU cache, or 256 on GPU)
     # Longer files are covered by this many evenly spaced windows.
     max_windows_per_file: int = MAX_WINDOWS_PER_FILE
@@ -285,10 +289,10 @@ class InferConfig:
         None  # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
     )
     progress: bool = True
-    # CPU inference engine (pipeline/inference/engines.py): auto races torch and ONNX Runtime (when installed) on the
-    # run's first batches and runs the faster; torch | onnx force one (any ONNX failure still falls back to
-    # torch). GPUs run torch fp16 whatever it says. onnx_precision auto runs the artifact's int8 file
-    # only if it kept the validation metric within 0.5 points of fp32 at training; fp32 | int8 force one.
+    # CPU inference engine (pipeline/inference/runtime.py): auto runs the artifact's int8 ONNX file when it kept
+    # the validation metric within 0.5 points of fp32 at training and beats torch on the run's first batch, else
+    # torch; torch | onnx force one (any ONNX failure still falls back to torch). GPUs run torch fp16 whatever
+    # it says. onnx_precision fp32 | int8 chooses the ONNX file (auto: int8 only if it passed its rule).
     engine: str = "auto"
     onnx_precision: str = "auto"
     # Windows shorter than the model's (clips shorter than a window) run at the shortest of this many tensor
@@ -304,16 +308,35 @@ class InferConfig:
         _check_choice("test_id", self.test_id, ["auto", "name", "stem"])
         _check_choice("chunk_pooling", self.chunk_pooling, ["mean", "max", "mean_max"])
         _check_choice("clip_pooling", self.clip_pooling, ["mean", "max", "mean_max"])
-        for name in ("batch_windows", "max_windows_per_file", "segment_seconds", "window_hop_seconds", "clip_hop_seconds",
+        if self.segment_seconds != "auto" and self.segment_seconds is not None:
+            if isinstance(self.segment_seconds, str) or not self.segment_seconds > 0:
+                raise ConfigError(f"parameter segment_seconds={self.segment_seconds!r}: use 'auto', a number of "
+                                  "seconds > 0 (chunk rows), or None (a row per test file)")  # fmt: skip
+        for name in ("batch_windows", "max_windows_per_file", "window_hop_seconds", "clip_hop_seconds",
                      "time_limit_minutes", "expected_test_files", "expected_file_seconds"):  # fmt: skip
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if self.row_id_template != "auto":
             check_template(self.row_id_template)
-        if self.devices is not None:
-            _check_positive("devices", self.devices)
+        self.chunk_smoothing = _kernel(self.chunk_smoothing)
+        if not 0.0 <= self.file_max_weight <= 1.0:
+            raise ConfigError(f"parameter file_max_weight={self.file_max_weight!r}: use 0 (off) to 1")
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(f"num_workers={self.num_workers!r}: use 0 (load in the main process) or more")
+
+
+def _kernel(value: Any) -> list[float] | None:
+    """chunk_smoothing as a list of weights: a list, or text such as "0.1,0.8,0.1" or "[0.1, 0.8, 0.1]"."""
+    if value is None or value == [] or value == "":
+        return None
+    try:
+        weights = [float(v) for v in (value.strip("[] ").split(",") if isinstance(value, str) else value)]
+    except (TypeError, ValueError):
+        weights = []
+    if len(weights) % 2 != 1 or any(w < 0 for w in weights) or sum(weights) <= 0:
+        raise ConfigError(f"parameter chunk_smoothing={value!r}: use an odd number of weights >= 0, centred on the "
+                          "chunk, e.g. [0.1, 0.8, 0.1] (papermill: -p chunk_smoothing 0.1,0.8,0.1), or None")  # fmt: skip
+    return weights
 
 
 def check_template(template: str) -> None:

@@ -12,6 +12,7 @@ Nothing here imports torch: `doctor` and the notebooks' defaults use it before a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -132,26 +133,30 @@ def session_limit_hours(env: Mapping[str, str] | None = None) -> float:
 def session_elapsed_seconds(proc: Path = Path("/proc")) -> float | None:
     """Seconds since this session began, or None if it cannot be known.
 
-    A Kaggle session is a fresh container (or TPU VM): its PID 1 started with the session, and /proc/uptime
-    and /proc/<pid>/stat's start time both count from the host's boot. The notebook kernel's own start is
-    the fallback (it misses only the container's start-up). An estimate longer than any session limit means
-    PID 1 is not the session's (a long-lived host): then the kernel's start is used.
+    A Kaggle session is a fresh container (or TPU VM): its PID 1 started with the session. The notebook
+    kernel's own start is the fallback (it misses only the container's start-up). An age longer than any
+    session limit means PID 1 is not the session's (a long-lived host): then the kernel's start is used.
     """
+    ages = [process_age_seconds(pid, proc) for pid in ("1", "self")]
+    plausible = [a for a in ages if a is not None and 0 <= a < max(SESSION_LIMIT_HOURS.values()) * 3600]
+    return plausible[0] if plausible else None
+
+
+def process_age_seconds(pid: str = "self", proc: Path = Path("/proc")) -> float | None:
+    """Seconds since process `pid` started (Linux: /proc/uptime and /proc/<pid>/stat's start time both count
+    from the host's boot), or None where /proc cannot tell."""
     try:
         uptime = float((proc / "uptime").read_text().split()[0])
-        ticks = os.sysconf("SC_CLK_TCK")
+        # Field 22 is the start time in clock ticks; the command name (field 2) may contain spaces.
+        fields = (proc / pid / "stat").read_text().rsplit(")", 1)[1].split()
+        return uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-    estimates = []
-    for pid in ("1", "self"):
-        try:
-            # Field 22 is the start time in clock ticks; the command name (field 2) may contain spaces.
-            fields = (proc / pid / "stat").read_text().rsplit(")", 1)[1].split()
-            estimates.append(uptime - int(fields[19]) / ticks)
-        except (OSError, ValueError, IndexError):
-            continue
-    plausible = [e for e in estimates if 0 <= e < max(SESSION_LIMIT_HOURS.values()) * 3600]
-    return plausible[0] if plausible else None
+
+
+def process_started_at() -> float:
+    """When this process started, on time.time()'s scale (now, where /proc cannot tell)."""
+    return time.time() - (process_age_seconds() or 0.0)
 
 
 def default_time_budget_minutes(

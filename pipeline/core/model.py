@@ -16,7 +16,7 @@ from speechbrain.lobes.features import Fbank
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
 from speechbrain.processing.features import InputNormalization
 
-from .buckets import Buckets
+from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, SAMPLE_RATE
 from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
@@ -264,11 +264,8 @@ class WindowedEncoder(torch.nn.Module):
 
     def _embed(self, batch: np.ndarray, rel: np.ndarray, device: torch.device) -> torch.Tensor:
         """Window embeddings [n, D], each window at its bucket's length (all at full length without buckets)."""
-        lengths = self.buckets.length_of(rel) if self.buckets else np.full(len(rel), self.window_samples)
         parts: list[tuple[np.ndarray, torch.Tensor]] = []
-        for length in np.unique(lengths):
-            chosen = np.flatnonzero(lengths == length)
-            rel_at = self.buckets.relative_at(rel[chosen], int(length)) if self.buckets else rel[chosen]
+        for length, chosen, rel_at in length_groups(rel, self.window_samples, self.buckets):
             wavs = torch.from_numpy(np.ascontiguousarray(batch[chosen, :length])).to(device)
             lens = torch.from_numpy(rel_at).to(device)
             parts.append((chosen, self.encoder(self.frontend(wavs, lens), lens).squeeze(1)))

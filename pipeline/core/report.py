@@ -360,7 +360,7 @@ def onnx_summary(record: dict[str, Any]) -> str:
         verdict = "fp32 and int8 (int8 passed its accuracy rule: the infer stage runs it)"
     else:
         why = int8.get("reason") or "it failed its accuracy rule"
-        verdict = f"fp32 and int8 (auto inference runs fp32: {why})"
+        verdict = f"fp32 and int8 (auto inference runs torch: {why})"
     return f"{verdict}, written in {record.get('seconds', '?')} s"
 
 
@@ -382,10 +382,9 @@ def inference_summary(result: Any) -> list[tuple[str, str]]:
                                   f"{chunks['pooling']}"))  # fmt: skip
     engine = report.get("engine")
     if engine:
-        ran = engine["ran"] if isinstance(engine["ran"], str) else ", ".join(engine["ran"])
-        threads = sorted(set((engine.get("threads") or {}).values()))
-        rows.append(("engine", f"{ran} ({'/'.join(engine['precision'])})"
-                               + (f", {'/'.join(map(str, threads))} compute thread(s) per process" if threads else "")
+        threads = engine.get("threads")
+        rows.append(("engine", f"{engine['ran']} ({engine['precision']})"
+                               + (f", {threads} compute thread(s)" if threads else "")
                                + f"; length buckets {engine.get('length_buckets')}"))  # fmt: skip
     speed = report.get("speed") or {}
     if speed:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .buckets import Buckets
+from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE
 from .data import windows
 from .model import SpeakerClassifier, add_windows
@@ -85,23 +85,17 @@ class FileWindows:
     seconds: float = 0.0  # audio decoded
 
 
-@dataclass
+@dataclass(frozen=True)
 class SpanPredictions:
     pooled: dict[str, np.ndarray]  # pooling -> [n_spans, n_classes] cosine scores (NaN rows where not ok)
     embeddings: np.ndarray  # [n_spans, emb_dim] mean unit window embedding
     ok: np.ndarray  # [n_spans] bool: a real prediction was made
     problems: dict[int, str]  # file index -> why its spans fell back
     repairs: dict[int, list[str]]  # file index -> what was repaired
-    device_counts: dict[str, int]  # files processed per device
     audio_seconds: float = 0.0  # audio predicted
     seconds: float = 0.0  # time spent predicting it
     stopped: str | None = None  # why prediction stopped before every file (the deadline)
-    seen: set[int] = field(default_factory=set)  # the files taken or found unusable before any stop
-    engines: dict[str, str] = field(default_factory=dict)  # device -> the engine that computed its batches
-    engine_notes: list[str] = field(default_factory=list)  # the engine choice's printed lines, for the report
-    threads: dict[str, int] = field(default_factory=dict)  # device -> compute threads (CPU processes)
-    # The embedder of a single-process run, for measuring the rate the same way (submission.probe_rate).
-    embedder: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    seen: frozenset[int] = frozenset()  # the files taken or found unusable before any stop
 
     @property
     def scores(self) -> np.ndarray:
@@ -193,7 +187,7 @@ def run_windows(
     pooling = SpanPooling(n_spans, model.config.embedding_size, model.class_centres())
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
-    pending: dict[int, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}  # tensor length -> windows
+    pending: dict[int, list[tuple[np.ndarray, ...]]] = {}  # tensor length -> windows (see _by_length)
     started = time.perf_counter()
     computed = {"windows": 0, "seconds": 0.0}
     audio_seconds = 0.0
@@ -208,18 +202,13 @@ def run_windows(
         nonlocal staging
         if not pending.get(length):
             return
-        wavs, lens, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
+        wavs, lens, lens_at, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
         size = batch_size(length)
         stop = (len(wavs) // size) * size if full_only else len(wavs)
         for start in range(0, stop, size):
             end = min(start + size, stop)
             began = time.perf_counter()
-            batch_lens = torch.from_numpy(lens[start:end])
-            model_lens = (
-                batch_lens
-                if buckets is None
-                else torch.from_numpy(buckets.relative_at(lens[start:end], length))
-            )
+            batch_lens, model_lens = torch.from_numpy(lens[start:end]), torch.from_numpy(lens_at[start:end])
             batch = torch.from_numpy(wavs[start:end])
             if device.type == "cuda":
                 if staging is None:
@@ -230,7 +219,7 @@ def run_windows(
             computed["windows"] += end - start
             computed["seconds"] += time.perf_counter() - began
             heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
-        pending[length] = [(wavs[stop:], lens[stop:], owner[stop:])]
+        pending[length] = [(wavs[stop:], lens[stop:], lens_at[stop:], owner[stop:])]
 
     def waiting() -> int:
         return sum(len(part[0]) for parts in pending.values() for part in parts)
@@ -268,26 +257,24 @@ def run_windows(
         ok=ok,
         problems=problems,
         repairs=repairs,
-        device_counts={str(device): len(seen)},
         audio_seconds=audio_seconds,
         seconds=time.perf_counter() - started,
         stopped=stopped,
-        seen=seen,
+        seen=frozenset(seen),
     )
 
 
 def _by_length(
     item: FileWindows, buckets: Buckets | None, window: int
-) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]]]:
-    """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], lens, owner))."""
+) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]:
+    """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], relative lengths
+    of the full window, relative lengths at `length`, owner))."""
     wavs, lens, owner = np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)
-    if buckets is None or bool((lens >= 1.0).all()):
-        yield window, (wavs, lens, owner)
-        return
-    lengths = buckets.length_of(lens)
-    for length in np.unique(lengths):
-        chosen = lengths == length
-        yield int(length), (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], owner[chosen])
+    for length, chosen, lens_at in length_groups(lens, window, buckets):
+        if len(chosen) == len(lens):  # one group: every window at this length, no copy needed
+            yield length, (wavs[:, :length], lens, lens_at, owner)
+        else:
+            yield length, (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], lens_at, owner[chosen])
 
 
 def _fits(deadline: float, windows: int, computed: dict[str, float], started: float) -> bool:

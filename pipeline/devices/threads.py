@@ -121,7 +121,7 @@ def plan_threads(cores: int, decode_workers: int | None = None, threads: int | N
     operator waits for the slowest one).
 
     decode_workers None: none below 4 cores (decoding in the compute process between batches: on 2 cores one
-    worker cost 10-30% of inference throughput, inference/inference_devices.py), else one per 4 cores (decoding
+    worker cost 10-30% of inference throughput, inference/runtime.py), else one per 4 cores (decoding
     a window costs a few percent of computing its ECAPA embedding). The compute threads get the rest.
     Explicit values are the caller's choice and kept as given.
     """

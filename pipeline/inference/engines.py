@@ -1,43 +1,35 @@
-"""The CPU inference engines: which computes the embeddings of a run's batches, torch or ONNX Runtime (the
-files and sessions of pipeline/core/onnx.py), with windows.run_windows' `embed(wavs, lens) -> [n, D] CPU fp32`
-signature.
+"""The inference engines: what computes the window embeddings of a run's batches, with windows.run_windows'
+`embed(wavs, lens) -> [n, D] CPU fp32` signature (`make_embedder`, as runtime.choose_engine decided).
 
-Which engine runs (`make_embedder`): forced, or with engine='auto' raced on the run's own first batches
-(RacingEmbedder): ONNX Runtime fp32 is not always faster than torch eager (0.85x on this machine's CPU), so it
-is measured where the submission runs, not assumed. `make_embedder` never raises for an engine problem:
-onnxruntime missing, an export that fails, a corrupt or foreign .onnx file, ONNX output that disagrees with
-torch, or a batch that fails mid-run all fall back to torch with one printed line. Imports of onnxruntime /
-onnxscript happen inside the functions that need them, so this module imports where they are not installed.
+    torch     PyTorch on the runtime's device (fp16 autocast on CUDA)
+    onnx      ONNX Runtime on the artifact's ONNX file, checked against torch on a probe batch
+    race      ONNX Runtime against torch on the run's first batch; the faster computes the rest
+
+Whatever fails on the ONNX side -- a session that does not load, output that disagrees with torch, a batch
+that fails mid-run -- falls back to torch with one printed line, and no row is lost. onnxruntime is imported
+by core/onnx.py's session loader only, so this module imports where it is not installed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import tempfile
 import time
+import types
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
 
 from ..core.model import SpeakerClassifier
-from ..core.onnx import (
-    EXPORT_TOLERANCE,
-    ONNX_FP32,
-    ExportError,
-    OnnxEmbedder,
-    export_embedding_model,
-    onnxruntime_missing,
-)
+from ..core.onnx import EXPORT_TOLERANCE, ExportError, OnnxEmbedder
 from ..core.progress import first_line
+from ..core.windows import embed_windows
 from ..devices.threads import available_cores
+from .runtime import Runtime
 
-ENGINES = ("auto", "torch", "onnx")
 # int8 embeddings against fp32 ones on the probe batch: a mean cosine below this is a file of other weights
 # or a broken quantisation, not quantisation noise (measured on FSDD: 0.99+ for trained and random weights).
 INT8_MIN_COSINE = 0.95
-# Windows of a run's first batch that ONNX Runtime computes too, to check it against torch (engine auto): a
+# Windows of a run's first batch that ONNX Runtime computes too, to check it against torch (mode race): a
 # file of other weights shows on any window, and the rest of the batch would be computed twice for nothing.
 CHECK_WINDOWS = 2
 
@@ -46,16 +38,14 @@ Embed = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class TorchEmbedder:
-    """PyTorch eager on the CPU: what windows.embed_windows computes there."""
+    """PyTorch on `device` (windows.embed_windows: fp16 autocast on CUDA, fp32 on the CPU)."""
 
-    engine = "torch"
+    def __init__(self, model: SpeakerClassifier, device: torch.device | None = None) -> None:
+        self.model, self.device = model, device or torch.device("cpu")
+        self.engine = "torch-fp16" if self.device.type == "cuda" else "torch"
 
-    def __init__(self, model: SpeakerClassifier) -> None:
-        self.model = model
-
-    @torch.inference_mode()
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        return self.model.embed(self.model.features(wavs, lens), lens).float().cpu()
+        return embed_windows(self.model, wavs, lens, self.device)
 
 
 def checked_output(out: torch.Tensor, wavs: torch.Tensor, dim: int) -> torch.Tensor:
@@ -94,92 +84,61 @@ class GuardedEmbedder:
         return self.fallback(wavs, lens)
 
 
-class RacingEmbedder:
-    """engine='auto': torch and ONNX Runtime race on the run's first batches, and the faster computes the rest.
+class FirstBatchRace:
+    """engine='auto' with an ONNX file: torch and ONNX Runtime race on the run's first batch, and the faster
+    computes the rest.
 
-    Why on the run's own batches and not on a probe batch before it: a probe is compute spent on nothing (it
-    cost a 300-file FSDD run a fifth of its time), it is timed on one full-window shape while length buckets
-    run several shorter ones, and two timings of one small batch are noise (it picked each engine in turn on
-    this machine). The first batch is torch's, and ONNX Runtime computes its first CHECK_WINDOWS windows too,
-    checked against torch's (_agreement: fp32 within EXPORT_TOLERANCE, int8 by cosine); both are warm-ups,
-    untimed. Then, timed in seconds per input sample (batches of different lengths compare; ECAPA's cost is
-    linear in frames), until each engine has `race_batches` timings (2 when they are clearly apart), the lower
-    median wins, and one line says which and by how much:
-
-    - fp32 (live race): the engines alternate on the run's next batches, so no batch is computed twice. Their
-      embeddings agree within EXPORT_TOLERANCE, so which engine computed a batch does not show in the rows.
-      A run shorter than the race ends with both engines having computed part of it (`engine` says so).
-    - int8: its embeddings differ from torch's by quantisation noise (~1e-2), so the rows of one run must come
-      from one engine: identical audio gets identical scores. (Several CPU processes race each on its own:
-      where the engines are close in speed, 1.06x was measured, two shards can pick different ones.)
-      The race is run on the first batch alone, computed again by each engine in turn, and the winner's result
-      is returned: a few batches' compute, once per run.
+    Why on the run's own batch and not on a probe batch before it: a probe is compute spent on nothing (it
+    cost a 300-file FSDD run a fifth of its time) and it is shaped unlike the run's windows. Torch computes the
+    first batch, and ONNX Runtime its first CHECK_WINDOWS windows, checked against torch's (_agreement: fp32
+    within EXPORT_TOLERANCE, int8 by cosine); both are warm-ups, untimed. Then each engine computes the first
+    batch again in turn, timed, until each has `race_batches` timings (2 when every timing of one is below
+    every timing of the other); the lower median wins, one line says which and by how much, and the winner's
+    embeddings of the first batch are returned: every row of a run comes from one engine, so identical audio
+    gets identical scores (int8 differs from torch by quantisation noise, ~1e-2).
 
     A failure or a disagreement ends the race for torch, with one line; no batch is lost. `clock` times the
     batches (tests pass one that only the engines move, so the race's course does not depend on the load)."""
 
     def __init__(
         self, candidate: Embed, torch_embed: Embed, dim: int, precision: str, log: Callable[[str], None],
-        race_batches: int = 3, clock: Callable[[], float] = time.perf_counter,
+        *, race_batches: int = 3, clock: Callable[[], float] = time.perf_counter,
     ) -> None:  # fmt: skip
         self.candidate, self.torch_embed, self.dim, self.precision = candidate, torch_embed, dim, precision
         self.log, self.race_batches, self.clock = log, race_batches, clock
-        self.live = precision == "fp32"
         self.name = str(getattr(candidate, "engine", "onnx"))
         self.per_sample: dict[str, list[float]] = {self.name: [], "torch": []}
         self.winner: Embed | None = None
-        self.calls = 0
 
     @property
     def engine(self) -> str:
-        if self.winner is None:
-            return f"torch and {self.name} in turn (the run ended during the race)"
-        return str(getattr(self.winner, "engine", "torch"))
+        return str(getattr(self.winner, "engine", "torch")) if self.winner is not None else "torch"
 
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self.winner is not None:
             return self.winner(wavs, lens)
-        self.calls += 1
-        if self.calls == 1:  # torch's batch, the candidate's check on a few of its windows: untimed warm-ups
-            expected = self.torch_embed(wavs, lens)
-            few = slice(0, CHECK_WINDOWS)
-            found = self._candidate(wavs[few], lens[few])
-            disagreement = None if found is None else _agreement(self.precision, found, expected[few])
-            if disagreement:
-                self._decide_torch(f"{disagreement} on the first batch")
-            if self.live or self.winner is not None:
-                return expected
-            return self._race_on(wavs, lens, expected)
-        racer = self.name if self.calls % 2 == 0 else "torch"
-        out = self._timed(racer, wavs, lens)
-        if out is None:  # the candidate failed: torch computes this batch and the rest
-            return self.torch_embed(wavs, lens)
-        if self._raced_enough():
-            self._decide()
-        return out
-
-    def _timed(self, racer: str, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
-        started = self.clock()
-        out = self._candidate(wavs, lens) if racer == self.name else self.torch_embed(wavs, lens)
-        if out is not None:
-            self.per_sample[racer].append((self.clock() - started) / max(1, wavs.numel()))
-        return out
-
-    def _race_on(self, wavs: torch.Tensor, lens: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-        """The int8 race: the first batch again and again, each engine in turn; the winner's embeddings."""
+        expected = self.torch_embed(wavs, lens)
+        few = slice(0, CHECK_WINDOWS)
+        found = self._candidate(wavs[few], lens[few])
+        if found is None:
+            return expected
+        disagreement = _agreement(self.precision, found, expected[few])
+        if disagreement:
+            self._decide_torch(f"{disagreement} on the first batch")
+            return expected
         results = {"torch": expected}
         while not self._raced_enough():
             for racer in (self.name, "torch"):
-                out = self._timed(racer, wavs, lens)
+                started = self.clock()
+                out = self._candidate(wavs, lens) if racer == self.name else self.torch_embed(wavs, lens)
                 if out is None:  # the candidate failed (one line said so): torch's result stands
                     return expected
+                self.per_sample[racer].append((self.clock() - started) / max(1, wavs.numel()))
                 results[racer] = out
         self._decide()
         return results["torch"] if self.winner is self.torch_embed else results[self.name]
 
     def _raced_enough(self) -> bool:
-        """`race_batches` timed batches each; or 2 each when every batch of one engine was faster than every
-        batch of the other (a clear gap: each batch raced costs the run the gap, ~2x with int8)."""
         onnx_s, torch_s = self.per_sample[self.name], self.per_sample["torch"]
         if min(len(onnx_s), len(torch_s)) >= self.race_batches:
             return True
@@ -202,10 +161,7 @@ class RacingEmbedder:
     def _decide(self) -> None:
         onnx_s, torch_s = (float(np.median(self.per_sample[name])) for name in (self.name, "torch"))
         raced = len(self.per_sample["torch"])
-        where = "of the run's batches each" if self.live else "runs each on the run's first batch"
-        timing = (
-            f"{onnx_s * 1e9:.0f} vs torch {torch_s * 1e9:.0f} ns per input sample, median of {raced} {where}"
-        )
+        timing = f"{onnx_s * 1e9:.0f} vs torch {torch_s * 1e9:.0f} ns per input sample, median of {raced} runs each"
         if onnx_s < torch_s:
             reason = f"{self.name}, {torch_s / onnx_s:.2f}x torch ({timing})"
             self.winner = GuardedEmbedder(self.candidate, self.torch_embed, self.dim, reason, self.log)
@@ -235,71 +191,76 @@ def _agreement(precision: str, found: torch.Tensor, expected: torch.Tensor) -> s
     return None if diff <= EXPORT_TOLERANCE * scale else f"differs from torch by {diff:.3g}"
 
 
-def make_embedder(
-    model: SpeakerClassifier,
-    engine: str = "auto",
-    *,
-    onnx_path: str | Path | None = None,
-    int8_path: str | Path | None = None,
-    threads: int | None = None,
-    batch_windows: int = 8,
-    torch_embed: Embed | None = None,
-    log: Callable[[str], None] = print,
-) -> Embed:
-    """The `embed(wavs, lens)` for CPU inference with `model` (in eval mode, on the CPU), announced in a
-    printed line that says which engine runs and why.
+def make_embedder(model: SpeakerClassifier, runtime: Runtime, log: Callable[[str], None] = print) -> Embed:
+    """The `embed(wavs, lens)` of the run, as `runtime.engine` says, announced in a printed line. Prepares
+    `model` for inference: on the runtime's device, in eval mode, with the fast reflect padding.
 
-    engine "torch": PyTorch eager. "onnx": ONNX Runtime, the int8 file if given, else the fp32 one, exported
-    here from `model` when `onnx_path` is None (needs onnxscript), checked against torch on a probe batch of
-    `batch_windows` windows. "auto": when ONNX Runtime is installed and its session loads, torch and ONNX
-    Runtime race on the run's first batches and the faster computes the rest (RacingEmbedder; a second line
-    says which won); else torch. `threads`: ONNX Runtime's intra-op threads (None: the available cores).
-    `torch_embed`: the torch computation to fall back on (default TorchEmbedder(model)).
-    Never raises for an engine problem: whatever fails falls back to torch with one printed line, at set-up
-    or on the first batch that fails (GuardedEmbedder, RacingEmbedder).
-    """
-    if engine not in ENGINES:
-        raise ValueError(f"engine={engine!r}: use one of {', '.join(ENGINES)}")
-    torch_embed = torch_embed or TorchEmbedder(model)
-    if engine == "torch":
-        log("inference engine: torch (engine='torch')")
+    Never raises for an engine problem: a session that does not load, or ONNX output that disagrees with
+    torch on the probe batch (mode "onnx") or the first batch (mode "race"), falls back to torch with one
+    line, and so does a batch that fails later (GuardedEmbedder)."""
+    model = model.to(runtime.device).eval()
+    use_fast_reflect_padding(model)
+    choice = runtime.engine
+    torch_embed = TorchEmbedder(model, runtime.device)
+    if choice.mode == "torch":
+        log(f"inference engine: {torch_embed.engine} on {runtime.device} ({choice.why})")
         return torch_embed
-    threads = threads or available_cores()
     try:
-        candidate = _onnx_candidate(model, onnx_path, int8_path, threads)
-        if engine == "onnx":
-            wavs, lens = probe_windows(model, batch_windows)
-            disagreement = _agreement(candidate.precision, candidate(wavs, lens), torch_embed(wavs, lens))
+        candidate = OnnxEmbedder(
+            model, choice.onnx_path, runtime.threads or available_cores(), choice.precision
+        )
+        if choice.mode == "onnx":
+            wavs, lens = probe_windows(model, runtime.windows.batch_windows)
+            disagreement = _agreement(choice.precision, candidate(wavs, lens), torch_embed(wavs, lens))
             if disagreement:
                 raise ExportError(f"{candidate.path.name}: {disagreement} on the probe batch")
     except Exception as error:  # noqa: BLE001 - never raise: torch is always there
         log(
-            f"inference engine: torch (ONNX Runtime unavailable: {type(error).__name__}: {first_line(error)})"
+            f"inference engine: torch ({choice.label} unavailable: {type(error).__name__}: {first_line(error)})"
         )
         return torch_embed
-    where = f"{threads} thread(s), {candidate.path.name}"
-    if engine == "auto":
-        log(f"inference engine: auto: torch and {candidate.engine} ({where}) race on the run's first batches")
-        return RacingEmbedder(candidate, torch_embed, model.config.embedding_size, candidate.precision, log)
-    reason = f"{candidate.engine}, {where}; agrees with torch on a probe batch of {batch_windows} windows"
+    dim = model.config.embedding_size
+    if choice.mode == "race":
+        log(f"inference engine: torch and {candidate.engine} race on the first batch [{choice.why}]")
+        return FirstBatchRace(candidate, torch_embed, dim, choice.precision, log)
+    reason = f"{candidate.engine}, agrees with torch on a probe batch [{choice.why}]"
     log(f"inference engine: {reason}")
-    return GuardedEmbedder(candidate, torch_embed, model.config.embedding_size, reason, log)
+    return GuardedEmbedder(candidate, torch_embed, dim, reason, log)
 
 
-def _onnx_candidate(
-    model: SpeakerClassifier, onnx_path: str | Path | None, int8_path: str | Path | None, threads: int
-) -> OnnxEmbedder:
-    """The ONNX Runtime embedder of the int8 file if given, else of the fp32 one (exported here when None);
-    raises with the reason when there is none to use."""
-    missing = onnxruntime_missing()
-    if missing:
-        raise ExportError(missing)
-    with contextlib.ExitStack() as stack:
-        if int8_path is not None:
-            path, precision = Path(int8_path), "int8"
-        elif onnx_path is not None:
-            path, precision = Path(onnx_path), "fp32"
-        else:  # no file: export here (the session holds the graph once loaded; the file can go)
-            folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="onnx-engine-")))
-            path, precision = export_embedding_model(model, folder / ONNX_FP32).path, "fp32"
-        return OnnxEmbedder(model, path, threads, precision)
+def engine_label(embed: Embed) -> str:
+    """What computed the batches: the engine's name (engines' embedders also say when torch took over)."""
+    return str(getattr(embed, "engine", "torch"))
+
+
+def use_fast_reflect_padding(model: torch.nn.Module) -> int:
+    """Make SpeechBrain's "same" reflect padding build the padded tensor from copies (cat of flipped edges)
+    instead of torch's reflection_pad1d, which on CPU took 13-18% of ECAPA's forward time (5x slower than
+    the copies it amounts to). Bit-identical results; returns how many convolutions were switched."""
+    from speechbrain.nnet.CNN import Conv1d
+
+    switched = 0
+    for module in model.modules():
+        if (
+            isinstance(module, Conv1d) and hasattr(module, "_manage_padding") and module.padding == "same"
+            and module.padding_mode == "reflect" and module.stride == 1
+        ):  # fmt: skip
+            module._manage_padding = types.MethodType(_reflect_pad_by_copies, module)
+            switched += 1
+    return switched
+
+
+def _reflect_pad_by_copies(
+    self, x: torch.Tensor, kernel_size: int, dilation: int, stride: int
+) -> torch.Tensor:
+    from speechbrain.nnet.CNN import get_padding_elem
+
+    left, right = get_padding_elem(self.in_channels, stride, kernel_size, dilation)
+    if x.shape[-1] <= max(left, right):  # too short to reflect: let torch raise its own error
+        return torch.nn.functional.pad(x, (left, right), mode="reflect")
+    parts = [x]
+    if left:
+        parts.insert(0, x[..., 1 : left + 1].flip(-1))
+    if right:
+        parts.append(x[..., -right - 1 : -1].flip(-1))
+    return torch.cat(parts, dim=-1) if len(parts) > 1 else x

@@ -1,9 +1,17 @@
 """The rows of a submission and the audio each is computed from: a plan made before any audio is decoded.
 
+`plan_rows(sample, items, config)` returns the whole plan in one call.
+
     file rows   one row per test item, its whole file (`plan_file_rows`)
     chunk rows  one row per `segment_seconds` chunk of every test file (`plan_chunk_rows`; BirdCLEF: 5 s), the
                 id written by a template: `{id}_{end}` gives `soundscape_123_5`, `..._10`, ... (`{id}`: the test
                 item's id, `{stem}`/`{name}`: its file's stem or name, `{start}`/`{end}`: the chunk's seconds)
+
+File or chunk rows (`segment_seconds`, default "auto": `choose_segment`): a row per file when
+sample_submission's ids are the test items' ids; chunk rows when they follow `<file>_<seconds>` on a regular
+grid (BirdCLEF's `soundscape_292520_5`, `_10`, `_15`: 5 s chunks). A number given for segment_seconds, or
+None (a row per file), that the ids contradict stops the run with what to set instead: a Kaggle submission
+with the wrong rows is rejected after the whole run.
 
 Which rows, in which order (the same rule for both): the sample submission's ids in its order when every one
 of them is a planned row -- or when the test items come from a table, the competition's own list, where an
@@ -25,28 +33,143 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
+from typing import NamedTuple
 
-from ..core.config import DEFAULT_TEMPLATE
+from ..core.config import DEFAULT_TEMPLATE, ConfigError, InferConfig
+from ..core.data import audio_seconds
 from ..core.progress import plural
-from ..core.tables import SampleSubmission, TestItems
+from ..core.tables import DataError, SampleSubmission, TestItems, TestLayout, resolve_inside
 from ..core.windows import Span
 
-_NUMBERED = re.compile(r"^(?P<prefix>.+)_(?P<seconds>[0-9]+(?:\.[0-9]+)?)$")
+# `<file>_<seconds>`; seconds written with a leading zero ("007") number files, they are not seconds.
+_NUMBERED = re.compile(r"^(?P<prefix>.+)_(?P<seconds>(?:0|[1-9][0-9]*)(?:\.[0-9]+)?)$")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RowPlan:
+    """Every row of the submission and the audio behind it."""
+
+    root: Path  # the data folder: `files` are relative to it
     ids: list[str]  # the submission's ids, in its order
     span_of: list[int | None]  # per row: its span (an index into spans), None when no audio stands behind it
     spans: list[Span]
-    files: list[str]  # the audio of the spans, relative to the data folder
+    files: list[str]  # the audio of the spans, relative to `root`
     seconds: list[float | None]  # each file's duration as its header states it (None: no readable header)
     rule: str  # which rule chose the rows, and why (a sentence for the notebook and the report)
-    notes: list[str] = field(default_factory=list)
+    item_ids: list[str] = field(default_factory=list)  # the test item of each file (how the report names it)
+    source: str = "table"  # where the test items came from: "table" or "folder"
+    notes: list[str] = field(default_factory=list)  # how the items were found, and what the plan noticed
     missing: dict[int, str] = field(default_factory=dict)  # row -> why it has no span
-    chunked: bool = False
-    template: str | None = None
+    segment: float | None = None  # chunk rows: the chunk's seconds; None: a row per file
+    segment_rule: str | None = None  # why file or chunk rows (segment_seconds auto, or as given)
+    template: str | None = None  # chunk rows: the id template
+
+    @property
+    def chunked(self) -> bool:
+        return self.segment is not None
+
+
+def plan_rows(sample: SampleSubmission, items: TestItems, config: InferConfig) -> RowPlan:
+    """The rows of `config`'s competition: file or chunk rows (choose_segment), with the files' header
+    durations (they order the work and count the chunks)."""
+    root = Path(config.data_dir)
+    layout = TestLayout.of(config)
+    where = layout.table if items.source == "table" else f"the files under {layout.test_audio_dir}"
+    seconds = [_header_seconds(root, row.rel_path) for row in items.rows]
+    segment, why = choose_segment(config.segment_seconds, sample.ids, items)
+    if segment is None:
+        return plan_file_rows(sample, items, where, root, seconds, segment_rule=why)
+    return plan_chunk_rows(sample, items, seconds, segment, config.row_id_template, where, root=root,
+                           usual_seconds=config.expected_file_seconds, segment_rule=why)  # fmt: skip
+
+
+def _header_seconds(root: Path, rel_path: str) -> float | None:
+    try:
+        return audio_seconds(resolve_inside(root, rel_path))
+    except DataError:
+        return None
+
+
+# ------------------------------------------------------------------------------- file or chunk rows
+
+
+class ChunkIds(NamedTuple):
+    """What sample_submission's ids say about chunk rows (`read_chunk_ids`)."""
+
+    segment: float | None  # the chunk length the ids are spaced by; None: they are not chunk ids
+    of_test_files: bool  # their `<file>` part names test items (not placeholders)
+    why: str
+
+
+def read_chunk_ids(sample_ids: Sequence[str], item_ids: Sequence[str]) -> ChunkIds:
+    """Whether the ids are `<file>_<seconds>` chunk ids, and their chunk length: the common step between one
+    file's ids, every id a multiple of it. Ids that are the test items' own are file rows, whatever they look
+    like (FSDD's `3_theo_12` is a file)."""
+    items = set(item_ids)
+    if sample_ids and all(i in items for i in sample_ids):
+        return ChunkIds(None, False, "sample_submission's ids are the test items' ids")
+    matches = [_NUMBERED.match(i) for i in sample_ids]
+    if not sample_ids or not all(matches):
+        return ChunkIds(None, False, "sample_submission's ids do not all have the form <file>_<seconds>")
+    by_file: dict[str, list[float]] = {}
+    for match in matches:
+        by_file.setdefault(match["prefix"], []).append(float(match["seconds"]))
+    steps = {round(b - a, 6) for values in by_file.values() for a, b in pairwise(sorted(values))}
+    if len(steps) > 1 or 0.0 in steps:
+        return ChunkIds(None, False, f"the seconds of one file's sample_submission ids are not evenly spaced "
+                                     f"(steps {sorted(steps)[:4]})")  # fmt: skip
+    of_test_files = any(prefix in items for prefix in by_file)
+    if steps:
+        segment = steps.pop()
+    elif of_test_files and len({v for values in by_file.values() for v in values}) == 1:
+        segment = next(iter(by_file.values()))[0]  # one id per file, `<file>_<end>` of its only chunk
+    else:
+        return ChunkIds(None, False, "each file has a single sample_submission id: no chunk length to read")
+    values = [v for vs in by_file.values() for v in vs]
+    if segment <= 0 or any(abs(v / segment - round(v / segment)) > 1e-6 for v in values):
+        return ChunkIds(
+            None, False, f"sample_submission's seconds are not multiples of their step {segment:g}"
+        )
+    example = ", ".join(sample_ids[:3])
+    whose = "chunks of the test files" if of_test_files else "placeholder chunk ids"
+    return ChunkIds(
+        segment, of_test_files, f"sample_submission's ids ({example}) are {segment:g}-second {whose}"
+    )
+
+
+def choose_segment(
+    segment_seconds: float | str | None, sample_ids: Sequence[str], items: TestItems
+) -> tuple[float | None, str]:
+    """The chunk length of the rows (None: a row per file) and why. "auto" reads it from the ids; a number or
+    None that the ids contradict raises ConfigError with what to set."""
+    ids = read_chunk_ids(sample_ids, [row.id for row in items.rows])
+    if segment_seconds == "auto":
+        if ids.segment is None:
+            return None, f"segment_seconds auto: a row per test file ({ids.why})"
+        return ids.segment, f"segment_seconds auto: {ids.why}"
+    if segment_seconds is None:
+        if ids.segment is not None and ids.of_test_files:
+            raise ConfigError(f"parameter segment_seconds=None asks for a row per test file, but {ids.why}: "
+                              f"use segment_seconds='auto' or {ids.segment:g}")  # fmt: skip
+        return None, "segment_seconds=None: a row per test file"
+    segment = float(segment_seconds)
+    if ids.segment is not None and abs(ids.segment - segment) > 1e-6:
+        raise ConfigError(f"parameter segment_seconds={segment:g}, but {ids.why}: use segment_seconds='auto' "
+                          f"or {ids.segment:g}")  # fmt: skip
+    if (
+        ids.segment is None
+        and sample_ids
+        and items.rows
+        and all(i in {r.id for r in items.rows} for i in sample_ids)
+    ):
+        raise ConfigError(f"parameter segment_seconds={segment:g} asks for chunk rows, but {ids.why}: a row per "
+                          "file. Use segment_seconds='auto' or None")  # fmt: skip
+    return segment, f"segment_seconds={segment:g}"
+
+
+# ------------------------------------------------------------------------------------- the plans
 
 
 def recognise_template(sample_ids: Sequence[str], segment: float) -> tuple[str, str]:
@@ -76,15 +199,22 @@ def seconds_text(value: float) -> str:
     return str(int(round(value))) if abs(value - round(value)) < 1e-9 else f"{value:g}"
 
 
-def plan_file_rows(sample: SampleSubmission, items: TestItems, where: str) -> RowPlan:
+def plan_file_rows(
+    sample: SampleSubmission,
+    items: TestItems,
+    where: str,
+    root: Path = Path("."),
+    seconds: Sequence[float | None] | None = None,
+    segment_rule: str | None = None,
+) -> RowPlan:
     """One row per test item, each the prediction of its whole file."""
     files = [row.rel_path for row in items.rows]
-    spans = [Span(k) for k in range(len(files))]
     planned = {row.id: k for k, row in enumerate(items.rows)}
-    plan = _choose(sample, planned, items.source, where, "test file", by_file=sorted(planned))
-    plan.spans, plan.files = spans, files
-    plan.seconds = [None] * len(files)
-    return plan
+    rows = _choose(sample, planned, items.source, where, "test file", by_file=sorted(planned))
+    return RowPlan(root, rows.ids, rows.span_of, [Span(k) for k in range(len(files))], files,
+                   list(seconds) if seconds is not None else [None] * len(files), rows.rule,
+                   [row.id for row in items.rows], items.source, [*items.notes, *rows.notes], rows.missing,
+                   segment_rule=segment_rule)  # fmt: skip
 
 
 def plan_chunk_rows(
@@ -94,7 +224,10 @@ def plan_chunk_rows(
     segment: float,
     template: str,
     where: str,
+    *,
+    root: Path = Path("."),
     usual_seconds: float | None = None,
+    segment_rule: str | None = None,
 ) -> RowPlan:
     """A row per `segment`-second chunk of every test file. `seconds`: each item's header duration (None when
     unreadable); `usual_seconds`: the length of the set's files, if known (see the module docstring)."""
@@ -132,23 +265,20 @@ def plan_chunk_rows(
             spans.append(Span(k, start, end))
     if guessed:
         notes.append(f"{plural(len(guessed), 'file')} with no readable header get {plural(usual or 1, 'chunk')} "
-                     f"({why_usual}): {', '.join(repr(i) for i in guessed[:5])}{' ...' if len(guessed) > 5 else ''}")  # fmt: skip
+                     f"({why_usual}): {_some(guessed)}")  # fmt: skip
     if short:
         notes.append(f"{plural(len(short), 'file')} shorter than the set's {plural(usual, 'chunk')} ({why_usual}; "
-                     "truncated?) keep all their rows, those past their audio get the prior: "
-                     f"{', '.join(repr(i) for i in short[:5])}{' ...' if len(short) > 5 else ''}")  # fmt: skip
+                     f"truncated?) keep all their rows, those past their audio get the prior: {_some(short)}")  # fmt: skip
     if trailing:
         notes.append(f"{plural(trailing, 'file')} end in less than half a segment past their last chunk: that "
                      "tail has no row (a tail of at least half a segment is a chunk of its own)")  # fmt: skip
     if repeated:
         notes.append(f"{plural(len(repeated), 'chunk id')} repeat an earlier file's (the first is kept): "
-                     f"{', '.join(repr(i) for i in repeated[:5])}")  # fmt: skip
-    plan = _choose(sample, planned, items.source, where,
-                   f"{segment:g}-second chunk", by_file=by_file)  # fmt: skip
-    plan.spans, plan.files, plan.seconds = spans, [row.rel_path for row in items.rows], list(seconds)
-    plan.notes = notes + plan.notes
-    plan.chunked, plan.template = True, template
-    return plan
+                     f"{_some(repeated)}")  # fmt: skip
+    rows = _choose(sample, planned, items.source, where, f"{segment:g}-second chunk", by_file=by_file)
+    return RowPlan(root, rows.ids, rows.span_of, spans, [row.rel_path for row in items.rows], list(seconds),
+                   rows.rule, [row.id for row in items.rows], items.source, [*items.notes, *notes, *rows.notes],
+                   rows.missing, segment, segment_rule, template)  # fmt: skip
 
 
 def usual_chunks(
@@ -164,15 +294,22 @@ def usual_chunks(
             return count, f"the length {files} of {sum(counts.values())} readable files have"
         return None, "no usual length among the readable files"
     if usual_seconds:
-        return chunk_count(
-            usual_seconds, segment
-        ), f"no readable header; expected_file_seconds={usual_seconds:g}"
+        why = f"no readable header; expected_file_seconds={usual_seconds:g}"
+        return chunk_count(usual_seconds, segment), why
     return None, "no readable header and no expected length"
+
+
+class _Rows(NamedTuple):
+    ids: list[str]
+    span_of: list[int | None]
+    rule: str
+    notes: list[str]
+    missing: dict[int, str]
 
 
 def _choose(
     sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str, by_file: list[str]
-) -> RowPlan:
+) -> _Rows:
     """The rule both kinds of rows share (see the module docstring). `planned`: id -> span; `by_file`: the
     planned ids in file order (sorted by id), chunks in time."""
     placeholders = [i for i in sample.ids if i not in planned]
@@ -184,8 +321,9 @@ def _choose(
         listed = set(sample.ids)
         unlisted = [i for i in by_file if i not in listed]
         if unlisted:
-            notes.append(f"{plural(len(unlisted), unit)} not in {sample.path.name} get no row: "
-                         f"{', '.join(repr(i) for i in unlisted[:5])}{' ...' if len(unlisted) > 5 else ''}")  # fmt: skip
+            notes.append(
+                f"{plural(len(unlisted), unit)} not in {sample.path.name} get no row: {_some(unlisted)}"
+            )
         ids = list(sample.ids)
         missing = {
             r: f"id of {sample.path.name} is not in {where}" for r, i in enumerate(ids) if i not in planned
@@ -195,8 +333,11 @@ def _choose(
                 f"the {len(sample.ids)} ids of {sample.path.name} name no {unit} (placeholders, as in the public "
                 "copy of a competition whose test audio appears only in the scoring rerun)")  # fmt: skip
         ids, missing = list(by_file), {}
-    span_of = [planned.get(i) for i in ids]
-    return RowPlan(ids, span_of, [], [], [], rule, notes, missing)
+    return _Rows(ids, [planned.get(i) for i in ids], rule, notes, missing)
 
 
-__all__ = ["RowPlan", "chunk_count", "plan_chunk_rows", "plan_file_rows", "recognise_template"]
+def _some(ids: Sequence[str]) -> str:
+    return f"{', '.join(repr(i) for i in ids[:5])}{' ...' if len(ids) > 5 else ''}"
+
+
+__all__ = ["RowPlan", "chunk_count", "choose_segment", "plan_chunk_rows", "plan_file_rows", "plan_rows"]

@@ -4,11 +4,11 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from helpers import classify_clips
 
 from pipeline.core.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
 from pipeline.core.config import InferConfig
 from pipeline.core.model import ModelConfig, SpeakerClassifier
-from pipeline.inference.predict import classify_clips
 
 
 def small_model():

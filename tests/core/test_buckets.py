@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import classify_clips, clip_items
 
 from pipeline.core.artifact import load_artifact
 from pipeline.core.buckets import Buckets
 from pipeline.core.data import load_audio
 from pipeline.core.windows import WindowPlan, run_windows
-from pipeline.inference.predict import classify_clips, clip_items
 
 # Largest difference of any cosine score allowed between a short window at its bucket's length and the same
 # window at full length. Measured (max over clips): 4e-6 on 300 held-out FSDD digits with a trained 'small'

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import classify_clips
 
 from pipeline.core.artifact import save_artifact
 from pipeline.core.config import InferConfig
 from pipeline.core.model import ModelConfig, SpeakerClassifier
-from pipeline.inference.predict import classify_clips
 
 OLD, NEW = "pipeline.model.", "pipeline.core.model."
 

@@ -208,16 +208,16 @@ def test_the_summaries_say_which_engine_ran_and_what_training_exported():
     result = inference_result(fallbacks=0)
     result.report["engine"] = {
         "ran": "onnx-int8",
-        "precision": ["int8"],
-        "threads": {"cpu": 4},
+        "precision": "int8",
+        "threads": 4,
         "length_buckets": 4,
     }
     rows = dict(report.inference_summary(result))
-    assert rows["engine"] == "onnx-int8 (int8), 4 compute thread(s) per process; length buckets 4"
+    assert rows["engine"] == "onnx-int8 (int8), 4 compute thread(s); length buckets 4"
     passed = {"fp32": {"file": "embedding_model.onnx"}, "int8": {"passed": True}, "seconds": 31.5}
     assert report.onnx_summary(passed) == (
         "fp32 and int8 (int8 passed its accuracy rule: the infer stage runs it), written in 31.5 s"
     )
     failed = {**passed, "int8": {"passed": False}}
-    assert "auto inference runs fp32: it failed its accuracy rule" in report.onnx_summary(failed)
+    assert "auto inference runs torch: it failed its accuracy rule" in report.onnx_summary(failed)
     assert report.onnx_summary({"skipped": "export_onnx=False"}) == "none (export_onnx=False)"

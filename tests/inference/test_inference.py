@@ -2,12 +2,13 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from helpers import classify_clips, cpu_runtime, span_plan
 
 from pipeline.core.artifact import load_artifact
 from pipeline.core.data import load_audio
 from pipeline.core.tables import TestLayout, read_test_items
-from pipeline.core.windows import Span, WindowPlan
-from pipeline.inference.predict import classify_clips, file_order, predict_spans
+from pipeline.core.windows import WindowPlan
+from pipeline.inference.predict import file_order, predict
 
 
 def test_batched_windows_equal_one_file_at_a_time(tiny_artifact, synthetic_data):
@@ -42,27 +43,23 @@ def test_long_file_score_is_the_length_weighted_mean_of_its_windows(tiny_artifac
                                atol=2e-5)  # fmt: skip
 
 
-def whole_files(artifact, batch=16, max_windows=64):
-    config = artifact.model.config
-    return WindowPlan(config.window_samples, config.sample_rate, batch, max_windows)
-
-
-def test_predict_spans_with_workers_matches_in_process(tiny_artifact, synthetic_data):
+def test_prediction_with_decode_workers_matches_in_process(tiny_artifact, synthetic_data):
     artifact = load_artifact(tiny_artifact)
     files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows]
-    spans = [Span(k) for k in range(len(files))]
-    order = file_order(synthetic_data, files)
-    cpu, plan = torch.device("cpu"), whole_files(artifact)
-    a = predict_spans(artifact.model, synthetic_data, files, spans, order, cpu, plan, num_workers=0)
-    b = predict_spans(artifact.model, synthetic_data, files, spans, order, cpu, plan, num_workers=2)
-    for pooling in a.pooled:
-        np.testing.assert_allclose(a.pooled[pooling], b.pooled[pooling], atol=1e-6)
-    assert a.ok.all() and sum(a.device_counts.values()) == len(files)
+    plan = span_plan(synthetic_data, files)
+    a = predict(artifact.model, plan, cpu_runtime(artifact.model, num_workers=0), log=lambda _: None)
+    b = predict(artifact.model, plan, cpu_runtime(artifact.model, num_workers=2), log=lambda _: None)
+    for pooling in a.spans.pooled:
+        np.testing.assert_allclose(a.spans.pooled[pooling], b.spans.pooled[pooling], atol=1e-6)
+    assert a.spans.ok.all() and a.files == len(files) and a.engine == "torch"
 
 
 def test_file_order_is_longest_first(synthetic_data):
     files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows]
-    sizes = [(synthetic_data / files[i]).stat().st_size for i in file_order(synthetic_data, files)]
+    sizes = [
+        (synthetic_data / files[i]).stat().st_size
+        for i in file_order(synthetic_data, files, [None] * len(files))
+    ]
     assert sizes == sorted(sizes, reverse=True)
     seconds = [float(k % 5) for k in range(len(files))]
     assert [seconds[i] for i in file_order(synthetic_data, files, seconds)] == sorted(seconds, reverse=True)
@@ -80,9 +77,9 @@ def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage)
     elif damage == "all_nan":
         sf.write(tmp_path / "bad.wav", np.full(800, np.nan, dtype=np.float32), 16000, subtype="FLOAT")
     files = [row.rel_path for row in read_test_items(tmp_path, TestLayout()).rows]
-    spans = [Span(0), Span(1)]
-    result = predict_spans(artifact.model, tmp_path, files, spans, [0, 1], torch.device("cpu"),
-                           whole_files(artifact, 8, 8), num_workers=0)  # fmt: skip
+    predicted = predict(artifact.model, span_plan(tmp_path, files), cpu_runtime(artifact.model, 8, 8),
+                        log=lambda _: None)  # fmt: skip
+    result = predicted.spans
     assert result.ok.tolist() == [True, False]
     assert 1 in result.problems and "bad.wav" in result.problems[1]
 
@@ -90,7 +87,7 @@ def test_unusable_files_are_reported_not_raised(tiny_artifact, tmp_path, damage)
 def test_fast_reflect_padding_is_bit_identical(tiny_artifact):
     import copy
 
-    from pipeline.inference.predict import use_fast_reflect_padding
+    from pipeline.inference.engines import use_fast_reflect_padding
 
     reference = load_artifact(tiny_artifact).model
     fast = copy.deepcopy(reference)
@@ -155,14 +152,11 @@ def test_a_deadline_stops_prediction_and_names_every_file_it_left(tiny_artifact,
 
     artifact = load_artifact(tiny_artifact)
     files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows][:6]
-    spans = [Span(k) for k in range(len(files))]
-    cpu, plan = torch.device("cpu"), whole_files(artifact)
-    late = predict_spans(artifact.model, synthetic_data, files, spans, list(range(6)), cpu, plan, 0,
-                         deadline=time.time() - 1)  # fmt: skip
+    plan, runtime = span_plan(synthetic_data, files), cpu_runtime(artifact.model)
+    late = predict(artifact.model, plan, runtime, deadline=time.time() - 1, log=lambda _: None).spans
     assert late.stopped and "time limit" in late.stopped and not late.ok.any()
     assert late.problems == {k: "time limit: not predicted" for k in range(6)}
-    early = predict_spans(artifact.model, synthetic_data, files, spans, list(range(6)), cpu, plan, 0,
-                          deadline=time.time() + 3600)  # fmt: skip
+    early = predict(artifact.model, plan, runtime, deadline=time.time() + 3600, log=lambda _: None).spans
     assert early.stopped is None and early.ok.all() and early.audio_seconds > 0
 
 

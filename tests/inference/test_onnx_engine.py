@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from helpers import clip_items, cpu_runtime
 from onnx_fixtures import Unexportable
 
 from pipeline.core import onnx as onnx_engine
@@ -22,8 +23,8 @@ from pipeline.core.data import load_audio, windows
 from pipeline.core.model import SpeakerClassifier
 from pipeline.core.onnx import OnnxEmbedder, export_embedding_model, int8_acceptable, quantize_embedding_model
 from pipeline.core.windows import FileWindows, WindowPlan, cosine_scores, run_windows
-from pipeline.inference.engines import GuardedEmbedder, RacingEmbedder, TorchEmbedder, make_embedder
-from pipeline.inference.predict import clip_items
+from pipeline.inference.engines import FirstBatchRace, GuardedEmbedder, TorchEmbedder, make_embedder
+from pipeline.inference.runtime import EngineChoice
 
 pytestmark = pytest.mark.skipif(
     onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
@@ -91,15 +92,14 @@ def test_an_ensemble_exports_and_its_scores_are_the_mean_of_its_members(model, t
     np.testing.assert_allclose(scores.numpy(), members.mean(dim=1).numpy(), atol=1e-4)
     # The engines inference builds take the ensemble's wider embedding: they once expected one member's
     # length, so every ensemble's ONNX file failed its first batch and torch computed the whole run.
-    for engine in ("onnx", "auto"):
+    for mode in ("onnx", "race"):
         lines: list[str] = []
-        embed = make_embedder(ensemble, engine, onnx_path=exported.path, threads=1, batch_windows=3,
-                              log=lines.append)  # fmt: skip
+        embed = make_embedder(ensemble, runtime_for(ensemble, mode, exported.path, batch=3), lines.append)
         for seed in range(6):  # past the race's first batch and its timed ones
             batch = clips_of(ensemble, [0.3, 1.3, 0.9], seed=seed)
             assert float((embed(*batch) - TorchEmbedder(ensemble)(*batch)).abs().max()) < 1e-4
         assert not any("failed" in line or "differs" in line for line in lines), lines
-        assert embed.engine in (("onnx-fp32",) if engine == "onnx" else ("onnx-fp32", "torch")), lines
+        assert embed.engine in (("onnx-fp32",) if mode == "onnx" else ("onnx-fp32", "torch")), lines
     # Its int8 file too: normalize's ONNX form once stopped onnxruntime's shape inference before quantisation.
     window = ensemble.config.window_samples / ensemble.config.sample_rate
     calibration = clips_of(ensemble, [window] * 16, seed=1)
@@ -112,6 +112,13 @@ def test_an_ensemble_exports_and_its_scores_are_the_mean_of_its_members(model, t
 
 def file_items(clips: list[np.ndarray], window: int) -> list[FileWindows]:
     return list(clip_items(clips, WindowPlan(window, 16000, 8)))
+
+
+def runtime_for(model, mode: str, path, precision: str = "fp32", batch: int = 2):
+    """A CPU runtime whose engine is `mode` (torch | onnx | race) on the ONNX file `path`."""
+    return cpu_runtime(
+        model, batch, engine=EngineChoice(mode, precision, "test", str(path) if path else None)
+    )
 
 
 def test_run_windows_with_the_onnx_engine_predicts_torchs_labels(model, exported, synthetic_data):
@@ -127,24 +134,19 @@ def test_run_windows_with_the_onnx_engine_predicts_torchs_labels(model, exported
 
 def test_forced_onnx_announces_itself_once(model, exported):
     lines: list[str] = []
-    embed = make_embedder(
-        model, "onnx", onnx_path=exported.path, threads=1, batch_windows=3, log=lines.append
-    )
+    embed = make_embedder(model, runtime_for(model, "onnx", exported.path, batch=3), lines.append)
     assert embed.engine == "onnx-fp32"
-    assert len(lines) == 1 and lines[0].startswith("inference engine: onnx-fp32")
+    assert lines == ["inference engine: onnx-fp32, agrees with torch on a probe batch [test]"]
     wavs, lens = clips_of(model, [0.5, 0.4])
     assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
 
 
-def test_auto_exports_here_without_a_file_and_agrees_with_torch_whichever_it_picks(model):
-    """No ONNX file (an artifact from before the ONNX engine): make_embedder exports from the loaded weights,
-    then torch and ONNX Runtime race on the first batches; every batch agrees with torch, during and after."""
+def test_a_race_agrees_with_torch_whichever_engine_it_picks(model, exported):
     lines: list[str] = []
-    embed = make_embedder(model, "auto", threads=1, batch_windows=4, log=lines.append)
-    assert isinstance(embed, RacingEmbedder)
-    assert lines == ["inference engine: auto: torch and onnx-fp32 (1 thread(s), embedding_model.onnx) race on "
-                     "the run's first batches"]  # fmt: skip
-    for seed in range(9):  # 1 batch both compute, 3 each timed, then the winner's
+    embed = make_embedder(model, runtime_for(model, "race", exported.path, batch=4), lines.append)
+    assert isinstance(embed, FirstBatchRace)
+    assert lines == ["inference engine: torch and onnx-fp32 race on the first batch [test]"]
+    for seed in range(4):
         wavs, lens = clips_of(model, [0.6, 0.5, 0.2], seed)
         assert float((embed(wavs, lens) - TorchEmbedder(model)(wavs, lens)).abs().max()) < 1e-4
     assert len(lines) == 2 and lines[1].startswith(f"inference engine: {embed.engine}")
@@ -171,7 +173,7 @@ class Slowed:
 
 
 class VirtualClock:
-    """A clock that only the Slowed engines move: RacingEmbedder(clock=...) sees their costs, not the load."""
+    """A clock that only the Slowed engines move: FirstBatchRace(clock=...) sees their costs, not the load."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -182,7 +184,7 @@ class VirtualClock:
 
 def slowed_pair(model, exported, slow: str) -> tuple:
     """ONNX Runtime fp32 and torch, and each wrapped in Slowed on one VirtualClock: the one named by `slow`
-    costs 0.2 s a batch, the other 0.01 s. Returns them and the clock for RacingEmbedder."""
+    costs 0.2 s a batch, the other 0.01 s. Returns them and the clock for FirstBatchRace."""
     onnx, torch_embed = OnnxEmbedder(model, exported.path, threads=1, precision="fp32"), TorchEmbedder(model)
     clock = VirtualClock()
     return (
@@ -194,57 +196,44 @@ def slowed_pair(model, exported, slow: str) -> tuple:
     )
 
 
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
 @pytest.mark.parametrize("slow", ["onnx", "torch"])
-def test_the_race_runs_the_faster_engine_after_two_batches_each_when_clearly_apart(model, exported, slow):
+def test_the_race_is_run_on_the_first_batch_and_every_row_comes_from_the_winner(
+    model, exported, slow, precision
+):
+    """The race is decided on the first batch (computed again by each engine in turn), whose result is the
+    winner's, so a run's rows all come from one engine. `precision` chooses how ONNX is checked against torch;
+    the engine here is the fp32 file (the mechanics, not the quantisation: int8 on this tiny model and noise is
+    test_int8_embeddings_stay_close_to_fp32_on_real_speech's subject)."""
     onnx, torch_embed, onnx_side, torch_side, clock = slowed_pair(model, exported, slow)
     lines: list[str] = []
-    race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "fp32", lines.append, clock=clock)
-    batches = [clips_of(model, [0.7, 0.4], seed) for seed in range(10)]
-    for count, (wavs, lens) in enumerate(batches, 1):
-        assert float((race(wavs, lens) - torch_embed(wavs, lens)).abs().max()) < 1e-4
-        assert len(lines) == (1 if count >= 5 else 0)  # the first batch, then 2 each: decided after the 5th
-        if count == 4:
-            assert race.engine == "torch and onnx-fp32 in turn (the run ended during the race)"
-    winner = "torch" if slow == "onnx" else "onnx-fp32"
-    assert race.engine == winner and lines[0].startswith(f"inference engine: {winner}")
-    assert "median of 2 of the run's batches each" in lines[0]
-    # the first batch by both (ONNX Runtime: 2 of its windows), 2 timed each, then the 5 left by the winner
-    assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 5) if winner == "torch" else (3 + 5, 3))
-
-
-@pytest.mark.parametrize("slow", ["onnx", "torch"])
-def test_an_int8_race_is_run_on_the_first_batch_and_every_row_comes_from_the_winner(model, exported, slow):
-    """int8 differs from torch by quantisation noise: the race is decided on the first batch (computed again by
-    each engine in turn), whose result is the winner's, so a run's rows all come from one engine. The race's
-    int8 mode is chosen by `precision`; the engine here is the fp32 file (the mechanics, not the quantisation:
-    int8 on this tiny model and noise is test_int8_embeddings_stay_close_to_fp32_on_real_speech's subject)."""
-    onnx, torch_embed, onnx_side, torch_side, clock = slowed_pair(model, exported, slow)
-    lines: list[str] = []
-    race = RacingEmbedder(onnx_side, torch_side, model.config.lin_neurons, "int8", lines.append, clock=clock)
+    race = FirstBatchRace(
+        onnx_side, torch_side, model.config.lin_neurons, precision, lines.append, clock=clock
+    )
     winner = onnx if slow == "torch" else torch_embed
     for seed in range(4):
         wavs, lens = clips_of(model, [0.7, 0.4, 0.9], seed)
         assert torch.equal(race(wavs, lens), winner(wavs, lens))
         assert len(lines) == 1  # decided during the first batch
     assert race.engine == ("torch" if slow == "onnx" else "onnx-fp32")
-    assert "median of 2 runs each on the run's first batch" in lines[0]
+    assert "median of 2 runs each" in lines[0]
     # first batch: torch once untimed + 2 timed, ONNX on 2 windows + 2 timed; then 3 batches by the winner
     assert (onnx_side.calls, torch_side.calls) == ((3, 3 + 3) if winner is torch_embed else (3 + 3, 3))
 
 
 def test_engines_close_together_race_until_decided_on_their_own_timings(model):
-    """Two copies of one engine (one named "copy"): no clear gap, so the race takes 3 timed batches each unless
-    2 each happened to be apart; either way each side's timings are its own, the decision comes after the
-    5th or the 7th batch, and torch's results come back throughout."""
+    """Two copies of one engine (one named "copy"): no clear gap, so the race takes 3 timed runs each unless
+    2 each happened to be apart; either way each side's timings are its own, the first batch decides, and
+    torch's results come back throughout."""
     torch_embed = TorchEmbedder(model)
     lines: list[str] = []
-    race = RacingEmbedder(Slowed(torch_embed, 0.0, name="copy"), torch_embed, model.config.lin_neurons, "fp32",
+    race = FirstBatchRace(Slowed(torch_embed, 0.0, name="copy"), torch_embed, model.config.lin_neurons, "fp32",
                           lines.append)  # fmt: skip
-    for seed in range(7):
-        assert race.winner is None or seed >= 5  # undecided before 2 timed batches each
+    for seed in range(3):
         wavs, lens = clips_of(model, [0.7, 0.4], seed)
         assert torch.equal(race(wavs, lens), torch_embed(wavs, lens))
-    assert len(lines) == 1 and race.engine in ("copy", "torch") and race.winner is not None
+        assert race.winner is not None
+    assert len(lines) == 1 and race.engine in ("copy", "torch")
     assert len(race.per_sample["copy"]) == len(race.per_sample["torch"]) in (2, 3)
 
 
@@ -261,7 +250,7 @@ def test_the_race_ends_for_torch_when_onnx_disagrees_or_fails(model, exported, t
     mismatched = export_embedding_model(wider, tmp_path / "wider.onnx").path
     for path, why in ((foreign, "differs from torch by"), (mismatched, "failed on a batch of 2 windows")):
         lines: list[str] = []
-        race = RacingEmbedder(OnnxEmbedder(model, path, threads=1, precision="fp32"), TorchEmbedder(model),
+        race = FirstBatchRace(OnnxEmbedder(model, path, threads=1, precision="fp32"), TorchEmbedder(model),
                               model.config.lin_neurons, "fp32", lines.append)  # fmt: skip
         for seed in range(3):
             wavs, lens = clips_of(model, [0.5, 0.3], seed)
@@ -269,22 +258,20 @@ def test_the_race_ends_for_torch_when_onnx_disagrees_or_fails(model, exported, t
         assert race.engine == "torch" and len(lines) == 1 and why in lines[0], lines
 
 
-def test_torch_engine_and_a_bad_engine_name(model):
+def test_the_torch_engine_says_why(model):
     lines: list[str] = []
-    assert isinstance(make_embedder(model, "torch", log=lines.append), TorchEmbedder)
-    assert lines == ["inference engine: torch (engine='torch')"]
-    with pytest.raises(ValueError, match="engine='tensorrt': use one of auto, torch, onnx"):
-        make_embedder(model, "tensorrt")
+    assert isinstance(make_embedder(model, runtime_for(model, "torch", None), lines.append), TorchEmbedder)
+    assert lines == ["inference engine: torch on cpu (test)"]
 
 
 def test_a_corrupt_onnx_file_falls_back_to_torch_with_one_line(model, exported, tmp_path):
     corrupt = tmp_path / "embedding_model.onnx"
     corrupt.write_bytes(exported.path.read_bytes()[:5000])  # a truncated download or copy
-    for engine in ("onnx", "auto"):
+    for mode in ("onnx", "race"):
         lines: list[str] = []
-        embed = make_embedder(model, engine, onnx_path=corrupt, threads=1, batch_windows=2, log=lines.append)
+        embed = make_embedder(model, runtime_for(model, mode, corrupt), lines.append)
         assert isinstance(embed, TorchEmbedder)
-        assert len(lines) == 1 and lines[0].startswith("inference engine: torch (ONNX Runtime unavailable:")
+        assert len(lines) == 1 and lines[0].startswith("inference engine: torch (onnx-fp32 unavailable:")
         wavs, lens = clips_of(model, [0.5, 0.3])
         assert torch.equal(embed(wavs, lens), TorchEmbedder(model)(wavs, lens))
 
@@ -300,22 +287,16 @@ def test_an_onnx_file_of_other_weights_is_refused(model, exported, tmp_path):
     foreign = tmp_path / "foreign.onnx"
     onnx.save(graph, str(foreign))
     lines: list[str] = []
-    embed = make_embedder(model, "onnx", onnx_path=foreign, threads=1, batch_windows=2, log=lines.append)
+    embed = make_embedder(model, runtime_for(model, "onnx", foreign), lines.append)
     assert isinstance(embed, TorchEmbedder)
     assert len(lines) == 1 and "differs from torch" in lines[0]
 
 
-def test_an_export_that_fails_falls_back_to_torch_with_one_line(model):
+def test_an_export_that_fails_says_why(model):
     broken = copy.deepcopy(model)
     broken.embedding_model = Unexportable(broken.embedding_model)
     with pytest.raises(onnx_engine.ExportError, match="could not export the embedding model"):
         export_embedding_model(broken, "/nonexistent/never-written.onnx")
-    lines: list[str] = []
-    embed = make_embedder(broken, "onnx", threads=1, batch_windows=2, log=lines.append)  # exports here
-    assert isinstance(embed, TorchEmbedder)
-    assert len(lines) == 1 and "ExportError" in lines[0] and "could not export" in lines[0]
-    wavs, lens = clips_of(model, [0.5, 0.5])
-    assert torch.equal(embed(wavs, lens), TorchEmbedder(model)(wavs, lens))
 
 
 def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(model, tmp_path, synthetic_data):
@@ -353,7 +334,7 @@ def test_int8_embeddings_stay_close_to_fp32_on_real_speech(model, exported, fsdd
     assert float(cosine.mean()) > 0.99 and float(cosine.min()) > 0.95, cosine
     assert int8_path.stat().st_size < exported.path.stat().st_size  # int8 weights are in it
     lines: list[str] = []
-    embed = make_embedder(model, "onnx", int8_path=int8_path, threads=1, batch_windows=4, log=lines.append)
+    embed = make_embedder(model, runtime_for(model, "onnx", int8_path, "int8", batch=4), lines.append)
     assert embed.engine == "onnx-int8" and len(lines) == 1
 
 

@@ -24,7 +24,7 @@ from pipeline.core.artifact import ArtifactError, _file_record, load_artifact, v
 from pipeline.core.config import InferConfig
 from pipeline.core.onnx import ONNX_FP32, ONNX_INT8, int8_acceptable
 from pipeline.core.windows import cosine_scores
-from pipeline.inference.predict import EngineSettings, make_engine
+from pipeline.inference.runtime import Hardware, choose_engine, resolve_runtime
 from pipeline.inference.submission import run_inference
 
 needs_onnx = pytest.mark.skipif(
@@ -72,8 +72,8 @@ def test_the_infer_stage_on_onnx_predicts_torchs_labels_and_scores(tiny_artifact
     )
     report, rows, scores = infer(tiny_artifact, synthetic_data, tmp_path / "onnx", engine="onnx",
                                  onnx_precision="fp32")  # fmt: skip
-    assert torch_report["engine"]["ran"] == "torch" and torch_report["engine"]["precision"] == ["fp32"]
-    assert report["engine"]["ran"] == "onnx-fp32" and report["engine"]["precision"] == ["fp32"]
+    assert torch_report["engine"]["ran"] == "torch" and torch_report["engine"]["precision"] == "fp32"
+    assert report["engine"]["ran"] == "onnx-fp32" and report["engine"]["precision"] == "fp32"
     assert report["engine"]["lines"][0].startswith("inference engine: onnx-fp32")
     assert report["speed"]["engine"] == "onnx-fp32"
     assert rows == torch_rows and report["fallbacks"] == [] and len(rows) == 16
@@ -85,33 +85,29 @@ def test_the_infer_stage_on_onnx_predicts_torchs_labels_and_scores(tiny_artifact
 
 
 @needs_onnx
-def test_the_default_auto_engine_races_on_the_runs_batches_and_keeps_torchs_labels(
+def test_the_default_auto_engine_races_int8_on_the_first_batch_or_runs_torch(
     tiny_artifact, synthetic_data, tmp_path
 ):
-    """engine auto (the default): torch and ONNX Runtime race on the run's first batches. One window per batch:
-    16 batches, so the race is decided; 64 windows per batch: 1 batch (an fp32 race then ends with it, and
-    the report says that both engines ran; an int8 race is decided on it)."""
+    """engine auto (the default): the artifact's int8 file, if it passed its rule at training, races torch on
+    the run's first batch and every row comes from the winner; without a passing int8 file, torch."""
     _, torch_rows, torch_scores = infer(tiny_artifact, synthetic_data, tmp_path / "torch", engine="torch")
     passed = load_artifact(tiny_artifact).manifest["provenance"]["onnx"]["int8"]["passed"]
-    onnx = "onnx-int8" if passed else "onnx-fp32"
-    decided, rows, scores = infer(tiny_artifact, synthetic_data, tmp_path / "decided", batch_windows=1)
-    lines = decided["engine"]["lines"]
-    assert (
-        len(lines) == 2 and f"torch and {onnx}" in lines[0] and "race on the run's first batches" in lines[0]
-    )
-    assert decided["engine"]["ran"] in ("torch", onnx) and lines[1].startswith(
-        f"inference engine: {decided['engine']['ran']}"
-    )
-    assert rows == torch_rows or passed  # int8 may move a label; fp32 may not
-    if not passed:
-        np.testing.assert_allclose(scores, torch_scores, atol=1e-4)
-    short, rows, _ = infer(tiny_artifact, synthetic_data, tmp_path / "short", batch_windows=64)
-    if passed:  # int8 races on the first batch alone: every row from one engine, even in a one-batch run
-        assert short["engine"]["ran"] in ("torch", "onnx-int8")
-        assert len(short["engine"]["lines"]) == 2 and "run's first batch" in short["engine"]["lines"][1]
-    else:  # fp32 races live: a one-batch run ends during the race, with torch's result for that batch
-        assert short["engine"]["ran"] == "torch and onnx-fp32 in turn (the run ended during the race)"
-        assert short["engine"]["precision"] == ["fp32"] and rows == torch_rows
+    for batch in (1, 64):  # 16 batches, or the whole test set in one
+        report, rows, scores = infer(
+            tiny_artifact, synthetic_data, tmp_path / f"auto{batch}", batch_windows=batch
+        )
+        lines = report["engine"]["lines"]
+        assert report["engine"]["chosen"]["mode"] == ("race" if passed else "torch")
+        if not passed:
+            assert report["engine"]["ran"] == "torch" and rows == torch_rows
+            assert lines == [
+                "inference engine: torch on cpu (auto: the artifact's int8 did not pass its accuracy rule)"
+            ]
+            np.testing.assert_array_equal(scores, torch_scores)
+            continue
+        assert len(lines) == 2 and "torch and onnx-int8 race on the first batch" in lines[0]
+        assert report["engine"]["ran"] in ("torch", "onnx-int8")
+        assert lines[1].startswith(f"inference engine: {report['engine']['ran']}") and "median of" in lines[1]
 
 
 @needs_onnx
@@ -148,48 +144,51 @@ def test_an_onnx_file_the_runtime_cannot_load_falls_back_to_torch_and_loses_no_r
     )
     assert report["engine"]["ran"] == "torch"
     lines = report["engine"]["lines"]
-    assert len(lines) == 1 and lines[0].startswith("inference engine: torch (ONNX Runtime unavailable:")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"inference engine: torch (onnx-{report['engine']['chosen']['precision']}"
+    )
+    assert "unavailable: InvalidProtobuf" in lines[0]
     assert rows == torch_rows and report["fallbacks"] == []
     np.testing.assert_array_equal(scores, torch_scores)
 
 
-@needs_onnx
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_two_cpu_processes_each_run_their_own_engine_on_their_share_of_the_cores(
-    tiny_artifact, synthetic_data, tmp_path
-):
-    from pipeline.devices.threads import available_cores
+def test_the_engine_is_chosen_from_the_config_and_the_artifacts_onnx_files(tiny_artifact):
+    artifact = load_artifact(tiny_artifact)
 
-    one, one_rows, one_scores = infer(tiny_artifact, synthetic_data, tmp_path / "one", engine="torch")
-    two, two_rows, two_scores = infer(tiny_artifact, synthetic_data, tmp_path / "two", engine="onnx",
-                                      onnx_precision="fp32", device="cpu", devices=2)  # fmt: skip
-    assert two["engine"]["per_device"] == {"cpu#0": "onnx-fp32", "cpu#1": "onnx-fp32"}
-    share = max(1, available_cores() // 2)
-    assert two["engine"]["threads"] == {"cpu#0": share, "cpu#1": share}
-    assert two_rows == one_rows
-    np.testing.assert_allclose(two_scores, one_scores, atol=1e-4)
+    def choice(passed=True, files=(ONNX_FP32, ONNX_INT8), device="cpu", **config):
+        provenance = {**artifact.manifest.get("provenance", {}), "onnx": {"int8": {"passed": passed}}}
+        manifest = {**artifact.manifest, "provenance": provenance,
+                    "files": {name: {} for name in files}}  # fmt: skip
+        faked = dataclasses.replace(artifact, manifest=manifest)
+        return choose_engine(InferConfig(**config), faked, torch.device(device))
 
-
-def test_engine_settings_choose_the_files_the_rule_allows():
-    both = EngineSettings("auto", "auto", "a.onnx", "a.int8.onnx", int8_passed=True)
-    assert both.files()[:2] == ("a.onnx", "a.int8.onnx")
-    failed = dataclasses.replace(both, int8_passed=False)
-    assert failed.files()[:2] == ("a.onnx", None) and "did not pass" in failed.files()[2]
-    assert dataclasses.replace(failed, precision="int8").files()[:2] == ("a.onnx", "a.int8.onnx")
-    assert dataclasses.replace(both, precision="fp32").files()[:2] == ("a.onnx", None)
-    no_int8 = EngineSettings("onnx", "int8", "a.onnx", None)
-    assert no_int8.files()[:2] == ("a.onnx", None) and "no int8 file" in no_int8.files()[2]
-    assert EngineSettings("auto").files()[:2] == (None, None)  # no files: the engine exports one
+    assert (choice().mode, choice().precision, Path(choice().onnx_path).name) == ("race", "int8", ONNX_INT8)
+    failed = choice(passed=False)
+    assert (failed.mode, failed.onnx_path) == ("torch", None) and "did not pass" in failed.why
+    assert choice(passed=False, onnx_precision="int8").precision == "int8"  # asked for: it runs
+    assert (choice(onnx_precision="fp32").mode, choice(onnx_precision="fp32").precision) == ("race", "fp32")
+    forced = choice(passed=False, engine="onnx")
+    assert (forced.mode, forced.precision, Path(forced.onnx_path).name) == ("onnx", "fp32", ONNX_FP32)
+    no_int8 = choice(files=(ONNX_FP32,), onnx_precision="int8")
+    assert no_int8.mode == "torch" and "no int8 file" in no_int8.why
+    assert choice(files=(ONNX_FP32,), engine="onnx", onnx_precision="int8").precision == "fp32"
+    bare = choice(files=(), engine="onnx")
+    assert bare.mode == "torch" and "no fp32 ONNX file" in bare.why  # nothing is exported at inference
+    assert choice(engine="torch").mode == "torch"
+    gpu = choice(device="cuda", engine="onnx")
+    assert (gpu.mode, gpu.precision) == ("torch", "fp16") and "chooses the CPU engine" in gpu.why
 
 
-def test_gpus_run_torch_fp16_whatever_the_cpu_engine_says(tiny_artifact):
-    model = load_artifact(tiny_artifact).model
-    lines: list[str] = []
-    embed = make_engine(model, torch.device("cuda", 0), EngineSettings("onnx", "int8"), 2, 8, lines.append)
-    assert embed.engine == "torch-fp16" and lines == [
-        "inference engine: torch fp16 on cuda:0 (engine='onnx' chooses the CPU engine)"
-    ]
+def test_a_gpu_session_runs_torch_fp16_with_big_batches_and_spare_cores_decoding(tiny_artifact):
+    artifact = load_artifact(tiny_artifact)
+    config = InferConfig(engine="onnx", onnx_precision="int8")
+    runtime = resolve_runtime(config, artifact, Hardware(gpus=2, cores=4))
+    assert runtime.device == torch.device("cuda", 0)  # one device: a second T4 is not worth a process
+    assert (runtime.windows.batch_windows, runtime.num_workers, runtime.threads) == (256, 3, None)
+    assert runtime.engine.label == "torch" and runtime.engine.precision == "fp16"
+    assert "cuda:0" in runtime.describe() and "torch fp16" in runtime.describe()
+    cpu = resolve_runtime(InferConfig(engine="torch"), artifact, Hardware(gpus=0, cores=2))
+    assert (cpu.device.type, cpu.num_workers, cpu.threads) == ("cpu", 0, 2)
 
 
 def test_without_onnxruntime_the_infer_stage_says_so_once_and_runs_torch(
@@ -210,5 +209,6 @@ print(json.dumps(dict(result.report["engine"], fallbacks=result.n_fallbacks)))
                           env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     engine = json.loads(done.stdout.strip().splitlines()[-1])
-    assert engine["ran"] == "torch" and engine["fallbacks"] == 0
-    assert len(engine["lines"]) == 1 and "onnxruntime is not installed" in engine["lines"][0]
+    assert engine["ran"] == "torch" and engine["fallbacks"] == 0 and len(engine["lines"]) == 1
+    if engine["chosen"]["why"].startswith("auto: its int8 passed"):  # else ONNX Runtime is not asked for
+        assert "onnxruntime is not installed" in engine["lines"][0]

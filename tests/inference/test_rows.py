@@ -93,3 +93,70 @@ def test_a_truncated_file_keeps_the_rows_of_the_sets_usual_length():
     # A set of many lengths has no usual length: every file keeps its own.
     mixed = plan_chunk_rows(sample(["p_5"]), folder("a", "b", "c"), [10.0, 20.0, 30.0], 5, "auto", "there")
     assert len(mixed.ids) == 2 + 4 + 6 and not any("shorter" in n for n in mixed.notes)
+
+
+# ------------------------------------------------------------------------- segment_seconds auto
+
+
+def test_chunk_ids_and_their_length_are_read_from_the_sample_ids():
+    from pipeline.inference.rows import read_chunk_ids
+
+    birdclef = read_chunk_ids(
+        ["soundscape_292520_5", "soundscape_292520_10", "soundscape_292520_15"], ["a", "b"]
+    )
+    assert (birdclef.segment, birdclef.of_test_files) == (5.0, False) and "placeholder" in birdclef.why
+    ours = read_chunk_ids(["a_10", "a_20", "b_10"], ["a", "b"])
+    assert (ours.segment, ours.of_test_files) == (10.0, True)
+    assert read_chunk_ids(["a_0", "a_2.5", "a_5"], ["a"]).segment == 2.5  # chunk starts
+    assert read_chunk_ids(["a_5"], ["a"]).segment == 5.0  # a file's only chunk
+    # Ids that name the test items are file rows, whatever they look like (FSDD's files end in a number).
+    assert read_chunk_ids(["3_theo_12", "3_theo_13"], ["3_theo_12", "3_theo_13", "4_ann_0"]).segment is None
+    for ids, why in ((["audio_001", "audio_002"], "form"), (["x_5", "x_10", "x_20"], "evenly spaced"),
+                     (["p_5", "q_7"], "single"), (["row1", "row2"], "form")):  # fmt: skip
+        found = read_chunk_ids(ids, ["a"])
+        assert found.segment is None and why in found.why, (ids, found)
+
+
+def test_segment_seconds_auto_and_the_contradictions_it_stops_on():
+    from pipeline.inference.rows import choose_segment
+
+    soundscapes = folder("s1", "s2")
+    chunk_ids = ["s1_5", "s1_10", "s2_5"]
+    assert choose_segment("auto", chunk_ids, soundscapes)[0] == 5.0
+    assert choose_segment(5, chunk_ids, soundscapes) == (5.0, "segment_seconds=5")
+    with pytest.raises(
+        ConfigError, match=r"segment_seconds=10, but .* 5-second chunks .* use segment_seconds='auto' or 5"
+    ):
+        choose_segment(10, chunk_ids, soundscapes)
+    with pytest.raises(ConfigError, match=r"segment_seconds=None asks for a row per test file, but"):
+        choose_segment(None, chunk_ids, soundscapes)
+    # Placeholder chunk ids (a public copy): None is the user's call; a different length is still refused.
+    assert choose_segment(None, ["p_5", "p_10"], soundscapes)[0] is None
+    with pytest.raises(ConfigError, match="segment_seconds=4"):
+        choose_segment(4, ["p_5", "p_10"], soundscapes)
+    clips = folder("a", "b", source="table")
+    assert choose_segment("auto", ["a", "b"], clips)[0] is None
+    with pytest.raises(ConfigError, match=r"segment_seconds=5 asks for chunk rows, but .* a row per file"):
+        choose_segment(5, ["a", "b"], clips)
+    with pytest.raises(ConfigError, match="segment_seconds='five'"):
+        InferConfig(segment_seconds="five")
+
+
+def test_a_birdclef_folder_gets_chunk_rows_without_segment_seconds(tmp_path):
+    """The trap a new user fell into: test_soundscapes with the default parameters wrote a row per file."""
+    import numpy as np
+    import soundfile as sf
+
+    from pipeline.inference.rows import plan_rows
+
+    (tmp_path / "test_soundscapes").mkdir()
+    for stem in ("soundscape_1", "soundscape_2"):
+        sf.write(tmp_path / "test_soundscapes" / f"{stem}.ogg", np.zeros(15 * 16000, np.float32), 16000)
+    placeholders = ["soundscape_292520_5", "soundscape_292520_10", "soundscape_292520_15"]
+    config = InferConfig(data_dir=str(tmp_path), test_audio_dir="test_soundscapes")
+    items = TestItems([TestRow(0, s, f"test_soundscapes/{s}.ogg") for s in ("soundscape_1", "soundscape_2")],
+                      "folder")  # fmt: skip
+    plan = plan_rows(sample(placeholders), items, config)
+    assert plan.segment == 5.0 and len(plan.ids) == 6 and plan.ids[:3] == ["soundscape_1_5", "soundscape_1_10",
+                                                                            "soundscape_1_15"]  # fmt: skip
+    assert "5-second placeholder chunk ids" in plan.segment_rule and plan.seconds == [15.0, 15.0]

@@ -45,21 +45,6 @@ def env_and_pid(rank: int, world_size: int) -> tuple[int, int, str | None, int]:
     return rank, world_size, os.environ.get("LAUNCH_TEST_VAR"), os.getpid()
 
 
-def hung_inference_worker(rank: int, world_size: int, *args: Any) -> None:
-    """Stands in for a GPU inference worker whose device hangs: rank 1 never reports a batch."""
-    from pipeline.core.progress import heartbeat
-
-    while True:
-        if rank == 0:
-            heartbeat()
-        time.sleep(0.2)
-
-
-def broken_inference_worker(rank: int, world_size: int, *args: Any) -> None:
-    """Stands in for a GPU inference worker that dies (out of memory, driver error)."""
-    raise RuntimeError(f"simulated device failure on rank {rank}")
-
-
 # ----------------------------------------------------------------------------------- training fixtures
 # Functions handed to pipeline.devices.ddp.ddp_entry in place of pipeline.training.train.fit: each changes one thing
 # in its own (spawned) process, then runs the real fit.

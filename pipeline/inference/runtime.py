@@ -1,0 +1,186 @@
+"""What the infer stage runs on, decided once (`resolve_runtime`): the device, its batches and decode workers,
+the compute threads, the engine and the windows. Every `auto` of InferConfig's hardware fields is settled
+here, into one frozen Runtime that the run prints as one line; predict.py follows it and decides nothing.
+
+One device. Kaggle's submission sessions are CPU or "GPU T4 x2", and a second T4 would shorten a run that
+takes ~1-2 minutes of GPU time for BirdCLEF's hidden set (700 x 60 s, ../shared/NOTES.md) while decoding the
+audio on 4 CPU cores bounds it: no measurement showed a gain worth a process per GPU, so there is none.
+
+The engine (`choose_engine`): GPUs run torch in fp16. On the CPU, torch, or ONNX Runtime on a file the
+artifact brought from training: its int8 file when it passed its accuracy rule there (then, with
+engine='auto', raced against torch on the first batch, pipeline/inference/engines.py); fp32 ONNX Runtime
+measured 0.8-1.1x torch here, so `auto` does not run it. Nothing is exported at inference: an artifact
+without ONNX files runs torch, and the submission's environment needs no onnxscript.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..core.artifact import Artifact
+from ..core.config import InferConfig
+from ..core.model import ModelConfig
+from ..core.onnx import ONNX_FP32, ONNX_INT8, onnxruntime_missing
+from ..core.progress import plural
+from ..core.windows import WindowPlan, chunk_hop
+from ..devices.probe import cuda_device_count
+from ..devices.threads import available_cores, plan_threads
+
+# Windows x channels x frames of ECAPA's widest activation (the multi-layer aggregation) per CPU batch: ~5 MB,
+# so the elementwise ops between convolutions work in cache. Measured on 2 cores (benchmarks/inference.py,
+# 300 FSDD files): C=512 fastest at 8-16 one-second windows, C=128 at 32; 64 windows cost 25-40%.
+CPU_BATCH_BUDGET = 8 * 1536 * 101
+# GPU batches: on an H100 (benchmarks/cuda.py, fp16) 64 windows ran the voxceleb size at 0.44x its rate at
+# 1024 windows and 256 at 0.90x (the small size: 0.12x and 0.44x); a T4, with a tenth of the fp16 compute,
+# fills sooner. 256 one-second windows of the voxceleb size take well under 2 GB: a T4 has 15.
+GPU_BATCH_WINDOWS = 256
+# One worker decodes ~700 s of 32 kHz Ogg/Vorbis per second (benchmarks/soundscape.py) where an H100 embeds
+# ~6,000 s of audio (voxceleb size, windows half a window apart): decoding needs every core that is spare.
+GPU_DECODE_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the session has: visible GPUs and usable CPU cores (devices/threads.available_cores)."""
+
+    gpus: int
+    cores: int
+
+    @classmethod
+    def probe(cls) -> Hardware:
+        return cls(cuda_device_count(), available_cores())
+
+
+@dataclass(frozen=True)
+class EngineChoice:
+    """What computes the window embeddings.
+
+    mode "torch": PyTorch (fp16 autocast on CUDA); "onnx": ONNX Runtime on `onnx_path`, checked against torch
+    on a probe batch; "race": ONNX Runtime against torch on the run's first batch, the faster runs the rest."""
+
+    mode: str
+    precision: str  # fp32 | fp16 | int8
+    why: str
+    onnx_path: str | None = None
+
+    @property
+    def label(self) -> str:
+        return "torch" if self.mode == "torch" else f"onnx-{self.precision}"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    device: torch.device
+    windows: WindowPlan  # how spans are cut into windows, with the batch size decided
+    num_workers: int  # DataLoader decode workers
+    threads: int | None  # compute threads of this process (torch's and ONNX Runtime's); None: torch's own
+    engine: EngineChoice
+    progress: bool = False
+
+    def describe(self) -> str:
+        threads = f", {plural(self.threads, 'compute thread')}" if self.threads else ""
+        return (f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
+                f"{self.windows.batch_windows} windows ({plural(self.windows.length_buckets, 'length')}); engine: "
+                f"{_engine_text(self.engine)} ({self.engine.why})")  # fmt: skip
+
+
+def _engine_text(engine: EngineChoice) -> str:
+    if engine.mode == "race":
+        return f"{engine.label} or torch, whichever is faster on the first batch"
+    return f"torch {engine.precision}" if engine.mode == "torch" else engine.label
+
+
+def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware | None = None) -> Runtime:
+    """Every hardware choice of the run, from `config` (None / auto: decided here for `hardware`, default
+    the session's)."""
+    hardware = hardware or Hardware.probe()
+    device = choose_device(config.device, hardware)
+    model = artifact.model.config
+    batch, workers = batching_for(config.batch_windows, config.num_workers, model, device, hardware.cores)
+    threads = None
+    if device.type == "cpu" or config.num_threads:
+        threads = plan_threads(hardware.cores, workers, config.num_threads).compute_threads
+    return Runtime(device, window_plan(config, model, batch), workers, threads,
+                   choose_engine(config, artifact, device), config.progress)  # fmt: skip
+
+
+def choose_device(device: str, hardware: Hardware) -> torch.device:
+    """InferConfig's `device`: auto is the first GPU when there is one, else the CPU."""
+    if device == "cuda" and hardware.gpus == 0:
+        raise RuntimeError("device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
+    if device == "cpu" or hardware.gpus == 0:
+        return torch.device("cpu")
+    return torch.device("cuda", 0)
+
+
+def batching_for(
+    batch_windows: int | None, num_workers: int | None, model: ModelConfig, device: torch.device, cores: int
+) -> tuple[int, int]:
+    """(windows per batch, DataLoader workers) for `device`, where the parameters leave them to us (None).
+
+    CPU: batches sized to the cache (CPU_BATCH_BUDGET) and decoding workers as devices/threads.plan_threads
+    shares `cores`: none below 4 cores, where a worker process only takes cores from the compute threads (on
+    2 cores, 1 worker cost 10-30% of throughput on FSDD), then one per 4 cores. GPU: GPU_BATCH_WINDOWS windows
+    per batch, and every core but one decoding (at least one, at most GPU_DECODE_WORKERS) while the GPU computes.
+    """
+    if device.type == "cpu":
+        frames = model.window_samples * 100 // model.sample_rate + 1  # Fbank: 10 ms hop
+        widest = model.channels[-1]  # the multi-layer feature aggregation: ECAPA's widest activation
+        auto_batch = max(4, min(64, CPU_BATCH_BUDGET // (widest * frames)))
+        auto_workers = plan_threads(cores).decode_workers
+    else:
+        auto_batch, auto_workers = GPU_BATCH_WINDOWS, max(1, min(GPU_DECODE_WORKERS, cores - 1))
+    return (batch_windows if batch_windows is not None else auto_batch,
+            num_workers if num_workers is not None else auto_workers)  # fmt: skip
+
+
+def window_plan(config: InferConfig, model: ModelConfig, batch_windows: int) -> WindowPlan:
+    """The artifact's windows; a chunk's windows `window_hop_seconds` apart (default: half a window), a whole
+    file's `clip_hop_seconds` apart when its pooling is not the mean embedding."""
+    hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
+    file_hop = (None if config.clip_pooling == "mean" else
+                chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate))  # fmt: skip
+    return WindowPlan(model.window_samples, model.sample_rate, batch_windows, config.max_windows_per_file, hop,
+                      config.length_buckets, file_hop)  # fmt: skip
+
+
+def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device) -> EngineChoice:
+    """The engine the config and the artifact's ONNX files (written and gated at training, verified at load)
+    allow: see the module docstring."""
+    if device.type != "cpu":
+        aside = f"; engine={config.engine!r} chooses the CPU engine" if config.engine != "auto" else ""
+        return EngineChoice("torch", "fp16" if device.type == "cuda" else "fp32", f"a GPU runs torch{aside}")
+    if config.engine == "torch":
+        return EngineChoice("torch", "fp32", "engine='torch'")
+    record = artifact.manifest.get("provenance", {}).get("onnx") or {}
+    int8_passed = bool((record.get("int8") or {}).get("passed"))
+    fp32, int8 = artifact.listed_file(ONNX_FP32), artifact.listed_file(ONNX_INT8)
+    asked = config.onnx_precision
+    if int8 and (asked == "int8" or (asked == "auto" and int8_passed)):
+        path, precision = int8, "int8"
+        why = (
+            "onnx_precision='int8'"
+            if asked == "int8"
+            else "auto: its int8 passed its accuracy rule at training"
+        )
+    elif asked == "fp32" or config.engine == "onnx":
+        path, precision = fp32, "fp32"
+        why = f"engine={config.engine!r}, onnx_precision={asked!r}" + (
+            ": no int8 file" if asked == "int8" else ""
+        )
+    elif asked == "int8":
+        return EngineChoice("torch", "fp32", "onnx_precision='int8', but the artifact has no int8 file")
+    else:  # auto without a passing int8 file: fp32 ONNX Runtime is no faster than torch here
+        why = (
+            "the artifact's int8 did not pass its accuracy rule" if int8 else "the artifact has no int8 file"
+        )
+        return EngineChoice("torch", "fp32", f"auto: {why}")
+    if path is None:
+        return EngineChoice("torch", "fp32", f"{why}, but the artifact has no {precision} ONNX file "
+                                             "(training writes them: export_onnx)")  # fmt: skip
+    missing = onnxruntime_missing()
+    if missing:
+        return EngineChoice("torch", "fp32", f"{why}, but ONNX Runtime is unavailable: {missing}")
+    return EngineChoice("onnx" if config.engine == "onnx" else "race", precision, why, str(path))
