@@ -1,8 +1,9 @@
 """The train stage: competition folder -> artifact, on whatever topology the session has.
 
     train(config)   check the outputs -> hardware plan (devices/policy) -> training data (audio decoded once
-                    into the cache, by every core) -> policy.run(plan, fit, ...)
-    fit(strategy)   run by every process of the topology: prepare -> run_epochs -> finish
+                    into the cache, by every core) -> policy.run(plan, fit, config, data, started)
+    fit(strategy, plan, config, data, started)
+                    run by every process of the topology, with its strategy: prepare -> run_epochs -> finish
 
 Everything hardware-specific is behind the strategy the policy hands to `fit` (devices/strategy.py, ddp.py,
 xla.py); this file never imports torch_xla. Batches come from DataLoader worker processes (batches.py);
@@ -97,7 +98,7 @@ def train(config: TrainConfig) -> TrainResult:
     log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log)  # audio decoded once per machine, before any rank starts
-    return policy.run(plan, fit, config, plan, data, started,
+    return policy.run(plan, fit, config, data, started,
                       collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
 
 
@@ -148,14 +149,15 @@ class Run:
         self.last_checkpoint = time.monotonic()
 
 
-def fit(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingData, started: float) -> TrainResult:
-    """The training run of one process of the topology (policy.run calls it with the process's strategy)."""
-    run = prepare(strategy, config, plan, data, started)
+def fit(strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float) -> TrainResult:
+    """The training run of one process of the topology (policy.run calls it with the process's strategy and
+    the plan it was built from)."""
+    run = prepare(strategy, plan, config, data, started)
     run_epochs(run)
     return finish(run)
 
 
-def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingData, started: float) -> Run:
+def prepare(strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float) -> Run:
     """Model, optimizer, schedule, weight average, resumed state and the batch pipeline of this process."""
     torch.manual_seed(config.seed)
     if config.num_threads:

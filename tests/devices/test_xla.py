@@ -106,7 +106,7 @@ from pipeline.training.train import fit
 config = TrainConfig(**json.loads(sys.argv[1]))
 plan = decide(config)
 strategy = XLASpmdStrategy(plan.topology, "bf16")
-result = fit(strategy, config, plan, load_training_data(config), time.monotonic())
+result = fit(strategy, plan, config, load_training_data(config), time.monotonic())
 process_compiles = met.metric_data("CompileTime")[0]
 
 host = {"inputs": torch.randn(16, 51, config.n_mels), "lens": torch.ones(16), "labels": torch.zeros(16).long()}
