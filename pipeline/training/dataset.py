@@ -113,12 +113,20 @@ def default_cache_dir() -> Path:
     return Path(base) / "kaggle-ecapa-pipeline" / "audio"
 
 
-def load_training_data(config: TrainConfig, log: Callable[[str], object] = print) -> TrainingData:
-    """Read the training table, cache its audio and split it. A row with no label or unusable audio stops the
-    run with an error naming its line (or, under on_bad_row="skip", is left out and reported)."""
+def load_training_data(
+    config: TrainConfig,
+    log: Callable[[str], object] = print,
+    table: tuple[list[TrainRow], list[dict[str, str]]] | None = None,
+) -> TrainingData:
+    """Cache the training table's audio and split it. A row with no label or unusable audio stops the run with
+    an error naming its line (or, under on_bad_row="skip", is left out and reported). `table`: what
+    `read_train_table` returned for `config`, when the caller has read it already (train() sizes the hardware
+    plan by it); else it is read here."""
     data_dir = Path(config.data_dir)
     csv_path = data_dir / config.train_table
-    rows, skipped = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+    if table is None:
+        table = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+    rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
     rows, notes = drop_repeated_rows(rows, csv_path)
     for note in notes:
         log(note)

@@ -93,11 +93,11 @@ def train(config: TrainConfig) -> TrainResult:
     """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
-    rows, _ = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
-    plan = policy.decide(config, train_rows=round(len(rows) * (1 - config.val_fraction)))
+    table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
+    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.val_fraction)))
     log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
     log(plan.describe())  # what was found and what will be done, before anything slow happens
-    data = load_training_data(config, log)  # audio decoded once per machine, before any rank starts
+    data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
     return policy.run(plan, fit, config, data, started,
                       collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
 
