@@ -1,15 +1,62 @@
 """How one training step reaches the hardware (Lightning Fabric's "strategy"), so train.py stays device-agnostic.
 
-`SingleDevice` is the whole contract; `DDPStrategy` (ddp.py) and `XLASpmdStrategy` (xla.py) override the
-parts that differ: how the model is wrapped, which rows a process reads, precision and how metrics are reduced.
+`Strategy` is what the training code asks of one; `SingleDevice` implements all of it, and `DDPStrategy`
+(ddp.py) and `XLASpmdStrategy` (xla.py) override the parts that differ: how the model is wrapped, which rows a
+process reads, precision and how metrics are reduced.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """What pipeline.training uses of a strategy (SingleDevice documents each member)."""
+
+    name: str
+    device: torch.device
+    precision: str
+    rank: int
+    devices_per_process: int
+    features_on_host: bool
+    scaler: torch.amp.GradScaler | None
+
+    @property
+    def is_main(self) -> bool: ...
+    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def shard(self, indices: Sequence[int]) -> list[int]: ...
+    def device_batches(
+        self, batches: Iterator[dict[str, torch.Tensor]]
+    ) -> Iterator[dict[str, torch.Tensor]]: ...
+    def forward_backward(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable,
+        batch: dict[str, torch.Tensor],
+        micro_batches: int = 1,
+    ) -> torch.Tensor: ...
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager: ...
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, clip: float
+    ) -> None: ...
+    def flat_parameters(self, model: torch.nn.Module) -> torch.Tensor | None: ...
+    def mark_step(self) -> None: ...
+    def embeddings(
+        self, model: torch.nn.Module, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
+    ) -> torch.Tensor: ...
+    def sync_buffers(self, model: torch.nn.Module) -> None: ...
+    def sum_across(self, values: torch.Tensor) -> torch.Tensor: ...
+    def broadcast_flags(self, *flags: bool) -> tuple[bool, ...]: ...
+    def broadcast_object(self, value: object) -> object: ...
+    def compile_count(self) -> int | None: ...
+    def uncached_compiles(self) -> int | None: ...
+    def describe(self) -> str: ...
 
 
 class SingleDevice:

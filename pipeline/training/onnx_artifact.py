@@ -105,7 +105,7 @@ def int8_rule(
     """fp32 and int8 ONNX Runtime scored on the validation split as validation scores it (the held-out files;
     labelled soundscape chunks too when there are), and whether int8 stays within the rule on each."""
     from ..core.onnx import OnnxEmbedder, int8_acceptable
-    from .validation import score_chunks, score_files
+    from .validation import chunk_scores, file_scores
 
     name = "accuracy" if data.objective == "aam" else metric
     if not data.val_idx and data.soundscapes is None:
@@ -114,12 +114,12 @@ def int8_rule(
     threads = available_cores()
     found: dict[str, dict[str, float]] = {}
     for precision, path in (("fp32", fp32_path), ("int8", int8_path)):
-        host = HostScoring(OnnxEmbedder(model, path, threads, precision))
+        embed = OnnxEmbedder(model, path, threads, precision)  # this process, all of the split, on the CPU
         if data.val_idx:
-            scores = score_files(model, host, data, config)
+            scores = file_scores(model, data, config, embed).numpy()
             found.setdefault("held_out", {})[precision] = _metric(name, data.truth(data.val_idx), scores)
         if data.soundscapes is not None:
-            scores = score_chunks(model, host, data.soundscapes, config)
+            scores = chunk_scores(model, data.soundscapes, config, embed).numpy()
             found.setdefault("soundscapes", {})[precision] = _metric(name, data.soundscapes.truth, scores)
     judged = {k: v for k, v in found.items() if not np.isnan(v["fp32"])}
     passed = bool(judged) and all(int8_acceptable(v["fp32"], v["int8"]) for v in judged.values())
@@ -148,26 +148,6 @@ def describe(rule: dict[str, Any]) -> str:
         else "fails the 0.5-point rule: inference runs fp32"
     )
     return f"{verdict} ({values})"
-
-
-class HostScoring:
-    """What validation.score_files / score_chunks ask of a strategy, in this process on the CPU with `embed`."""
-
-    device = torch.device("cpu")
-
-    def __init__(self, embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        self.embed = embed
-
-    def shard(self, indices: list[int]) -> list[int]:
-        return list(indices)
-
-    def sum_across(self, values: torch.Tensor) -> torch.Tensor:
-        return values
-
-    def embeddings(
-        self, model, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
-    ) -> torch.Tensor:
-        return self.embed(wavs, lens)
 
 
 def reserve_seconds(

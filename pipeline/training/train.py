@@ -40,6 +40,7 @@ from ..core.staging import check_output_dir
 from ..core.tables import TrainTable, read_train_table
 from ..devices import policy
 from ..devices.policy import HardwarePlan
+from ..devices.strategy import Strategy
 from . import checkpoint as ckpt
 from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
@@ -120,7 +121,7 @@ def check_output_dirs(config: TrainConfig) -> None:
 class Run:
     """The live state of one process's training run, shared by prepare / run_epochs / finish."""
 
-    strategy: Any
+    strategy: Strategy
     config: TrainConfig
     plan: HardwarePlan
     data: TrainingData
@@ -149,7 +150,9 @@ class Run:
         self.last_checkpoint = time.monotonic()
 
 
-def fit(strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float) -> TrainResult:
+def fit(
+    strategy: Strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float
+) -> TrainResult:
     """The training run of one process of the topology (policy.run calls it with the process's strategy and
     the plan it was built from)."""
     run = prepare(strategy, plan, config, data, started)
@@ -157,7 +160,9 @@ def fit(strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, s
     return finish(run)
 
 
-def prepare(strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float) -> Run:
+def prepare(
+    strategy: Strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float
+) -> Run:
     """Model, optimizer, schedule, weight average, resumed state and the batch pipeline of this process."""
     torch.manual_seed(config.seed)
     if config.num_threads:
@@ -422,7 +427,9 @@ def _onnx_files(run: Run, final: torch.nn.Module):
         yield onnx
 
 
-def _export_reserve(strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> float:
+def _export_reserve(
+    strategy: Strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig
+) -> float:
     """Seconds the ONNX files will take after the last step (rank 0 decides when to stop; 0 without a budget)."""
     if not (strategy.is_main and config.export_onnx and config.time_budget_minutes):
         return 0.0
@@ -456,7 +463,7 @@ def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
 
 
 def train_step(
-    model, strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]], average=None
+    model, strategy: Strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]], average=None
 ) -> torch.Tensor:
     """One optimizer step over `grad_accum` micro-batches already on the device; returns the loss (on device)."""
     total = None

@@ -15,6 +15,7 @@ from pipeline.core.tables import read_train_table
 from pipeline.devices.ddp import DDPStrategy, ddp_entry
 from pipeline.devices.launch import launch
 from pipeline.devices.policy import decide
+from pipeline.devices.strategy import Strategy
 from pipeline.training.dataset import stratified_split
 from pipeline.training.train import fit
 
@@ -25,6 +26,10 @@ def test_shards_are_disjoint_and_cover_the_rows(world_size):
     shards = [DDPStrategy(torch.device("cpu"), "fp32", r, world_size).shard(rows) for r in range(world_size)]
     assert sorted(sum(shards, [])) == rows
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_ddp_is_a_strategy():
+    assert isinstance(DDPStrategy(torch.device("cpu"), "fp32", 0, 2), Strategy)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from pipeline.devices.policy import (
     session_topology,
 )
 from pipeline.devices.probe import Topology
+from pipeline.devices.strategy import Strategy
 
 T4 = Topology("cuda", 2, "Tesla T4", False, "")
 TPU = Topology("tpu", 8, "TPU v5e", True, "")
@@ -98,6 +99,7 @@ def test_run_hands_the_function_its_strategy_and_the_plan():
     strategy, handed, args = run(plan, _handed, "config", 3)
     assert handed is plan and args == ("config", 3)
     assert (strategy.name, strategy.device.type, strategy.precision) == ("single", "cpu", "fp32")
+    assert isinstance(strategy, Strategy)  # every member pipeline.training uses
 
 
 def test_loader_workers_by_hardware():

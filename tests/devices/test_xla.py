@@ -146,9 +146,11 @@ def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic
 XLA_HOST_ERROR = """
 import json, sys, torch
 from pipeline.devices.probe import detect_topology
+from pipeline.devices.strategy import Strategy
 from pipeline.devices.xla import XLASpmdStrategy
 
 strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16")
+assert isinstance(strategy, Strategy)
 
 def host_batches():
     yield {"inputs": torch.randn(16, 51, 40), "lens": torch.ones(16), "labels": torch.zeros(16).long()}
