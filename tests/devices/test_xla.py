@@ -197,8 +197,8 @@ if mode == "eager":
 else:
     from pipeline.devices.probe import detect_topology
     from pipeline.devices.xla import XLASpmdStrategy
-    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32", flat_adam=mode != "today",
-                               trace_once=mode == "production")
+    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32")
+    strategy.flat_adam, strategy.trace_once = mode != "today", mode == "production"
 torch.manual_seed(0)
 model = SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=10, n_mels=40, window_samples=8000))
 flat = mode == "production"
