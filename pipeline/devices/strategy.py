@@ -180,6 +180,3 @@ class SingleDevice:
 
     def describe(self) -> str:
         return f"{self.device} ({self.precision})"
-
-    def close(self) -> None:
-        pass
