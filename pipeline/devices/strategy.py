@@ -13,6 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from ..core.model import embed_waveforms
+
 
 @runtime_checkable
 class Strategy(Protocol):
@@ -145,9 +147,7 @@ class SingleDevice:
         set) for host waveforms [n, samples], returned on the host in fp32. `pad_to`: the caller allows the
         batch to be padded to that many windows (rows are independent in eval mode; XLA uses it to run every
         batch with one shape)."""
-        wavs, lens = wavs.to(self.device, non_blocking=True), lens.to(self.device, non_blocking=True)
-        with self.autocast():
-            return model.embed(model.features(wavs, lens), lens).float().cpu()
+        return embed_waveforms(model, wavs, lens, self.device, self.autocast())
 
     def sum_across(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a small tensor of metrics over processes (identity for one process)."""

@@ -25,7 +25,7 @@ import torch
 
 from ..core import metrics
 from ..core.config import MAX_WINDOWS_PER_FILE, TrainConfig
-from ..core.model import ModelConfig, SpeakerClassifier
+from ..core.model import ModelConfig, SpeakerClassifier, embed_waveforms
 from ..devices.threads import available_cores
 from .batches import crops
 
@@ -175,9 +175,9 @@ def reserve_seconds(
 def cpu_seconds_per_window(model_config: ModelConfig, window: int) -> float:
     """Seconds torch eager takes per window of this model on this host's CPU (a batch of 4, after a warm-up)."""
     probe = SpeakerClassifier(model_config).eval()
-    wavs, lens = 0.05 * torch.randn(4, window), torch.ones(4)
+    wavs, lens, cpu = 0.05 * torch.randn(4, window), torch.ones(4), torch.device("cpu")
     with torch.inference_mode():
-        probe.embed(probe.features(wavs, lens), lens)
+        embed_waveforms(probe, wavs, lens, cpu)
         started = time.perf_counter()
-        probe.embed(probe.features(wavs, lens), lens)
+        embed_waveforms(probe, wavs, lens, cpu)
         return (time.perf_counter() - started) / 4
