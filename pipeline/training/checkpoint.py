@@ -78,8 +78,8 @@ def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
 
 
 def other_runs(checkpoint_dir: Path, fingerprint: str) -> list[Path]:
-    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including one from before
-    checkpoints had a folder per run."""
+    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including a `latest.pt` directly
+    in it (one written without a run folder of its own)."""
     found = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
     legacy = Path(checkpoint_dir) / LATEST
     return found + ([legacy] if legacy.is_file() else [])
