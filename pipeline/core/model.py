@@ -7,6 +7,7 @@ The module names (`compute_features`, `mean_var_norm`, `embedding_model`, `class
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -324,6 +325,19 @@ def host_model(model: SpeakerClassifier, state: dict[str, torch.Tensor]) -> Spea
     copy = SpeakerClassifier(ModelConfig(**model.config.to_dict()))
     copy.load_state_dict(state)
     return copy.eval()
+
+
+def embed_waveforms(
+    model: SpeakerClassifier, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device,
+    autocast: contextlib.AbstractContextManager | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Embeddings [n, embedding_size] of `model` (already on `device`, in the mode the caller set) for waveforms
+    [n, samples] with relative lengths `lens`: features and encoder on `device`, under `autocast` when given
+    (the front end stays fp32 whatever it says), returned on the host in fp32."""
+    wavs, lens = wavs.to(device, non_blocking=True), lens.to(device, non_blocking=True)
+    with autocast if autocast is not None else contextlib.nullcontext():
+        embeddings = model.embed(model.features(wavs, lens), lens)
+    return embeddings.float().cpu()
 
 
 def count_parameters(model: torch.nn.Module) -> int:

@@ -3,9 +3,10 @@
 `decide` is the one place that turns TrainConfig's hardware fields and the detected topology into a strategy,
 a precision, a model size, the batch plan and the input pipeline's worker count; `python -m pipeline doctor`
 calls it too, so what doctor prints is what training does. `run` is the launcher: it builds the strategy the
-plan names and calls the function it is handed, `fn(strategy, *args)`, in every process of the topology
-(one process for a single device or XLA SPMD, one spawned process per device for DDP, or the processes
-torchrun already started). This layer never imports the training code: it only runs what it is given.
+plan names and calls the function it is handed, `fn(strategy, plan, *args)`, in every process of the
+topology (one process for a single device or XLA SPMD, one spawned process per device for DDP, or the
+processes torchrun already started). This layer never imports the training code: it only runs what it is
+given.
 """
 
 from __future__ import annotations
@@ -166,21 +167,22 @@ def decide(
 
 
 def run(plan: HardwarePlan, fn: Callable[..., Any], *args: Any, collective_timeout_s: float = 1800.0) -> Any:
-    """Call `fn(strategy, *args)` in every process of the plan's topology; return the main process's result.
+    """Call `fn(strategy, plan, *args)` in every process of the plan's topology, each with the strategy this
+    plan names for it; return the main process's result.
 
     `fn` must be importable by module and name (spawned DDP processes look it up there). DDP ranks give up
     on a collective after `collective_timeout_s` (see ddp.py)."""
     if plan.strategy == "ddp":
         from .ddp import launch_ddp
 
-        return launch_ddp(fn, args, plan.topology, plan.precision, collective_timeout_s)
+        return launch_ddp(fn, (plan, *args), plan.topology, plan.precision, collective_timeout_s)
     if plan.strategy == "xla-spmd":
         from .xla import XLASpmdStrategy  # the only import path that reaches torch_xla
 
-        return fn(XLASpmdStrategy(plan.topology, plan.precision), *args)
+        return fn(XLASpmdStrategy(plan.topology, plan.precision), plan, *args)
     import torch
 
     from .strategy import SingleDevice
 
     device = torch.device("cuda" if plan.topology.accelerator == "cuda" else "cpu")
-    return fn(SingleDevice(device, plan.precision), *args)
+    return fn(SingleDevice(device, plan.precision), plan, *args)

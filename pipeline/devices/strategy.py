@@ -1,15 +1,64 @@
 """How one training step reaches the hardware (Lightning Fabric's "strategy"), so train.py stays device-agnostic.
 
-`SingleDevice` is the whole contract; `DDPStrategy` (ddp.py) and `XLASpmdStrategy` (xla.py) override the
-parts that differ: how the model is wrapped, which rows a process reads, precision and how metrics are reduced.
+`Strategy` is what the training code asks of one; `SingleDevice` implements all of it, and `DDPStrategy`
+(ddp.py) and `XLASpmdStrategy` (xla.py) override the parts that differ: how the model is wrapped, which rows a
+process reads, precision and how metrics are reduced.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
+
+from ..core.model import embed_waveforms
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """What pipeline.training uses of a strategy (SingleDevice documents each member)."""
+
+    name: str
+    device: torch.device
+    precision: str
+    rank: int
+    devices_per_process: int
+    features_on_host: bool
+    scaler: torch.amp.GradScaler | None
+
+    @property
+    def is_main(self) -> bool: ...
+    def setup_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
+    def shard(self, indices: Sequence[int]) -> list[int]: ...
+    def device_batches(
+        self, batches: Iterator[dict[str, torch.Tensor]]
+    ) -> Iterator[dict[str, torch.Tensor]]: ...
+    def forward_backward(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable,
+        batch: dict[str, torch.Tensor],
+        micro_batches: int = 1,
+    ) -> torch.Tensor: ...
+    def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager: ...
+    def optimizer_step(
+        self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, clip: float
+    ) -> None: ...
+    def flat_parameters(self, model: torch.nn.Module) -> torch.Tensor | None: ...
+    def mark_step(self) -> None: ...
+    def embeddings(
+        self, model: torch.nn.Module, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
+    ) -> torch.Tensor: ...
+    def sync_buffers(self, model: torch.nn.Module) -> None: ...
+    def sum_across(self, values: torch.Tensor) -> torch.Tensor: ...
+    def broadcast_flags(self, *flags: bool) -> tuple[bool, ...]: ...
+    def broadcast_object(self, value: object) -> object: ...
+    def compile_count(self) -> int | None: ...
+    def uncached_compiles(self) -> int | None: ...
+    def describe(self) -> str: ...
 
 
 class SingleDevice:
@@ -98,9 +147,7 @@ class SingleDevice:
         set) for host waveforms [n, samples], returned on the host in fp32. `pad_to`: the caller allows the
         batch to be padded to that many windows (rows are independent in eval mode; XLA uses it to run every
         batch with one shape)."""
-        wavs, lens = wavs.to(self.device, non_blocking=True), lens.to(self.device, non_blocking=True)
-        with self.autocast():
-            return model.embed(model.features(wavs, lens), lens).float().cpu()
+        return embed_waveforms(model, wavs, lens, self.device, self.autocast())
 
     def sum_across(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a small tensor of metrics over processes (identity for one process)."""
@@ -133,6 +180,3 @@ class SingleDevice:
 
     def describe(self) -> str:
         return f"{self.device} ({self.precision})"
-
-    def close(self) -> None:
-        pass

@@ -47,15 +47,17 @@ TRACE_ENVIRONMENT = {"XLA_DISABLE_FUNCTIONALIZATION": "1"}
 class XLASpmdStrategy(SingleDevice):
     name = "xla-spmd"
     features_on_host = True
+    # The step's trace remedies (module docstring), all on. benchmarks/xla_step.py and the tests switch them off
+    # on an instance, before its first step, to compare the step without each.
+    flat_adam = True  # Adam and gradient clipping on one flat vector (flat_adam.py)
+    # The flat Adam's parameter vector reused by its next step and by the weight average (flat_adam.py); off,
+    # both flatten the parameters at every step.
+    reuse_flat_vectors = True
+    # Forward, loss and backward traced once per input shape (xla_traced.py); off, at every step. A step that
+    # cannot be traced once (NotTraceable) turns it off for this instance.
+    trace_once = True
 
-    def __init__(
-        self,
-        topology: Topology,
-        precision: str,
-        flat_adam: bool = True,
-        reuse_flat_vectors: bool = True,
-        trace_once: bool = True,
-    ) -> None:
+    def __init__(self, topology: Topology, precision: str) -> None:
         for name, value in TRACE_ENVIRONMENT.items():
             os.environ.setdefault(name, value)
         import torch_xla  # TF_CPP_MIN_LOG_LEVEL was set when pipeline.devices was imported
@@ -75,17 +77,10 @@ class XLASpmdStrategy(SingleDevice):
         self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
         self._frontend: torch.nn.Module | None = None  # host features for validation (training's come ready)
         self._compiles_at_start = self._compile_total()
-        self.flat_adam = flat_adam  # benchmarks/xla_step.py compares both
         self._stepper: tuple[torch.optim.Optimizer, FlatAdam | None] | None = None
-        # The flat Adam's parameter vector reused by its next step and by the weight average (flat_adam.py);
-        # False: both flatten the parameters again, as before (benchmarks/xla_step.py compares both).
-        self.reuse_flat_vectors = reuse_flat_vectors
         self._order_checked: tuple[FlatAdam, bool] | None = None
-        # Forward, loss and backward traced once per input shape (xla_traced.py); False: at every step, as
-        # before (benchmarks/xla_step.py compares both). Their gradient waits here, flat, for optimizer_step.
-        self.trace_once = trace_once
         self._traced: TracedGradients | None = None
-        self._gradient: torch.Tensor | None = None
+        self._gradient: torch.Tensor | None = None  # trace_once: the step's flat gradient, for optimizer_step
 
     def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
         # Parameters are replicated (no sharding annotation); only the batch is split across devices.

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..core.staging import staged_file
+from ..devices.strategy import Strategy
 
 LATEST = "latest.pt"
 
@@ -77,16 +78,17 @@ def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
 
 
 def other_runs(checkpoint_dir: Path, fingerprint: str) -> list[Path]:
-    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including one from before
-    checkpoints had a folder per run."""
+    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including a `latest.pt` directly
+    in it (one written without a run folder of its own)."""
     found = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
     legacy = Path(checkpoint_dir) / LATEST
     return found + ([legacy] if legacy.is_file() else [])
 
 
 def save(
-    checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy, state, average=None
-) -> None:
+    checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy: Strategy, state,
+    average=None,
+) -> None:  # fmt: skip
     """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
     if not strategy.is_main:
         return
@@ -137,8 +139,8 @@ def read(checkpoint_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> d
 
 
 def restore(
-    payload: dict[str, Any], model, optimizer, scheduler, strategy, state: TrainingState, average=None,
-    log: Callable[[str], Any] = print,
+    payload: dict[str, Any], model, optimizer, scheduler, strategy: Strategy, state: TrainingState,
+    average=None, log: Callable[[str], Any] = print,
 ) -> str:  # fmt: skip
     """Load a checkpoint `read` returned into the live objects; returns where the run resumes."""
     strategy.unwrap(model).load_state_dict(payload["model"])

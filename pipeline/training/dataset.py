@@ -81,8 +81,8 @@ class TrainingData:
 
     def epoch_rows(self, window: int, crops_per_file: int | None = None) -> list[int]:
         """The training rows one epoch crops from: each file once per `window` samples of its audio, up to
-        MAX_CROPS_PER_FILE (or `crops_per_file` times each). A clip shorter than a window is seen once an epoch,
-        as before; a 40 s focal recording with several calls is not reduced to one crop an epoch."""
+        MAX_CROPS_PER_FILE (or `crops_per_file` times each). A clip shorter than a window is seen once an epoch;
+        a 40 s focal recording with several calls is not reduced to one crop an epoch."""
         rows = []
         for index in self.train_idx:
             length = int(self.store.lengths[int(self.items[index])])
@@ -113,12 +113,20 @@ def default_cache_dir() -> Path:
     return Path(base) / "kaggle-ecapa-pipeline" / "audio"
 
 
-def load_training_data(config: TrainConfig, log: Callable[[str], object] = print) -> TrainingData:
-    """Read the training table, cache its audio and split it. A row with no label or unusable audio stops the
-    run with an error naming its line (or, under on_bad_row="skip", is left out and reported)."""
+def load_training_data(
+    config: TrainConfig,
+    log: Callable[[str], object] = print,
+    table: tuple[list[TrainRow], list[dict[str, str]]] | None = None,
+) -> TrainingData:
+    """Cache the training table's audio and split it. A row with no label or unusable audio stops the run with
+    an error naming its line (or, under on_bad_row="skip", is left out and reported). `table`: what
+    `read_train_table` returned for `config`, when the caller has read it already (train() sizes the hardware
+    plan by it); else it is read here."""
     data_dir = Path(config.data_dir)
     csv_path = data_dir / config.train_table
-    rows, skipped = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+    if table is None:
+        table = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+    rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
     rows, notes = drop_repeated_rows(rows, csv_path)
     for note in notes:
         log(note)
@@ -248,9 +256,7 @@ def choose_objective(objective: str, rows: list[TrainRow], labels: list[str]) ->
     several = sum(len(found) > 1 for found in labels_of.values())
     if several >= MULTI_LABEL_SHARE * len(labels_of):
         return "bce", f"auto: {several} of {plural(len(labels_of), 'file')} have several labels"
-    if (
-        several
-    ):  # a few double-labelled files in a single-label task: each label trains on the file, as before
+    if several:  # a few double-labelled files in a single-label task: each label trains on the file
         return "aam", (f"auto: only {several} of {plural(len(labels_of), 'file')} have several labels (less than "
                        f"{MULTI_LABEL_SHARE:.0%}); each of their labels is trained on as a clip of its own")  # fmt: skip
     return "aam", "auto: every file has one label"

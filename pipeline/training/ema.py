@@ -21,11 +21,14 @@ so the changing value never triggers a recompilation.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable
 
 import torch
 from torch._utils import _flatten_dense_tensors as flatten
 from torch._utils import _unflatten_dense_tensors as unflatten
+
+from ..core.model import embed_waveforms
 
 
 class WeightAverage:
@@ -163,11 +166,7 @@ def recompute_batchnorm(
     if not norms or len(wavs) == 0:
         return
     if forward is None:
-        device = next(model.parameters()).device
-
-        def forward(batch_wavs: torch.Tensor, batch_lens: torch.Tensor) -> object:
-            batch_lens = batch_lens.to(device)
-            return model.embed(model.features(batch_wavs.to(device), batch_lens), batch_lens)
+        forward = functools.partial(embed_waveforms, model, device=next(model.parameters()).device)
 
     batch_size = batch_size or len(wavs)
     was_training, momenta = model.training, [m.momentum for m in norms]

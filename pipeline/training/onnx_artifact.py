@@ -25,7 +25,7 @@ import torch
 
 from ..core import metrics
 from ..core.config import MAX_WINDOWS_PER_FILE, TrainConfig
-from ..core.model import ModelConfig, SpeakerClassifier
+from ..core.model import ModelConfig, SpeakerClassifier, embed_waveforms
 from ..devices.threads import available_cores
 from .batches import crops
 
@@ -105,7 +105,7 @@ def int8_rule(
     """fp32 and int8 ONNX Runtime scored on the validation split as validation scores it (the held-out files;
     labelled soundscape chunks too when there are), and whether int8 stays within the rule on each."""
     from ..core.onnx import OnnxEmbedder, int8_acceptable
-    from .validation import score_chunks, score_files
+    from .validation import chunk_scores, file_scores
 
     name = "accuracy" if data.objective == "aam" else metric
     if not data.val_idx and data.soundscapes is None:
@@ -114,12 +114,12 @@ def int8_rule(
     threads = available_cores()
     found: dict[str, dict[str, float]] = {}
     for precision, path in (("fp32", fp32_path), ("int8", int8_path)):
-        host = HostScoring(OnnxEmbedder(model, path, threads, precision))
+        embed = OnnxEmbedder(model, path, threads, precision)  # this process, all of the split, on the CPU
         if data.val_idx:
-            scores = score_files(model, host, data, config)
+            scores = file_scores(model, data, config, embed).numpy()
             found.setdefault("held_out", {})[precision] = _metric(name, data.truth(data.val_idx), scores)
         if data.soundscapes is not None:
-            scores = score_chunks(model, host, data.soundscapes, config)
+            scores = chunk_scores(model, data.soundscapes, config, embed).numpy()
             found.setdefault("soundscapes", {})[precision] = _metric(name, data.soundscapes.truth, scores)
     judged = {k: v for k, v in found.items() if not np.isnan(v["fp32"])}
     passed = bool(judged) and all(int8_acceptable(v["fp32"], v["int8"]) for v in judged.values())
@@ -150,26 +150,6 @@ def describe(rule: dict[str, Any]) -> str:
     return f"{verdict} ({values})"
 
 
-class HostScoring:
-    """What validation.score_files / score_chunks ask of a strategy, in this process on the CPU with `embed`."""
-
-    device = torch.device("cpu")
-
-    def __init__(self, embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
-        self.embed = embed
-
-    def shard(self, indices: list[int]) -> list[int]:
-        return list(indices)
-
-    def sum_across(self, values: torch.Tensor) -> torch.Tensor:
-        return values
-
-    def embeddings(
-        self, model, wavs: torch.Tensor, lens: torch.Tensor, pad_to: int | None = None
-    ) -> torch.Tensor:
-        return self.embed(wavs, lens)
-
-
 def reserve_seconds(
     model_config: ModelConfig, data: TrainingData, config: TrainConfig, per_window: float | None = None
 ) -> float:
@@ -195,9 +175,9 @@ def reserve_seconds(
 def cpu_seconds_per_window(model_config: ModelConfig, window: int) -> float:
     """Seconds torch eager takes per window of this model on this host's CPU (a batch of 4, after a warm-up)."""
     probe = SpeakerClassifier(model_config).eval()
-    wavs, lens = 0.05 * torch.randn(4, window), torch.ones(4)
+    wavs, lens, cpu = 0.05 * torch.randn(4, window), torch.ones(4), torch.device("cpu")
     with torch.inference_mode():
-        probe.embed(probe.features(wavs, lens), lens)
+        embed_waveforms(probe, wavs, lens, cpu)
         started = time.perf_counter()
-        probe.embed(probe.features(wavs, lens), lens)
+        embed_waveforms(probe, wavs, lens, cpu)
         return (time.perf_counter() - started) / 4

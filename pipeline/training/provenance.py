@@ -18,6 +18,7 @@ import torch
 from ..core.config import MODEL_PRESETS, TrainConfig, to_dict
 from ..devices.policy import HardwarePlan
 from ..devices.probe import Topology
+from ..devices.strategy import Strategy
 
 if TYPE_CHECKING:
     from .dataset import TrainingData
@@ -38,7 +39,7 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy, result) -> dict[str, Any]:
+def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy: Strategy, result) -> dict[str, Any]:
     topology = plan.topology
     return {
         "accelerator": topology.accelerator,

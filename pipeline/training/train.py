@@ -1,8 +1,9 @@
 """The train stage: competition folder -> artifact, on whatever topology the session has.
 
     train(config)   check the outputs -> hardware plan (devices/policy) -> training data (audio decoded once
-                    into the cache, by every core) -> policy.run(plan, fit, ...)
-    fit(strategy)   run by every process of the topology: prepare -> run_epochs -> finish
+                    into the cache, by every core) -> policy.run(plan, fit, config, data, started)
+    fit(strategy, plan, config, data, started)
+                    run by every process of the topology, with its strategy: prepare -> run_epochs -> finish
 
 Everything hardware-specific is behind the strategy the policy hands to `fit` (devices/strategy.py, ddp.py,
 xla.py); this file never imports torch_xla. Batches come from DataLoader worker processes (batches.py);
@@ -39,6 +40,7 @@ from ..core.staging import check_output_dir
 from ..core.tables import TrainTable, read_train_table
 from ..devices import policy
 from ..devices.policy import HardwarePlan
+from ..devices.strategy import Strategy
 from . import checkpoint as ckpt
 from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
@@ -92,12 +94,12 @@ def train(config: TrainConfig) -> TrainResult:
     """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
-    rows, _ = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
-    plan = policy.decide(config, train_rows=round(len(rows) * (1 - config.val_fraction)))
+    table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
+    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.val_fraction)))
     log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
     log(plan.describe())  # what was found and what will be done, before anything slow happens
-    data = load_training_data(config, log)  # audio decoded once per machine, before any rank starts
-    return policy.run(plan, fit, config, plan, data, started,
+    data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
+    return policy.run(plan, fit, config, data, started,
                       collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
 
 
@@ -119,7 +121,7 @@ def check_output_dirs(config: TrainConfig) -> None:
 class Run:
     """The live state of one process's training run, shared by prepare / run_epochs / finish."""
 
-    strategy: Any
+    strategy: Strategy
     config: TrainConfig
     plan: HardwarePlan
     data: TrainingData
@@ -148,14 +150,19 @@ class Run:
         self.last_checkpoint = time.monotonic()
 
 
-def fit(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingData, started: float) -> TrainResult:
-    """The training run of one process of the topology (policy.run calls it with the process's strategy)."""
-    run = prepare(strategy, config, plan, data, started)
+def fit(
+    strategy: Strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float
+) -> TrainResult:
+    """The training run of one process of the topology (policy.run calls it with the process's strategy and
+    the plan it was built from)."""
+    run = prepare(strategy, plan, config, data, started)
     run_epochs(run)
     return finish(run)
 
 
-def prepare(strategy, config: TrainConfig, plan: HardwarePlan, data: TrainingData, started: float) -> Run:
+def prepare(
+    strategy: Strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float
+) -> Run:
     """Model, optimizer, schedule, weight average, resumed state and the batch pipeline of this process."""
     torch.manual_seed(config.seed)
     if config.num_threads:
@@ -420,7 +427,9 @@ def _onnx_files(run: Run, final: torch.nn.Module):
         yield onnx
 
 
-def _export_reserve(strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> float:
+def _export_reserve(
+    strategy: Strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig
+) -> float:
     """Seconds the ONNX files will take after the last step (rank 0 decides when to stop; 0 without a budget)."""
     if not (strategy.is_main and config.export_onnx and config.time_budget_minutes):
         return 0.0
@@ -454,7 +463,7 @@ def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
 
 
 def train_step(
-    model, strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]], average=None
+    model, strategy: Strategy, loss_fn, optimizer, micro_batches: list[dict[str, torch.Tensor]], average=None
 ) -> torch.Tensor:
     """One optimizer step over `grad_accum` micro-batches already on the device; returns the loss (on device)."""
     total = None

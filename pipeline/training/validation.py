@@ -9,6 +9,7 @@ every rank ends with the same predictions, and so the same best-epoch decision.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,6 +20,7 @@ from ..core import metrics
 from ..core.config import DEFAULT_CHUNK_POOLING, MAX_WINDOWS_PER_FILE, TrainConfig
 from ..core.objectives import validation_loss
 from ..core.windows import FileWindows, WindowPlan, chunk_hop, run_windows, span_windows
+from ..devices.strategy import Strategy
 from .batches import crops
 from .ema import WeightAverage, recompute_batchnorm
 from .store import AudioStore
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 
 # Windows per validation batch: a multiple of 8 (the XLA mesh splits it evenly), large enough for the devices.
 VALIDATION_BATCH = 64
+CPU = torch.device("cpu")
+Embed = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (wavs, lens) -> window embeddings on the host
 
 
 @dataclass
@@ -57,7 +61,7 @@ def calibration_windows(
 
 
 def validation_model(
-    model: torch.nn.Module, average: WeightAverage | None, strategy, calibration
+    model: torch.nn.Module, average: WeightAverage | None, strategy: Strategy, calibration
 ) -> torch.nn.Module:
     """The weights an epoch validates and may keep (the average, else the model itself), on the training
     device, in eval mode, with BatchNorm statistics of their own (computed in one batch: on XLA one graph)."""
@@ -70,7 +74,7 @@ def validation_model(
 
 
 def evaluate(
-    model: torch.nn.Module, strategy, data: TrainingData, config: TrainConfig, metric: str
+    model: torch.nn.Module, strategy: Strategy, data: TrainingData, config: TrainConfig, metric: str
 ) -> Validation | None:
     """Validation exactly as at inference (windowed, length-weighted) of `model` (unwrapped, on the strategy's
     device) on the held-out files, and on the labelled soundscape chunks if there are any; None with neither.
@@ -99,10 +103,24 @@ def evaluate(
     return Validation(values, predicted)
 
 
-def score_files(model: torch.nn.Module, strategy, data: TrainingData, config: TrainConfig) -> np.ndarray:
+def score_files(
+    model: torch.nn.Module, strategy: Strategy, data: TrainingData, config: TrainConfig
+) -> np.ndarray:
     """[validation files, classes] cosine scores of the held-out files, each process its share."""
+    mine = strategy.shard(list(range(len(data.val_idx))))  # positions in val_idx this process scores
+    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
+    scores = file_scores(model, data, config, embed, mine, strategy.device)
+    return strategy.sum_across(scores).numpy()  # other processes' rows were zeros here
+
+
+def file_scores(
+    model: torch.nn.Module, data: TrainingData, config: TrainConfig, embed: Embed,
+    positions: list[int] | None = None, device: torch.device = CPU,
+) -> torch.Tensor:  # fmt: skip
+    """[validation files, classes] float64 cosine scores of the held-out files at `positions` in val_idx
+    (default: all of them), their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     val_idx = data.val_idx
-    mine = strategy.shard(list(range(len(val_idx))))  # positions in val_idx this process scores
+    mine = list(range(len(val_idx))) if positions is None else positions
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE)
 
     def files():
@@ -110,25 +128,36 @@ def score_files(model: torch.nn.Module, strategy, data: TrainingData, config: Tr
             samples = data.store.read(int(data.items[val_idx[position]]))
             yield FileWindows(k, *span_windows(samples, [(k, 0.0, None)], plan))
 
-    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
     with torch.inference_mode():
-        predictions = run_windows(model, files(), len(mine), VALIDATION_BATCH, strategy.device, embed=embed)
+        predictions = run_windows(model, files(), len(mine), VALIDATION_BATCH, device, embed=embed)
     scores = torch.zeros(len(val_idx), len(data.labels), dtype=torch.float64)
     if mine:
         scores[mine] = torch.from_numpy(predictions.scores).double()
-    return strategy.sum_across(scores).numpy()  # other processes' rows were zeros here
+    return scores
 
 
 def score_chunks(
-    model: torch.nn.Module, strategy, chunks: LabelledSoundscapes, config: TrainConfig
+    model: torch.nn.Module, strategy: Strategy, chunks: LabelledSoundscapes, config: TrainConfig
 ) -> np.ndarray:
     """[chunks, classes] cosine scores of labelled soundscape chunks, computed as the infer notebook's defaults
     compute a chunk's (windows half a window apart, pooled by InferConfig's default chunk_pooling); each process
     scores its share, summed across processes."""
+    mine = strategy.shard(list(range(len(chunks.items))))
+    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
+    scores = chunk_scores(model, chunks, config, embed, mine, strategy.device)
+    return strategy.sum_across(scores).numpy()
+
+
+def chunk_scores(
+    model: torch.nn.Module, chunks: LabelledSoundscapes, config: TrainConfig, embed: Embed,
+    positions: list[int] | None = None, device: torch.device = CPU,
+) -> torch.Tensor:  # fmt: skip
+    """[chunks, classes] float64 cosine scores of the chunks at `positions` (default: all), their windows
+    embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     pooling = DEFAULT_CHUNK_POOLING
     hop = chunk_hop(config.window_samples, None, config.sample_rate)
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE, hop)
-    mine = strategy.shard(list(range(len(chunks.items))))
+    mine = list(range(len(chunks.items))) if positions is None else positions
     rate = config.sample_rate
 
     def spans():
@@ -137,13 +166,12 @@ def score_chunks(
             samples = chunks.store.read(item, int(round(start * rate)), int(round(end * rate)))
             yield FileWindows(k, *span_windows(samples, [(k, 0.0, end - start)], plan))
 
-    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
     with torch.inference_mode():
-        predictions = run_windows(model, spans(), len(mine), VALIDATION_BATCH, strategy.device, embed=embed)
+        predictions = run_windows(model, spans(), len(mine), VALIDATION_BATCH, device, embed=embed)
     scores = torch.zeros(len(chunks.items), chunks.truth.shape[1], dtype=torch.float64)
     if mine:
         scores[mine] = torch.from_numpy(np.nan_to_num(predictions.pooled[pooling], nan=-1.0)).double()
-    return strategy.sum_across(scores).numpy()
+    return scores
 
 
 def _score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:

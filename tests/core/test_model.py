@@ -1,7 +1,7 @@
 import torch
 
 from pipeline.core.config import MODEL_PRESETS
-from pipeline.core.model import ModelConfig, SpeakerClassifier, count_parameters
+from pipeline.core.model import ModelConfig, SpeakerClassifier, count_parameters, embed_waveforms
 
 
 def tiny(n_classes=3):
@@ -25,6 +25,20 @@ def test_features_ready_path_equals_waveform_path():
         direct = model(wavs, lens)
         via_features = model(model.features(wavs, lens), lens, features_ready=True)
     torch.testing.assert_close(direct, via_features)
+
+
+def test_embed_waveforms_is_the_models_embedding_in_fp32_on_the_host():
+    model = tiny().eval()
+    wavs, lens = torch.randn(3, 8000), torch.tensor([1.0, 0.5, 0.25])
+    with torch.no_grad():
+        expected = model.embed(model.features(wavs, lens), lens)
+        plain = embed_waveforms(model, wavs, lens, torch.device("cpu"))
+        cast = embed_waveforms(
+            model, wavs, lens, torch.device("cpu"), torch.autocast("cpu", dtype=torch.bfloat16)
+        )
+    torch.testing.assert_close(plain, expected)
+    assert plain.device.type == cast.device.type == "cpu" and plain.dtype == cast.dtype == torch.float32
+    assert torch.nn.functional.cosine_similarity(cast, expected).min() > 0.99  # bf16: close, not equal
 
 
 def test_presets_grow():

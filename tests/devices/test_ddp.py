@@ -15,6 +15,7 @@ from pipeline.core.tables import read_train_table
 from pipeline.devices.ddp import DDPStrategy, ddp_entry
 from pipeline.devices.launch import launch
 from pipeline.devices.policy import decide
+from pipeline.devices.strategy import Strategy
 from pipeline.training.dataset import stratified_split
 from pipeline.training.train import fit
 
@@ -27,6 +28,10 @@ def test_shards_are_disjoint_and_cover_the_rows(world_size):
     assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
+def test_ddp_is_a_strategy():
+    assert isinstance(DDPStrategy(torch.device("cpu"), "fp32", 0, 2), Strategy)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(
@@ -37,7 +42,7 @@ def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
                          **{**TINY_TRAIN, "epochs": 2, "devices": 2})  # fmt: skip
     plan = decide(config)
-    work = (config, plan, synthetic_training_data, time.monotonic())
+    work = (plan, config, synthetic_training_data, time.monotonic())
     results = launch(ddp_entry, nprocs=2, args=(fit, work, plan.topology, "fp32", 120.0), timeout=240)
     assert results[0].weights_sha256 == results[1].weights_sha256
     assert results[0].rows_trained + results[1].rows_trained == len(synthetic_training_data.train_idx)
@@ -118,13 +123,13 @@ def _torchrun_training(synthetic_data, tmp_path) -> tuple[list[str], Path]:
 
 
 def _ddp_work(config):
-    """What train() hands every rank: the config, the plan, the training data, the start time."""
+    """What train() hands every rank after its strategy: the plan, the config, the training data, the start time."""
     import time
 
     from pipeline.training.dataset import load_training_data
 
     plan = decide(config)
-    return plan, (config, plan, load_training_data(config, log=lambda *_: None), time.monotonic())
+    return plan, (plan, config, load_training_data(config, log=lambda *_: None), time.monotonic())
 
 
 @pytest.mark.slow

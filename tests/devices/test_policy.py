@@ -13,9 +13,11 @@ from pipeline.devices.policy import (
     loader_workers,
     resolve_model_size,
     resolve_precision,
+    run,
     session_topology,
 )
 from pipeline.devices.probe import Topology
+from pipeline.devices.strategy import Strategy
 
 T4 = Topology("cuda", 2, "Tesla T4", False, "")
 TPU = Topology("tpu", 8, "TPU v5e", True, "")
@@ -86,6 +88,18 @@ def test_one_plan_for_training_and_doctor():
     assert (
         decide(TrainConfig(per_device_batch_size=64), TPU).batch.per_device_batch == 64
     )  # the user's choice
+
+
+def _handed(strategy, plan, *args):
+    return strategy, plan, args
+
+
+def test_run_hands_the_function_its_strategy_and_the_plan():
+    plan = decide(TrainConfig(precision="fp32"), CPU)
+    strategy, handed, args = run(plan, _handed, "config", 3)
+    assert handed is plan and args == ("config", 3)
+    assert (strategy.name, strategy.device.type, strategy.precision) == ("single", "cpu", "fp32")
+    assert isinstance(strategy, Strategy)  # every member pipeline.training uses
 
 
 def test_loader_workers_by_hardware():

@@ -106,7 +106,7 @@ from pipeline.training.train import fit
 config = TrainConfig(**json.loads(sys.argv[1]))
 plan = decide(config)
 strategy = XLASpmdStrategy(plan.topology, "bf16")
-result = fit(strategy, config, plan, load_training_data(config), time.monotonic())
+result = fit(strategy, plan, config, load_training_data(config), time.monotonic())
 process_compiles = met.metric_data("CompileTime")[0]
 
 host = {"inputs": torch.randn(16, 51, config.n_mels), "lens": torch.ones(16), "labels": torch.zeros(16).long()}
@@ -146,9 +146,11 @@ def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic
 XLA_HOST_ERROR = """
 import json, sys, torch
 from pipeline.devices.probe import detect_topology
+from pipeline.devices.strategy import Strategy
 from pipeline.devices.xla import XLASpmdStrategy
 
 strategy = XLASpmdStrategy(detect_topology("tpu"), "bf16")
+assert isinstance(strategy, Strategy)
 
 def host_batches():
     yield {"inputs": torch.randn(16, 51, 40), "lens": torch.ones(16), "labels": torch.zeros(16).long()}
@@ -195,8 +197,8 @@ if mode == "eager":
 else:
     from pipeline.devices.probe import detect_topology
     from pipeline.devices.xla import XLASpmdStrategy
-    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32", flat_adam=mode != "today",
-                               trace_once=mode == "production")
+    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32")
+    strategy.flat_adam, strategy.trace_once = mode != "today", mode == "production"
 torch.manual_seed(0)
 model = SpeakerClassifier(ModelConfig.from_preset("tiny", n_classes=10, n_mels=40, window_samples=8000))
 flat = mode == "production"

@@ -31,7 +31,8 @@ def batch(rows, frames):
 steps = [[batch(16, 51), batch(16, 51)], [batch(8, 41), batch(8, 41)], [batch(16, 51), batch(16, 51)]]
 found = {}
 for trace_once in (True, False):
-    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32", trace_once=trace_once)
+    strategy = XLASpmdStrategy(detect_topology("tpu"), "fp32")
+    strategy.trace_once = trace_once
     model = strategy.setup_model(copy.deepcopy(initial))
     # An optimizer over the classifier and the last block only (as a partly frozen encoder would have).
     trained = [p for name, p in model.named_parameters() if not name.startswith("embedding_model.blocks.0.")]

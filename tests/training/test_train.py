@@ -36,6 +36,27 @@ def test_training_is_reproducible_with_a_fixed_seed(synthetic_data, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_train_reads_the_training_table_once(synthetic_data, tmp_path, monkeypatch):
+    """The table sizes the hardware plan and then becomes the training data: one read for both."""
+    import pipeline.training.dataset
+    import pipeline.training.train
+
+    reads = []
+    real = pipeline.training.dataset.read_train_table
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return real(*args, **kwargs)
+
+    for module in (pipeline.training.dataset, pipeline.training.train):
+        monkeypatch.setattr(module, "read_train_table", counted)
+    monkeypatch.setattr(pipeline.training.train.policy, "run", lambda plan, fn, config, data, *_, **__: data)
+    data = train(
+        TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"), **TINY_TRAIN)
+    )
+    assert len(reads) == 1 and len(data.rows) == 48
+
+
 def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_path):
     import shutil
 
