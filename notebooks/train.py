@@ -61,6 +61,14 @@ mix_probability = 0.5  # a second crop added, labels united (multi-label objecti
 background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
+# Self-training on the unlabelled soundscapes of noise_dir (pipeline/tooling/self_training.py)
+self_training_rounds = 0  # student rounds, each taught by the round before (0: one plain training run)
+teacher = None  # what teaches the first round: an artifact folder or a targets .csv (None: a focal-only round 0)
+soundscape_targets = None  # a targets .csv (filename, start, end, a probability per class) for one training run
+target_probability = 0.5  # crops that get a soundscape stretch and its soft targets mixed in
+target_power = 1.0  # targets raised to this power (> 1 sharpens)
+target_floor = 0.1  # targets below this set to 0
+target_threshold = 0.0  # stretches whose highest target is below this left out
 init_from = None  # a SpeechBrain pretrained folder to fine-tune
 freeze_encoder = False  # train only the classifier (needs init_from)
 # Optimisation: global batch is per_device_batch_size x devices x grad_accum
@@ -119,10 +127,10 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
 # %%
 from pipeline.core.config import TrainConfig, from_params
 from pipeline.tooling.notebook import resolve_train_defaults
-from pipeline.training.train import train
+from pipeline.tooling.self_training import train_rounds
 
 config = resolve_train_defaults(from_params(TrainConfig, globals()))
-result = train(config)
+result = train_rounds(config)  # train(config), or self_training_rounds rounds of it
 
 # %%
 from pipeline.core.report import show_training_report

@@ -119,6 +119,23 @@ class TrainConfig:
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
+    # Self-training (pipeline/tooling/self_training.py): a targets file (filename relative to noise_dir, start,
+    # end, one probability per class: a teacher's scores of the unlabelled soundscapes, or 0/1 truth) whose
+    # stretches are mixed 1:1 into target_probability of the training crops; the crop's target is the union
+    # (maximum) of its own labels and the stretch's. The controls BirdCLEF's winners used: probabilities raised
+    # to target_power (>1 sharpens), those below target_floor set to 0, stretches whose highest probability is
+    # below target_threshold left out (an empty stretch, all zeros after the floor, is kept: it teaches silence).
+    soundscape_targets: str | None = None
+    # Rounds of self-training in one run of the train notebook (pipeline/tooling/self_training.py): each round's
+    # model scores the unlabelled soundscapes for the next. 0: one plain training run. teacher: what teaches the
+    # first round (an artifact folder, or a targets .csv such as a pretrained bird model's scores); None: a round
+    # 0 on the focal recordings alone.
+    self_training_rounds: int = 0
+    teacher: str | None = None
+    target_probability: float = 0.5
+    target_power: float = 1.0
+    target_floor: float = 0.1
+    target_threshold: float = 0.0
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
     # Optimisation
@@ -227,6 +244,24 @@ class TrainConfig:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
         if self.freeze_encoder and not self.init_from:
             raise ConfigError("freeze_encoder=True needs init_from (a pretrained model to freeze)")
+        for name in ("target_probability", "target_floor", "target_threshold"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a value in [0, 1]")
+        _check_positive("target_power", self.target_power)
+        if self.self_training_rounds < 0:
+            raise ConfigError(
+                f"parameter self_training_rounds={self.self_training_rounds!r}: use 0 (off) or more"
+            )
+        if self.teacher and not self.self_training_rounds:
+            raise ConfigError(
+                "teacher is what teaches the first self-training round: set self_training_rounds >= 1"
+            )
+        if (self.soundscape_targets or self.self_training_rounds) and not self.noise_dir:
+            raise ConfigError("self-training needs noise_dir: the folder of unlabelled soundscapes")
+        if self.soundscape_targets and not self.noise_dir:
+            raise ConfigError(
+                "soundscape_targets needs noise_dir: the folder of soundscapes its filenames are in"
+            )
 
     @property
     def window_samples(self) -> int:

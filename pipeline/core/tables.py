@@ -307,6 +307,58 @@ def read_labelled_chunks(data_dir: str | Path, table: str, folder: str | None) -
     return chunks
 
 
+@dataclass(frozen=True)
+class ChunkTargets:
+    """Soft targets for stretches of soundscapes (self-training's teacher scores, pipeline/tooling/self_training.py):
+    `files[k]` (relative to the soundscape folder) from `starts[k]` to `ends[k]` seconds has probability
+    `probs[k, c]` of the model's class c."""
+
+    files: list[str]
+    starts: list[float]
+    ends: list[float]
+    probs: list[list[float]]  # [rows][classes], in the order of the `labels` read_chunk_targets was given
+    notes: list[str] = field(default_factory=list)
+
+
+def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
+    """A targets file: `filename,start,end` and one probability column per class. Columns of classes the model
+    does not have are left out, classes it has but the file lacks get 0 (both said in `notes`); a row with an
+    unreadable time or a probability outside 0..1 stops with its line and what to fix."""
+    hint = "A targets file has the columns filename, start, end and one probability (0..1) per class."
+    rows = read_csv(csv_path, ("filename", "start", "end"), hint)
+    header = [c for c in (rows[0][1] if rows else {}) if c not in ("filename", "start", "end")]
+    known = [c for c in header if c in labels]
+    notes = []
+    if len(known) < len(header):
+        notes.append(f"{csv_path.name}: {len(header) - len(known)} class column(s) the model does not have are "
+                     f"left out: {sorted(set(header) - set(known))[:10]}")  # fmt: skip
+    if len(known) < len(labels):
+        notes.append(f"{csv_path.name}: no column for {len(labels) - len(known)} of the model's classes (target 0): "
+                     f"{sorted(set(labels) - set(known))[:10]}")  # fmt: skip
+    column = {label: k for k, label in enumerate(labels)}
+    files, starts, ends, probs = [], [], [], []
+    for line, row in rows:
+        try:
+            start, end = _seconds(row["start"]), _seconds(row["end"])
+            values = [float(row[c]) for c in known]
+        except ValueError:
+            raise DataError(
+                f"{csv_path} line {line}: start, end and the class columns must be numbers. {hint}"
+            ) from None
+        if not end > start or any(not 0.0 <= v <= 1.0 for v in values):
+            raise DataError(f"{csv_path} line {line}: needs end > start and probabilities in 0..1. {hint}")
+        target = [0.0] * len(labels)
+        for name, value in zip(known, values, strict=True):
+            target[column[name]] = value
+        files.append(row["filename"])
+        starts.append(start)
+        ends.append(end)
+        probs.append(target)
+    if not files:
+        raise DataError(f"{csv_path}: no rows. {hint}")
+    return ChunkTargets(files, starts, ends, probs, notes)
+
+
 def _seconds(text: str) -> float:
     parts = [float(part) for part in text.strip().split(":")]
     return sum(value * 60**power for power, value in enumerate(reversed(parts)))

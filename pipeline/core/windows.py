@@ -27,7 +27,7 @@ import torch
 from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE
 from .data import windows
-from .model import SpeakerClassifier, add_windows
+from .model import SpeakerClassifier, add_windows, embed_waveforms
 from .progress import heartbeat, progress_bar
 
 POOLINGS = ("mean", "max", "mean_max")
@@ -107,12 +107,10 @@ class SpanPredictions:
 def embed_windows(
     model: SpeakerClassifier, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device
 ) -> torch.Tensor:
-    """Embeddings [n, D] of one batch of windows, returned on CPU in fp32."""
-    wavs, lens = wavs.to(device, non_blocking=True), lens.to(device, non_blocking=True)
-    use_fp16 = device.type == "cuda"  # T4 tensor cores; the Fbank front end stays in fp32 (see model.py)
-    with torch.autocast(device_type=device.type, dtype=torch.float16, enabled=use_fp16):
-        embeddings = model.embed(model.features(wavs, lens), lens)
-    return embeddings.float().cpu()
+    """Embeddings [n, D] of one batch of windows at inference, returned on CPU in fp32: fp16 autocast on CUDA
+    (T4 tensor cores; the Fbank front end stays in fp32, see model.py)."""
+    fp16 = torch.autocast(device_type="cuda", dtype=torch.float16) if device.type == "cuda" else None
+    return embed_waveforms(model, wavs, lens, device, fp16)
 
 
 class SpanPooling:

@@ -3,7 +3,10 @@
     train.csv                    primary_label, secondary_labels ("['b']" or "[]"), type, filename, rating, ...
     train_audio/<label>/*.ogg    focal recordings: 3-6 calls of one class with pauses, some with a quiet call of
                                  a second class (its secondary label); quiet white background
-    train_soundscapes/*.ogg      unlabelled soundscapes: the background of the test soundscapes, no calls
+    train_soundscapes/*.ogg      unlabelled soundscapes: the background of the test soundscapes, no calls (with
+                                 `field`: drawn like the hidden set, calls and all, from other takes)
+    train_soundscapes_truth.csv  (with `field`) their chunks' truth in the labelled table's format: hidden from
+                                 the pipeline, for the benchmark's oracle
     train_soundscapes_labels.csv (with `labelled_soundscapes`, as in 2026) filename, start, end,
                                  primary_label ("a;b") of soundscapes with calls
     test_soundscapes/*.ogg       the hidden set: `soundscape_seconds` of background (coloured noise, wind,
@@ -14,6 +17,13 @@
     solution.csv                 row_id (`<stem>_<end second>`) + 0/1 per class: the hidden chunks' truth
     solution_snr.csv             row_id, label, snr_db: each hidden call's level against its background (RMS
                                  of the call over RMS of the background), for analyses by SNR
+
+`field=True` makes the soundscapes sound like BirdCLEF's rather than like the focal recordings mixed into noise:
+each soundscape has 1-3 resident species that call in bouts over neighbouring chunks (and a rare visitor),
+each call heard from a distance -- quieter (-9..+9 dB against the background), low-passed (1.5-5 kHz) and
+reverberant (RT60 0.2-0.8 s) -- where the focal recordings stay close and clean; and the unlabelled
+train_soundscapes are drawn the same way from other takes than the hidden set's: what self-training and
+post-processing work on.
 
 Audio is 32 kHz Ogg/Vorbis, as BirdCLEF's. The classes come from `species_from_fsdd` (FSDD speakers,
 real speech, train and test from different takes) or `species_from_synthetic` (synthetic voices, no
@@ -36,6 +46,11 @@ from ..core.tables import new_competition_folder, write_csv
 
 PLACEHOLDER_ROWS = 3
 CALLS_PER_CHUNK = (0.3, 0.45, 0.25)  # probability of 0, 1 and 2 calls in a chunk of a test soundscape
+# field soundscapes: residents per soundscape (1, 2 or 3), and each resident's bouts as a two-state chain over
+# chunks: calling in the first chunk, staying on, switching on; a visitor (any other class) per chunk.
+RESIDENTS = (0.4, 0.4, 0.2)
+BOUT_START, BOUT_STAY, BOUT_BEGIN = 0.4, 0.65, 0.2
+VISITOR_PER_CHUNK = 0.05
 
 
 @dataclass(frozen=True)
@@ -94,15 +109,21 @@ def make_soundscape_competition(
     public: bool = False,
     overwrite: bool = False,
     background_db: float = 0.0,
+    field: bool = False,
 ) -> Path:
     """Write the folder (see the module docstring); refuses a non-empty `out_dir` unless it is one the data
     commands wrote and `overwrite` is set. `background_db` turns the hidden soundscapes' background up or down
     against their calls (-30: nearly clean calls, the ceiling an analysis compares with); the calls and
-    everything else stay as they are."""
+    everything else stay as they are. `field`: soundscapes like BirdCLEF's (the module docstring)."""
     out = Path(out_dir)
     labels = sorted(species.train)
     clips = {k: [_at_rate(c, species.rate, sample_rate) for c in v] for k, v in species.train.items()}
     calls = {k: [_at_rate(c, species.rate, sample_rate) for c in v] for k, v in species.test.items()}
+    # field: the unlabelled soundscapes' calls are other takes than the hidden set's
+    unlabelled_calls = {k: v[1::2] for k, v in calls.items()} if field else {}
+    if field:
+        calls = {k: v[0::2] for k, v in calls.items()}
+    scape = _field_soundscape if field else _soundscape
     with new_competition_folder(out, overwrite) as root:
         rng = np.random.default_rng([seed, 1])
         rows = []
@@ -121,16 +142,26 @@ def make_soundscape_competition(
                                        "rating", "url", "latitude", "longitude", "scientific_name", "common_name",
                                        "author", "license"], rows)  # fmt: skip
         scape_rng = np.random.default_rng([seed, 2])
+        hidden_truth = []
         for n in range(train_soundscapes):
-            _write(root / "train_soundscapes" / f"unlabelled_{n:04d}.ogg",
-                   _background(scape_rng, soundscape_seconds, sample_rate), sample_rate)  # fmt: skip
+            name = f"unlabelled_{n:04d}.ogg"
+            if field:
+                audio, truth, _ = scape(
+                    scape_rng, unlabelled_calls, soundscape_seconds, segment_seconds, sample_rate
+                )
+                hidden_truth += _chunk_rows(name, truth, segment_seconds)
+            else:
+                audio = _background(scape_rng, soundscape_seconds, sample_rate)
+            _write(root / "train_soundscapes" / name, audio, sample_rate)
+        if field:
+            write_csv(root / "train_soundscapes_truth.csv", ["filename", "start", "end", "primary_label"],
+                      hidden_truth)  # fmt: skip
         labelled = []
         for n in range(labelled_soundscapes):
             stem = f"labelled_{n:04d}"
-            audio, truth, _ = _soundscape(scape_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
+            audio, truth, _ = scape(scape_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
             _write(root / "train_soundscapes" / f"{stem}.ogg", audio, sample_rate)
-            labelled += [[f"{stem}.ogg", f"{c * segment_seconds:g}", f"{(c + 1) * segment_seconds:g}",
-                          ";".join(present)] for c, present in enumerate(truth) if present]  # fmt: skip
+            labelled += _chunk_rows(f"{stem}.ogg", truth, segment_seconds)
         if labelled_soundscapes:
             write_csv(
                 root / "train_soundscapes_labels.csv", ["filename", "start", "end", "primary_label"], labelled
@@ -140,8 +171,8 @@ def make_soundscape_competition(
         solution, snr = [], []
         for _ in range(test_soundscapes):
             stem = f"soundscape_{int(test_rng.integers(10**6, 10**7))}"
-            audio, truth, levels = _soundscape(test_rng, calls, soundscape_seconds, segment_seconds, sample_rate,
-                                               background_db)  # fmt: skip
+            audio, truth, levels = scape(test_rng, calls, soundscape_seconds, segment_seconds, sample_rate,
+                                         background_db)  # fmt: skip
             if not public:
                 _write(root / "test_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             row_ids = [f"{stem}_{(c + 1) * segment_seconds:g}" for c in range(len(truth))]
@@ -238,6 +269,62 @@ def _soundscape(
         truth.append(present)
         levels.append(chunk)
     return audio, truth, levels
+
+
+def _chunk_rows(filename: str, truth: list[list[str]], segment: float) -> list[list[str]]:
+    """The labelled table's rows (filename, start, end, "a;b") of a soundscape's chunks that hold calls."""
+    return [[filename, f"{c * segment:g}", f"{(c + 1) * segment:g}", ";".join(present)]
+            for c, present in enumerate(truth) if present]  # fmt: skip
+
+
+def _field_soundscape(
+    rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
+    background_db: float = 0.0,
+) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
+    """A soundscape as BirdCLEF's sound (the module docstring): residents calling in bouts, a rare visitor, every
+    call distant. Returns what _soundscape returns."""
+    audio = _background(rng, seconds, rate)
+    noise_rms = float(np.sqrt(np.mean(audio**2)))
+    audio *= _db(background_db)
+    labels = sorted(calls)
+    count = min(len(labels), 1 + int(rng.choice(len(RESIDENTS), p=RESIDENTS)))
+    residents = rng.choice(labels, size=count, replace=False).tolist()
+    calling = {label: rng.random() < BOUT_START for label in residents}
+    truth, levels = [], []
+    for c in range(int(math.floor(seconds / segment))):
+        if c:
+            calling = {
+                label: rng.random() < (BOUT_STAY if on else BOUT_BEGIN) for label, on in calling.items()
+            }
+        present = {label for label, on in calling.items() if on}
+        if rng.random() < VISITOR_PER_CHUNK:
+            present.add(str(rng.choice(labels)))
+        start, size = int(c * segment * rate), int(segment * rate)
+        chunk = []
+        for label in sorted(present):
+            call = _distant(rng, calls[label][int(rng.integers(len(calls[label])))], rate)[:size]
+            snr_db = rng.uniform(-9, 9)
+            level = noise_rms * _db(snr_db) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
+            at = start + int(rng.integers(0, size - len(call) + 1))
+            audio[at : at + len(call)] += call * level
+            chunk.append((label, snr_db - background_db))
+        truth.append(sorted(present))
+        levels.append(chunk)
+    return audio, truth, levels
+
+
+def _distant(rng: np.random.Generator, call: np.ndarray, rate: int) -> np.ndarray:
+    """A call as a far recorder hears it: high frequencies absorbed (low-pass, 1.5-5 kHz) and the room's or
+    forest's reverberation (exponentially decaying noise, RT60 0.2-0.8 s) mixed in at 30-70%."""
+    dull = signal.sosfilt(signal.butter(2, rng.uniform(1500, 5000), fs=rate, output="sos"), call)
+    rt60 = rng.uniform(0.2, 0.8)
+    t = np.arange(int(rt60 * rate)) / rate
+    response = rng.standard_normal(len(t)) * np.exp(-6.9 * t / rt60)  # -60 dB at rt60
+    wet = signal.fftconvolve(dull, response)[: len(dull) + len(t) // 2]
+    dry = np.pad(dull, (0, len(wet) - len(dull)))
+    mix = rng.uniform(0.3, 0.7)
+    out = (1 - mix) * dry / (np.std(dry) + 1e-9) + mix * wet / (np.std(wet) + 1e-9)
+    return out.astype(np.float32)
 
 
 def _write(path: Path, audio: np.ndarray, rate: int) -> None:

@@ -9,6 +9,8 @@ soundscapes (far, noisy, several birds or none). Each augmentation here narrows 
                crops' labels (multi-label objectives only: one class per clip cannot hold two)
     background a crop replaced by background alone, with no label (multi-label objectives only): most of a
                soundscape is no call at all, and a model that only ever saw calls scores some class on it
+    targets    self-training: a stretch of an unlabelled soundscape, with a teacher's soft targets, added to
+               the crop at equal loudness; the crop's target is the union (maximum) of both (multi-label only)
     time mask  SpeechBrain's DropChunk: short stretches set to silence
     freq mask  SpeechBrain's DropFreq: narrow frequency bands notched out
 
@@ -30,6 +32,21 @@ from .store import AudioStore
 
 
 @dataclass(frozen=True)
+class SoundscapeTargets:
+    """Stretches of soundscapes with soft targets (TrainConfig.soundscape_targets after its controls), their
+    audio in `store`."""
+
+    store: AudioStore
+    items: np.ndarray  # the cache index of each stretch's soundscape
+    starts: np.ndarray  # samples
+    ends: np.ndarray  # samples
+    probs: np.ndarray  # [stretches, classes] float32
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(frozen=True)
 class Augmentation:
     """TrainConfig's augmentation fields, with the background recordings' cache (pickled to every worker)."""
 
@@ -40,12 +57,15 @@ class Augmentation:
     background_probability: float = 0.0
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
+    targets: SoundscapeTargets | None = None
+    target_probability: float = 0.0
 
     @property
     def active(self) -> bool:
         return bool(
             (self.noise is not None and (self.noise_probability or self.background_probability))
             or self.mix_probability or self.time_mask_probability or self.freq_mask_probability
+            or (self.targets is not None and self.target_probability)
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -57,6 +77,9 @@ class Augmentation:
             parts.append(f"two crops mixed on {self.mix_probability:.0%}")
         if self.noise is not None and self.background_probability:
             parts.append(f"{self.background_probability:.0%} of crops background alone, with no label")
+        if self.targets is not None and self.target_probability:
+            parts.append(f"a soundscape stretch with its soft targets mixed into {self.target_probability:.0%} "
+                         f"({len(self.targets)} stretches)")  # fmt: skip
         if self.time_mask_probability:
             parts.append(f"time masks on {self.time_mask_probability:.0%}")
         if self.freq_mask_probability:
@@ -75,6 +98,8 @@ def augment(
         torch.manual_seed(int(rng.integers(2**31)))
         if plan.mix_probability and labels.ndim == 2:
             wavs, lens, labels = _mix(wavs, lens, labels, rng, plan.mix_probability)
+        if plan.targets is not None and plan.target_probability and labels.ndim == 2:
+            wavs, lens, labels = _mix_targets(wavs, lens, labels, rng, plan.targets, plan.target_probability)
         if plan.noise is not None and plan.background_probability and labels.ndim == 2:
             rows = _chosen(rng, len(wavs), plan.background_probability)
             if len(rows):
@@ -121,6 +146,42 @@ def _noise_crops(store: AudioStore, count: int, window: int, rng: np.random.Gene
     return torch.from_numpy(out)
 
 
+def _mix_targets(
+    wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator,
+    targets: SoundscapeTargets, probability: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Rows chosen with `probability` get a random stretch's crop (a window inside it, or around it when it is
+    shorter) added at the RMS of the row's own audio, and the maximum of both targets; the row is then a
+    whole window long."""
+    rows = _chosen(rng, len(wavs), probability)
+    if not len(rows):
+        return wavs, lens, labels
+    window = wavs.shape[1]
+    picks = rng.integers(len(targets), size=len(rows))
+    crops = np.zeros((len(rows), window), dtype=np.float32)
+    for k, pick in enumerate(picks):
+        item, start, end = int(targets.items[pick]), int(targets.starts[pick]), int(targets.ends[pick])
+        length = int(targets.store.lengths[item])
+        if end - start > window:
+            first = start + int(rng.integers(0, end - start - window + 1))
+        else:
+            first = start - (window - (end - start)) // 2
+        first = max(0, min(first, length - window))
+        part = targets.store.read(item, first, min(length, first + window))
+        crops[k, : len(part)] = part
+    crops = torch.from_numpy(crops)
+    wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
+    valid = (lens[rows] * window).long().clamp_min(1)
+    own = torch.stack(
+        [wavs[r, :n].pow(2).mean().sqrt() for r, n in zip(rows.tolist(), valid.tolist(), strict=True)]
+    )
+    theirs = crops.pow(2).mean(dim=1).sqrt().clamp_min(1e-6)
+    wavs[rows] = wavs[rows] + crops * (own.clamp_min(1e-6) / theirs)[:, None]
+    labels[rows] = torch.maximum(labels[rows], torch.from_numpy(targets.probs[picks]).to(labels.dtype))
+    lens[rows] = 1.0
+    return wavs, lens, labels
+
+
 def _mix(
     wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator, probability: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -141,4 +202,4 @@ def _mix(
     return wavs, lens, labels
 
 
-__all__ = ["Augmentation", "augment"]
+__all__ = ["Augmentation", "SoundscapeTargets", "augment"]

@@ -7,6 +7,8 @@ returns is small (row metadata and index arrays; the audio stays on disk) and is
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -16,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import kaggle
-from ..core.config import TrainConfig
+from ..core.config import ConfigError, TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
 from ..core.tables import (
@@ -26,10 +28,12 @@ from ..core.tables import (
     TrainTable,
     audio_root,
     label_list,
+    read_chunk_targets,
     read_labelled_chunks,
     read_train_table,
     skip_or_stop,
 )
+from .augment import SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
 
 # The share of files with several labels from which objective "auto" learns several labels per clip (bce):
@@ -69,6 +73,8 @@ class TrainingData:
     # label weight for its secondary labels); None for aam, whose rows are (file, label) pairs.
     multi_hot: np.ndarray | None = None
     soundscapes: LabelledSoundscapes | None = None  # validation chunks in the test's domain
+    soundscape_targets: SoundscapeTargets | None = None  # self-training's soft targets (augment.py)
+    targets_record: dict | None = None  # where they came from, for the artifact's provenance
 
     def truth(self, rows: list[int] | np.ndarray) -> np.ndarray:
         """[len(rows), classes] targets of `rows` (one-hot for aam): what validation metrics compare with."""
@@ -161,6 +167,11 @@ def load_training_data(
     items = np.asarray(kept, dtype=np.int64)
     labels = label_list(row.label for row in rows)
     objective, why = choose_objective(config.objective, rows, labels)
+    if config.soundscape_targets and not is_multi_label(objective):
+        if config.objective != "auto":
+            raise ConfigError(f"soundscape_targets needs a multi-label objective (bce or focal), not "
+                              f"objective={config.objective!r}: a stretch of soundscape holds any number of classes")  # fmt: skip
+        objective, why = "bce", "soundscape_targets: a stretch of soundscape holds any number of classes"
     log(f"objective: {objective} ({why})")
     notes.append(f"objective: {objective} ({why})")
     multi_hot = None
@@ -182,8 +193,61 @@ def load_training_data(
     soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
     held_out = set(soundscapes.files) if soundscapes else set()
     noise = load_noise(config, log, exclude=held_out) if config.noise_dir else None
+    stretches, record = (
+        load_soundscape_targets(config, labels, held_out, log) if config.soundscape_targets else (None, None)
+    )
     return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
-                        objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes)  # fmt: skip
+                        objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes,
+                        soundscape_targets=stretches, targets_record=record)  # fmt: skip
+
+
+def load_soundscape_targets(
+    config: TrainConfig, labels: list[str], held_out: set[str], log: Callable[[str], object] = print
+) -> tuple[SoundscapeTargets, dict]:
+    """The stretches of `soundscape_targets` after its controls (power, floor, threshold), their soundscapes
+    cached; and a record for the provenance: the file's hash, what was kept, and the lineage written beside it
+    (`<name>.json`, pipeline/tooling/self_training.py). Stretches of validation soundscapes are left out."""
+    data_dir = Path(config.data_dir)
+    path = data_dir / config.soundscape_targets if not Path(config.soundscape_targets).is_absolute() else Path(
+        config.soundscape_targets)  # fmt: skip
+    found = read_chunk_targets(path, labels)
+    for note in found.notes:
+        log(note)
+    _, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
+    rel = [f"{prefix}/{name}" if prefix else name for name in found.files]
+    probs = np.asarray(found.probs, dtype=np.float32) ** config.target_power
+    probs[probs < config.target_floor] = 0.0
+    keep = np.flatnonzero((probs.max(axis=1) >= config.target_threshold) & ~np.isin(rel, sorted(held_out)))
+    if not len(keep):
+        raise DataError(f"{path}: no stretch has a probability >= target_threshold={config.target_threshold:g}; "
+                        "lower it")  # fmt: skip
+    files = sorted({rel[k] for k in keep})
+    store = open_or_build(source_files(data_dir, files), config.cache_dir or default_cache_dir(),
+                          sample_rate=config.sample_rate, log=log, progress=config.progress,
+                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
+    if store.failures:
+        index, why = next(iter(store.failures.items()))
+        raise DataError(
+            f"{path}: soundscape {files[index]!r} cannot be used ({why}); fix it or remove its rows"
+        )
+    position = {name: k for k, name in enumerate(files)}
+    rate = config.sample_rate
+    stretches = SoundscapeTargets(
+        store, np.array([position[rel[k]] for k in keep], dtype=np.int64),
+        np.array([int(found.starts[k] * rate) for k in keep], dtype=np.int64),
+        np.array([int(found.ends[k] * rate) for k in keep], dtype=np.int64), probs[keep],
+    )  # fmt: skip
+    lineage = path.with_suffix(".json")
+    record = {
+        "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "stretches": len(keep),
+        "of": len(found.files), "soundscapes": len(files), "mean_target_mass": round(float(probs[keep].sum(1).mean()), 4),
+        "power": config.target_power, "floor": config.target_floor, "threshold": config.target_threshold,
+        "probability": config.target_probability,
+        "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
+    }  # fmt: skip
+    log(f"soundscape targets: {plural(len(keep), 'stretch', 'stretches')} of {plural(len(files), 'soundscape')} from {path.name} "
+        f"(mean target mass {record['mean_target_mass']:.2f} per stretch)")  # fmt: skip
+    return stretches, record
 
 
 def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Callable[[str], object] = print

@@ -23,7 +23,15 @@ from ..devices.strategy import Strategy
 if TYPE_CHECKING:
     from .dataset import TrainingData
 
-PATH_FIELDS = {"data_dir", "artifact_dir", "checkpoint_dir", "init_from", "cache_dir"}
+PATH_FIELDS = {
+    "data_dir",
+    "artifact_dir",
+    "checkpoint_dir",
+    "init_from",
+    "cache_dir",
+    "soundscape_targets",
+    "teacher",
+}
 
 
 def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topology) -> str:
@@ -35,7 +43,10 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
                          "checkpoint_every_minutes", "num_threads", "cache_dir", "num_workers",
                          "collective_timeout_minutes"}}  # fmt: skip
     rows = [[row.rel_path, row.label] for row in dataset.rows]
-    payload = json.dumps({"config": keep, "rows": rows, "devices": topology.num_devices}, sort_keys=True)
+    shape = {"config": keep, "rows": rows, "devices": topology.num_devices}
+    if dataset.targets_record:  # a targets file's content, not only its name
+        shape["targets"] = dataset.targets_record["sha256"]
+    payload = json.dumps(shape, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

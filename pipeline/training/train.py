@@ -206,6 +206,7 @@ def prepare(
         mix_probability=config.mix_probability if data.multi_hot is not None else 0.0,
         background_probability=config.background_probability if data.multi_hot is not None else 0.0,
         time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
+        targets=data.soundscape_targets, target_probability=config.target_probability,
     )  # fmt: skip
     log(augmentation.describe() + (" (no crop mixing: the aam objective learns one class per clip)"
                                    if config.mix_probability and data.multi_hot is None else ""))  # fmt: skip
@@ -378,6 +379,9 @@ def finish(run: Run) -> TrainResult:
     if not strategy.is_main:
         return result  # no collective follows: the other ranks leave while rank 0 saves
     provenance = build_provenance(config, run.plan, strategy, result)
+    provenance["soundscape_targets"] = (
+        data.targets_record
+    )  # self-training: the teacher's scores, and its lineage
     truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
     with (
         _figures(

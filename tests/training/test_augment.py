@@ -120,3 +120,34 @@ def test_background_crops_carry_no_label_and_only_for_several_labels_per_clip(no
     single = torch.arange(8)  # aam: a crop must keep its one class
     _, _, kept = augment(wavs.clone(), lens, single, np.random.default_rng(0), plan)
     assert torch.equal(kept, single)
+
+
+def test_a_soundscape_stretch_is_mixed_in_at_equal_loudness_with_its_soft_targets(noise_store):
+    from pipeline.training.augment import SoundscapeTargets
+
+    probs = np.array([[0.9, 0.0, 0.3], [0.0, 0.6, 0.0]], np.float32)
+    # bg0 from 1 s to 2 s (a window inside it), bg2 from 0.2 s to 0.6 s (shorter: the window goes around it)
+    targets = SoundscapeTargets(noise_store, np.array([0, 2]), np.array([RATE, RATE // 5]),
+                                np.array([2 * RATE, 3 * RATE // 5]), probs)  # fmt: skip
+    plan = Augmentation(targets=targets, target_probability=1.0)
+    wavs, lens, labels = batch(4)
+    lens[0], labels = 0.5, torch.zeros(4, 3)
+    labels[1, 2] = 1.0
+    out, out_lens, out_labels = augment(
+        wavs.clone(), lens.clone(), labels.clone(), np.random.default_rng(3), plan
+    )
+    assert out_lens.tolist() == [1.0] * 4  # every row is a whole window of sound now
+    for row in range(4):
+        added = (out[row] - wavs[row]).numpy()
+        rms = float(np.sqrt(np.mean(wavs[row, : int(lens[row] * RATE)].numpy() ** 2)))
+        assert np.sqrt(np.mean(added**2)) == pytest.approx(rms, rel=1e-3)  # at the row's own loudness
+        # Where each stretch's window must be: bg0's 1-2 s exactly; bg2's 0.4 s centred, clamped to the start.
+        windows = (noise_store.read(0, RATE, 2 * RATE), noise_store.read(2, 0, RATE))
+        which = next(k for k, part in enumerate(windows) if _scaled_copy(added, part))
+        np.testing.assert_allclose(out_labels[row].numpy(), np.maximum(labels[row].numpy(), probs[which]))
+    assert not plan.describe().endswith("none") and "2 stretches" in plan.describe()
+
+
+def _scaled_copy(crop: np.ndarray, part: np.ndarray) -> bool:
+    scale = float(np.dot(part, crop) / max(float(np.dot(part, part)), 1e-12))
+    return scale > 0 and np.allclose(crop, scale * part, atol=1e-5)

@@ -1,0 +1,162 @@
+"""Self-training on the competition's unlabelled soundscapes, in rounds ("noisy student": BirdCLEF 2025's 1st and
+2026's 2nd place took their largest gains from it).
+
+    round 0   the focal recordings alone (today's recipe), or a teacher you bring: an artifact, or a scores file
+              computed elsewhere (a pretrained bird model's predictions, in the targets format below)
+    round k   the last round's model scores every window of the unlabelled soundscapes (`score_soundscapes`);
+              the next model trains on the focal recordings with those soft targets mixed in
+              (TrainConfig.soundscape_targets and its controls, pipeline/training/augment.py)
+
+The targets file: `filename,start,end,<class>,...` -- a stretch of a soundscape (filename relative to the
+noise_dir folder, seconds) and one probability per class. Written beside it, `<name>.json` says where the
+targets came from; training copies it into the artifact's provenance, so each round's artifact names its
+teacher, and that teacher's its own.
+
+Each round is an ordinary training run (time budget, checkpoints, resume, any device topology); the last
+round's artifact is the submission's (`train_rounds`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..core import objectives
+from ..core.artifact import load_artifact
+from ..core.config import ConfigError, InferConfig, TrainConfig
+from ..core.staging import write_text_atomically
+from ..core.tables import discover_test_files, write_csv
+from ..core.windows import Span
+from ..inference.predict import predict
+from ..inference.rows import RowPlan
+from ..inference.runtime import resolve_runtime
+from ..training.train import TrainResult, train
+
+
+def score_soundscapes(
+    artifact_dir: str | Path,
+    data_dir: str | Path,
+    soundscape_dir: str,
+    out: str | Path,
+    hop_seconds: float | None = None,
+    log: Callable[[str], Any] = print,
+) -> Path:
+    """The teacher's probabilities for every window of the soundscapes under `soundscape_dir` (windows of the
+    model's length, `hop_seconds` apart: default half a window), as a targets file at `out` (+ its .json)."""
+    started = time.perf_counter()
+    artifact = load_artifact(artifact_dir)
+    model = artifact.model.config
+    window = model.window_samples / model.sample_rate
+    hop = hop_seconds or window / 2
+    items = discover_test_files(Path(data_dir), soundscape_dir, "name", [])
+    prefix = soundscape_dir.strip("/") + "/"
+    files = [row.rel_path for row in items.rows]
+    spans, names = [], []
+    for k, rel in enumerate(files):
+        seconds = _seconds(Path(data_dir) / rel)
+        for start in np.arange(0.0, max(seconds - window, 0.0) + 1e-6, hop):
+            spans.append(Span(k, float(start), float(start) + window))
+            names.append(rel.removeprefix(prefix))
+    plan = RowPlan(Path(data_dir), [str(i) for i in range(len(spans))], list(range(len(spans))), spans, files,
+                   [None] * len(files), "teacher windows", segment=window)  # fmt: skip
+    runtime = resolve_runtime(InferConfig(engine="torch", progress=False), artifact)
+    spans_scored = predict(artifact.model, plan, runtime, log=lambda _: None).spans
+    probs = objectives.probabilities(
+        torch.from_numpy(np.nan_to_num(spans_scored.pooled["max"], nan=-1.0).astype(np.float64)),
+        float(model.score_scale), True,
+    ).numpy()  # fmt: skip
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows = ([name, f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
+            for name, span, row, ok in zip(names, spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
+    write_csv(out, ["filename", "start", "end", *artifact.labels], rows)
+    lineage = {"teacher": Path(artifact_dir).name, "teacher_provenance": _lineage_of(artifact.manifest),
+               "windows": int(spans_scored.ok.sum()), "files": len(files), "hop_seconds": hop,
+               "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}  # fmt: skip
+    write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
+    log(f"teacher {artifact_dir}: {len(spans)} windows of {len(files)} soundscapes scored in "
+        f"{time.perf_counter() - started:.0f} s -> {out}")  # fmt: skip
+    return out
+
+
+def _seconds(path: Path) -> float:
+    from ..core.data import audio_seconds
+
+    return float(audio_seconds(path) or 0.0)
+
+
+def _lineage_of(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """What a teacher artifact learned from: its own targets' lineage (None for a focal-only model)."""
+    return (manifest.get("provenance") or {}).get("soundscape_targets")
+
+
+def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> TrainResult:
+    """What the train notebook runs: `train(config)`, or with `self_training_rounds` N that many student rounds,
+    each taught by the one before -- the first by `teacher` (an artifact folder or a targets .csv), or without
+    one by a round 0 on the focal recordings alone. Round k's artifact is `<artifact_dir>.round_<k>`, the last
+    round's is `artifact_dir` (the one the infer notebook loads); its targets `<artifact_dir>.targets_<k>.csv`.
+
+    Each round gets an equal share of what is left of `time_budget_minutes`; a round whose artifact is already
+    there from an earlier session, trained with the same parameters, is kept rather than trained again, so a
+    lost session resumes at the round it was in (and that round at its last checkpoint)."""
+    rounds = config.self_training_rounds
+    if rounds == 0:
+        return train(config)
+    if not config.noise_dir:
+        raise ConfigError(
+            "self_training_rounds needs noise_dir: the unlabelled soundscapes the teacher scores"
+        )
+    started = time.monotonic()
+    base = Path(config.artifact_dir)
+    teacher = config.teacher
+    stages = ([] if teacher else [None]) + list(range(1, rounds + 1))  # None: round 0, focal recordings only
+    result = None
+    for position, k in enumerate(stages):
+        last = position == len(stages) - 1
+        artifact = base if last else base.with_name(f"{base.name}.round_{k or 0}")
+        targets = None
+        if k is not None:
+            if teacher.endswith(".csv"):
+                targets = teacher
+            else:
+                out = base.with_name(f"{base.name}.targets_{k}.csv")
+                targets = str(score_soundscapes(teacher, config.data_dir, config.noise_dir, out, log=log))
+        budget = None
+        if config.time_budget_minutes is not None:
+            left = config.time_budget_minutes - (time.monotonic() - started) / 60
+            budget = max(1.0, left / (len(stages) - position))
+        round_config = replace(config, artifact_dir=str(artifact), soundscape_targets=targets,
+                               time_budget_minutes=budget, self_training_rounds=0, teacher=None)  # fmt: skip
+        log(f"self-training round {k or 0} of {rounds}: "
+            + (f"targets {Path(targets).name}" if targets else "focal recordings only")
+            + (f", {budget:.0f} min" if budget else "") + f" -> {artifact}")  # fmt: skip
+        if not last and _trained_with(artifact, round_config):
+            log(f"round {k or 0}: {artifact} is there, trained with these parameters: kept")
+        else:
+            result = train(round_config)
+        teacher = str(artifact)
+    return result
+
+
+def _trained_with(artifact: Path, config: TrainConfig) -> bool:
+    """Whether `artifact` holds a finished model trained with `config` (compared as its provenance keeps it)."""
+    from ..training.provenance import PATH_FIELDS
+
+    manifest = artifact / "manifest.json"
+    if not manifest.is_file():
+        return False
+    kept = (json.loads(manifest.read_text()).get("provenance") or {}).get("config") or {}
+    wanted = {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in dataclasses.asdict(config).items()}
+    return all(kept.get(k) == v for k, v in wanted.items() if k not in ("time_budget_minutes", "progress"))
+
+
+__all__ = ["score_soundscapes", "train_rounds"]

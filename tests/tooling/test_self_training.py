@@ -1,0 +1,103 @@
+"""Self-training rounds (pipeline/tooling/self_training.py) on a small field-soundscape folder: the teacher's
+targets file, the student's lineage, and the targets' reader and controls."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import TINY_TRAIN
+
+from pipeline.core.config import ConfigError, TrainConfig
+from pipeline.core.tables import DataError, read_chunk_targets
+from pipeline.demo_data.soundscapes import make_soundscape_competition, species_from_synthetic
+
+LAYOUT = {"train_table": "train.csv", "path_column": "filename", "label_column": "primary_label",
+          "secondary_labels_column": "secondary_labels", "audio_dir": "train_audio", "noise_dir": "train_soundscapes"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory) -> Path:
+    species = species_from_synthetic(3, train_per=8, test_per=6, seed=2)
+    return make_soundscape_competition(tmp_path_factory.mktemp("field") / "data", species, focal_per_class=6,
+                                       test_soundscapes=1, train_soundscapes=2, soundscape_seconds=10, field=True)  # fmt: skip
+
+
+def test_a_field_folder_has_calls_in_its_unlabelled_soundscapes_and_their_hidden_truth(field):
+    truth = list(csv.DictReader(open(field / "train_soundscapes_truth.csv")))
+    assert truth and {row["filename"] for row in truth} <= {"unlabelled_0000.ogg", "unlabelled_0001.ogg"}
+    assert all(row["primary_label"] for row in truth)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_round_of_self_training_is_taught_by_round_0_and_says_so(field, tmp_path):
+    from pipeline.tooling.self_training import _trained_with, train_rounds
+
+    tiny = {**TINY_TRAIN, "epochs": 1, "ensemble_members": 1}
+    config = TrainConfig(data_dir=str(field), artifact_dir=str(tmp_path / "model"), cache_dir=str(tmp_path / "cache"),
+                         self_training_rounds=1, **LAYOUT, **tiny)  # fmt: skip
+    result = train_rounds(config, log=lambda _: None)
+    assert result.artifact_dir == tmp_path / "model"
+    teacher = tmp_path / "model.round_0"
+    targets = tmp_path / "model.targets_1.csv"
+    rows = list(csv.DictReader(open(targets)))
+    labels = json.loads((teacher / "manifest.json").read_text())["labels"]
+    assert list(rows[0]) == ["filename", "start", "end", *labels]
+    # every 0.5 s window of both 10 s soundscapes, a quarter of a second apart: 39 each
+    assert len(rows) == 2 * 39 and all(0.0 <= float(row[c]) <= 1.0 for row in rows for c in labels)
+    assert {float(r["end"]) - float(r["start"]) for r in rows} == {0.5}
+    student = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
+    record = student["soundscape_targets"]
+    assert record["file"] == targets.name and record["stretches"] <= len(rows) == record["of"]
+    assert record["sha256"] == hashlib.sha256(targets.read_bytes()).hexdigest()
+    assert record["lineage"]["teacher"] == "model.round_0" and record["lineage"]["teacher_provenance"] is None
+    assert student["objective"] == "bce" and student["config"]["soundscape_targets"] == targets.name
+    first = json.loads((teacher / "manifest.json").read_text())["provenance"]
+    assert first["soundscape_targets"] is None  # round 0: the focal recordings alone
+    # A rerun after a lost session keeps round 0, trained with the same parameters; other parameters retrain it.
+    round_0 = dataclasses.replace(config, artifact_dir=str(teacher), self_training_rounds=0)
+    assert _trained_with(teacher, round_0)
+    assert not _trained_with(teacher, dataclasses.replace(round_0, seed=5))
+
+
+def test_targets_keep_the_models_classes_and_refuse_what_cannot_be_a_probability(tmp_path):
+    path = tmp_path / "targets.csv"
+    path.write_text("filename,start,end,b,zz\ns.ogg,0,1,0.5,0.9\ns.ogg,1,2,0.25,0\n")
+    found = read_chunk_targets(path, ["a", "b"])
+    assert found.probs == [[0.0, 0.5], [0.0, 0.25]] and found.starts == [0.0, 1.0]
+    assert any("'zz'" in n for n in found.notes) and any("'a'" in n for n in found.notes)
+    path.write_text("filename,start,end,a\ns.ogg,0,1,0.5\ns.ogg,1,2,1.5\n")
+    with pytest.raises(DataError, match=r"targets.csv line 3: needs end > start and probabilities in 0..1"):
+        read_chunk_targets(path, ["a"])
+
+
+def test_the_self_training_parameters_are_checked():
+    with pytest.raises(ConfigError, match="set self_training_rounds >= 1"):
+        TrainConfig(teacher="model", noise_dir="x")
+    with pytest.raises(ConfigError, match="needs noise_dir"):
+        TrainConfig(self_training_rounds=2)
+    with pytest.raises(ConfigError, match="target_floor"):
+        TrainConfig(target_floor=1.5)
+
+
+def test_the_controls_shape_the_targets(field, tmp_path):
+    from pipeline.training.dataset import load_soundscape_targets
+
+    path = tmp_path / "t.csv"
+    path.write_text(
+        "filename,start,end,a,b\nunlabelled_0000.ogg,0,1,0.9,0.2\nunlabelled_0001.ogg,1,2,0.3,0.05\n"
+    )
+    config = TrainConfig(data_dir=str(field), noise_dir="train_soundscapes", soundscape_targets=str(path),
+                         cache_dir=str(tmp_path / "cache"), target_power=2.0, target_floor=0.1, target_threshold=0.5)  # fmt: skip
+    stretches, record = load_soundscape_targets(config, ["a", "b"], set(), log=lambda _: None)
+    np.testing.assert_allclose(
+        stretches.probs, [[0.81, 0.0]], rtol=1e-6
+    )  # 0.2^2 < floor; row 2 under threshold
+    assert record["stretches"] == 1 and record["of"] == 2 and record["lineage"] is None
+    assert stretches.starts.tolist() == [0] and stretches.ends.tolist() == [config.sample_rate]
