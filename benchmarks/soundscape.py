@@ -77,14 +77,19 @@ class ChunkPrediction:
     truth: np.ndarray  # [rows, classes] 0/1
     scores: dict[str, np.ndarray]  # pooling -> [rows, classes]
     audio_s_per_s: float
+    post: dict[str, np.ndarray] | None = None  # post-processing variant -> [rows, classes] (max pooling)
 
 
-def predict_chunks(folder: Path, artifact: Path, hop: float | None = None) -> ChunkPrediction:
+def predict_chunks(
+    folder: Path, artifact: Path, hop: float | None = None, post: dict[str, tuple] | None = None
+) -> ChunkPrediction:
     """Every pooling's scores of the hidden chunks from one prediction (the infer stage's own planning and
-    prediction, without writing a submission)."""
+    prediction, without writing a submission); with `post` (name -> (chunk_smoothing, file_max_weight)), the
+    max pooling's scores after each post-processing variant too."""
     from pipeline.core.artifact import load_artifact
     from pipeline.core.config import InferConfig
     from pipeline.core.windows import POOLINGS
+    from pipeline.inference.postprocess import post_process
     from pipeline.inference.predict import predict
     from pipeline.inference.rows import plan_rows
     from pipeline.inference.runtime import resolve_runtime
@@ -104,7 +109,11 @@ def predict_chunks(folder: Path, artifact: Path, hop: float | None = None) -> Ch
     truth = np.array([solution[row_id] for row_id in plan.ids])
     spans = np.array(plan.span_of)
     scores = {pooling: predicted.pooled[pooling][spans][:, columns] for pooling in POOLINGS}
-    return ChunkPrediction(list(plan.ids), classes, truth, scores, predicted.audio_seconds / seconds)
+    variants = {name: post_process(predicted.pooled["max"], plan, kernel, weight)[spans][:, columns]
+                for name, (kernel, weight) in (post or {}).items()}  # fmt: skip
+    return ChunkPrediction(
+        list(plan.ids), classes, truth, scores, predicted.audio_seconds / seconds, variants
+    )
 
 
 def read_solution(path: Path) -> tuple[dict[str, list[float]], list[str]]:

@@ -273,18 +273,18 @@ def int8_acceptable(fp32_accuracy: float, int8_accuracy: float) -> bool:
 # --------------------------------------------------------------------------------------------- runtime
 
 
-def session_options(threads: int, spin: bool = False) -> Any:
+def session_options(threads: int) -> Any:
     """ONNX Runtime options for one inference process: `threads` intra-op threads (its default is one per
     physical core of the host, whatever the container may use), one inter-op thread (ECAPA is a chain of
-    operators: nothing to run side by side), every graph optimisation. `spin`: idle pool threads busy-wait
-    for the next operator. Off by default: between two ONNX Runtime calls torch computes the features with
-    its own threads, and spinning pool threads take their cores (measured on 2 busy shared cores, voxceleb
-    preset, 2 threads, median of 3: spinning off faster in 5 of 6 cases of 4, 8 or 16 windows per batch, fp32
-    or int8, by 9-77%; 7% slower in the sixth, within that run's spread)."""
+    operators: nothing to run side by side), every graph optimisation, and idle pool threads that do not
+    busy-wait: between two ONNX Runtime calls torch computes the features with its own threads, and spinning
+    pool threads take their cores (measured on 2 busy shared cores, voxceleb preset, 2 threads, median of 3:
+    spinning off faster in 5 of 6 cases of 4, 8 or 16 windows per batch, fp32 or int8, by 9-77%; 7% slower in
+    the sixth, within that run's spread)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
