@@ -307,6 +307,10 @@ class InferConfig:
     # 0.8025 -- short events are not lost in the pooling, so mean stays the default.
     clip_pooling: str = "mean"
     clip_hop_seconds: float | None = None
+    # A row per file: its windows more than this many dB below its loudest window are left out of its scores
+    # (core/data.windows): the silence a short event is padded with, which training's crops (drawn where a
+    # clip is loud) never show the model. None: every window.
+    quiet_window_db: float | None = None
     # Time: prediction stops in time for the notebook to end within time_limit_minutes (counted from the
     # kernel's start; the rows left get the prior). The hidden set's size, if given, gives a projected time.
     time_limit_minutes: float | None = None
@@ -347,7 +351,7 @@ class InferConfig:
             if isinstance(self.segment_seconds, str) or not self.segment_seconds > 0:
                 raise ConfigError(f"parameter segment_seconds={self.segment_seconds!r}: use 'auto', a number of "
                                   "seconds > 0 (chunk rows), or None (a row per test file)")  # fmt: skip
-        for name in ("batch_windows", "max_windows_per_file", "window_hop_seconds", "clip_hop_seconds",
+        for name in ("batch_windows", "max_windows_per_file", "window_hop_seconds", "clip_hop_seconds", "quiet_window_db",
                      "time_limit_minutes", "expected_test_files", "expected_file_seconds"):  # fmt: skip
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))

@@ -145,7 +145,7 @@ def pad_crop(samples: np.ndarray, window: int) -> tuple[np.ndarray, float]:
 
 
 def windows(
-    samples: np.ndarray, window: int, max_windows: int, hop: int | None = None
+    samples: np.ndarray, window: int, max_windows: int, hop: int | None = None, quiet_db: float | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Cut a clip into inference windows: [n, window] samples and [n] relative lengths.
 
@@ -153,7 +153,9 @@ def windows(
     windows, the first at the start and the last aligned to the end: ceil(len / window) of them (`hop` None),
     or as many as keep consecutive starts at most `hop` samples apart (overlapping windows); past
     `max_windows`, that many evenly spaced windows stand for the clip so minutes-long audio costs a bounded
-    amount of compute.
+    amount of compute. `quiet_db`: windows whose RMS is more than this many dB below the loudest window's are
+    left out -- the silence a short event is padded with (ESC-50's clips: digital zeros), which training's
+    crops, drawn where a clip is loud, never show the model.
     """
     if samples.size <= window:
         padded, relative = pad_crop(samples, window)
@@ -162,4 +164,7 @@ def windows(
     count = min(needed, max_windows)
     starts = np.linspace(0, samples.size - window, count).round().astype(np.int64)
     stacked = np.stack([samples[s : s + window] for s in starts])
-    return stacked, np.ones(count, dtype=np.float32)
+    if quiet_db is not None and count > 1:
+        rms = np.sqrt(np.mean(np.square(stacked, dtype=np.float64), axis=1))
+        stacked = stacked[rms >= rms.max() * 10 ** (-quiet_db / 20)]  # the loudest window always stays
+    return stacked, np.ones(len(stacked), dtype=np.float32)

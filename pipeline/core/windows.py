@@ -63,6 +63,9 @@ class WindowPlan:
     # (pipeline/core/buckets.py); 1: every window at full length, as training pads it.
     length_buckets: int = 1
     file_hop: int | None = None  # samples between a whole-file span's windows (None: as many as cover it)
+    quiet_db: float | None = (
+        None  # a whole file's windows this far below its loudest are left out (data.windows)
+    )
 
     def buckets(self) -> Buckets | None:
         return (
@@ -293,12 +296,17 @@ def span_windows(
     for span_index, start, end in spans:
         first = int(round(start * plan.sample_rate))
         if end is None:
-            part, limit, hop = samples[first:], plan.max_windows, plan.file_hop
+            part, limit, hop, quiet = samples[first:], plan.max_windows, plan.file_hop, plan.quiet_db
         else:
-            part, limit, hop = samples[first : int(round(end * plan.sample_rate))], 1 << 30, plan.hop
+            part, limit, hop, quiet = (
+                samples[first : int(round(end * plan.sample_rate))],
+                1 << 30,
+                plan.hop,
+                None,
+            )
         if part.size == 0:
             continue
-        wavs, rel = windows(part, plan.window, limit, hop)
+        wavs, rel = windows(part, plan.window, limit, hop, quiet)
         cut.append(wavs)
         lens.append(rel)
         owner.append(np.full(len(wavs), span_index, dtype=np.int64))

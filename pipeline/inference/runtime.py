@@ -143,7 +143,7 @@ def window_plan(config: InferConfig, model: ModelConfig, batch_windows: int) -> 
     file_hop = (None if config.clip_pooling == "mean" else
                 chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate))  # fmt: skip
     return WindowPlan(model.window_samples, model.sample_rate, batch_windows, config.max_windows_per_file, hop,
-                      config.length_buckets, file_hop)  # fmt: skip
+                      config.length_buckets, file_hop, config.quiet_window_db)  # fmt: skip
 
 
 def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device) -> EngineChoice:

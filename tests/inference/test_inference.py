@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 import soundfile as sf
@@ -172,3 +174,25 @@ def test_a_whole_file_span_overlaps_its_windows_by_file_hop():
     assert [int(w[0]) for w in tiled] == [0, 1000, 2000, 3000, 4000]
     assert [int(w[0]) for w in halves] == [0, 500, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
     assert (owner == 0).all()
+
+
+def test_a_files_silent_windows_are_left_out_with_quiet_window_db():
+    """A short event padded with digital silence (ESC-50's clips): only the windows with sound are kept, and
+    the loudest always; without quiet_db, and for chunk spans, every window stays."""
+    from pipeline.core.windows import span_windows
+
+    rate, window = 1000, 1000
+    clip = np.zeros(5000, dtype=np.float32)
+    clip[1200:1700] = 0.5  # the event, inside the second window only
+    clip[3000:4000] = 0.002  # a window 45 dB below it
+    plan = WindowPlan(window, rate, 8)
+    every, _, _ = span_windows(clip, [(0, 0.0, None)], plan)
+    kept, lens, _ = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=40.0))
+    wide, _, _ = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=60.0))
+    chunk, _, _ = span_windows(clip, [(0, 0.0, 5.0)], dataclasses.replace(plan, quiet_db=40.0, hop=window))
+    assert len(every) == 5 and len(kept) == 1 and float(kept[0].max()) == 0.5 and lens.tolist() == [1.0]
+    assert len(wide) == 2 and len(chunk) == 5
+    silent, _, _ = span_windows(
+        np.zeros(3000, np.float32), [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=40.0)
+    )
+    assert len(silent) == 3  # all equally quiet: nothing to leave out
