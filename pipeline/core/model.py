@@ -18,7 +18,7 @@ from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN, Classifier
 from speechbrain.processing.features import InputNormalization
 
 from .buckets import Buckets, length_groups
-from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, SAMPLE_RATE
+from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, QUIET_WINDOW_DB, SAMPLE_RATE
 from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
 
@@ -237,9 +237,13 @@ class WindowedEncoder(torch.nn.Module):
         sample_rate: int = SAMPLE_RATE,
         length_buckets: int = 1,
         frontend: str = "logmel",
+        quiet_db: float | None = QUIET_WINDOW_DB,
     ) -> None:
         super().__init__()
         self.encoder = encoder
+        self.quiet_db = (
+            quiet_db  # a clip's windows this far below its loudest are left out, as the infer stage does
+        )
         self.frontend = Frontend(n_mels, sample_rate, frontend)
         self.window_samples, self.max_windows = window_samples, max_windows
         # Short windows at shorter lengths, as the infer stage runs them (pipeline/core/buckets.py; 1: full windows).
@@ -252,8 +256,9 @@ class WindowedEncoder(torch.nn.Module):
         for index in range(wavs.shape[0]):
             valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))
             cut, rel = windows(
-                wavs[index, :valid].detach().cpu().numpy(), self.window_samples, self.max_windows
-            )
+                wavs[index, :valid].detach().cpu().numpy(), self.window_samples, self.max_windows,
+                quiet_db=self.quiet_db,
+            )  # fmt: skip
             chunks.append(cut)
             lens.append(rel)
             owners += [index] * len(cut)

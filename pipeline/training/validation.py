@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..core import metrics
-from ..core.config import DEFAULT_CHUNK_POOLING, MAX_WINDOWS_PER_FILE, TrainConfig
+from ..core.config import DEFAULT_CHUNK_POOLING, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB, TrainConfig
 from ..core.objectives import validation_loss
 from ..core.windows import FileWindows, WindowPlan, chunk_hop, run_windows, span_windows
 from ..devices.strategy import Strategy
@@ -121,7 +121,13 @@ def file_scores(
     (default: all of them), their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     val_idx = data.val_idx
     mine = list(range(len(val_idx))) if positions is None else positions
-    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE)
+    plan = WindowPlan(
+        config.window_samples,
+        config.sample_rate,
+        VALIDATION_BATCH,
+        MAX_WINDOWS_PER_FILE,
+        quiet_db=QUIET_WINDOW_DB,
+    )  # the infer stage's default: selection measures what it computes
 
     def files():
         for k, position in enumerate(mine):

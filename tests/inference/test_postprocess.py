@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.core.config import ConfigError, InferConfig
+from pipeline.core.config import ConfigError, InferConfig, from_params
 from pipeline.core.windows import Span
 from pipeline.inference.postprocess import post_process
 from pipeline.inference.rows import RowPlan
@@ -61,6 +61,9 @@ def test_file_rows_and_the_defaults_change_nothing():
 def test_the_parameters_are_checked_and_papermill_text_is_read():
     assert InferConfig(chunk_smoothing="0.1,0.8,0.1").chunk_smoothing == [0.1, 0.8, 0.1]
     assert InferConfig(chunk_smoothing="[0.25, 0.5, 0.25]").chunk_smoothing == [0.25, 0.5, 0.25]
+    # through the notebook's parameters: papermill's -p gives the text, -y a list
+    for given in ("0.1,0.8,0.1", [0.1, 0.8, 0.1]):
+        assert from_params(InferConfig, {"chunk_smoothing": given}).chunk_smoothing == [0.1, 0.8, 0.1]
     for bad in ([0.5, 0.5], [-0.1, 1.0, 0.1], "a,b,c", [0.0]):
         with pytest.raises(ConfigError, match="chunk_smoothing"):
             InferConfig(chunk_smoothing=bad)
