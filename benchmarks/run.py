@@ -12,6 +12,8 @@ Sections (each fails soft: an error is recorded and the next section runs):
   soundscape    FSDD in BirdCLEF's layout: chunk rows, macro ROC-AUC, CPU rate, 32 vs 16 kHz (soundscape.py)
   soundscape_snr  that macro ROC-AUC over 3 training seeds, by call SNR, and for the same calls in a quiet
                 background (soundscape_snr.py)
+  soundscape_field  soundscapes like BirdCLEF's (bouts, distant calls, unlabelled soundscapes full of calls):
+                focal-only, self-training rounds 1-3, an oracle, post-processing; 3 seeds (soundscape_field.py)
   esc10         real sound events: ESC-10's official 5 folds through both notebooks, defaults; clip pooling
                 on the same artifacts (esc10.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
@@ -173,6 +175,13 @@ def section_soundscape_snr(quick: bool) -> dict[str, Any]:
         return run(_fsdd_source(), seeds=(0,) if quick else (0, 1, 2), quick=quick)
 
 
+def section_soundscape_field(quick: bool) -> dict[str, Any]:
+    from benchmarks.soundscape_field import run
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(_fsdd_source(), seeds=(0,) if quick else (0, 1, 2), rounds=1 if quick else 3, quick=quick)
+
+
 def section_esc10(quick: bool) -> dict[str, Any]:
     from benchmarks.esc10 import DEFAULT_SOURCE as ESC10
     from benchmarks.esc10 import run
@@ -293,6 +302,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "competition_layout": section_competition_layout,
     "soundscape": section_soundscape,
     "soundscape_snr": section_soundscape_snr,
+    "soundscape_field": section_soundscape_field,
     "esc10": section_esc10,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
