@@ -29,9 +29,7 @@ audio_dir = None  # the test table's paths are relative to it (None: data_dir)
 test_audio_dir = None  # e.g. "test_soundscapes": every audio file under it is a test item
 test_id = "auto"  # auto | name | stem: a discovered file's id
 # Chunk rows (soundscapes: BirdCLEF scores every 5 s chunk of every test file)
-segment_seconds = (
-    "auto"  # auto: chunk rows when sample_submission's ids are chunks; 5: 5 s chunks; None: per file
-)
+segment_seconds = "auto"  # auto: read from sample_submission's ids; 5: 5 s chunks; None: a row per file
 row_id_template = "auto"  # auto: recognised from sample_submission ("{id}_{end}" for BirdCLEF)
 chunk_pooling = "max"  # mean | max | mean_max: a chunk's windows -> its scores
 window_hop_seconds = None  # between a chunk's windows (None: half a window)
@@ -50,9 +48,7 @@ batch_windows = None  # windows per forward pass (auto: sized for the device)
 max_windows_per_file = 64  # longer files are covered by this many evenly spaced windows
 num_workers = None  # DataLoader decode workers (auto: 0 on CPU, 1 per GPU)
 num_threads = None  # CPU compute threads, torch's and ONNX Runtime's (auto: the session's cores)
-engine = (
-    "auto"  # auto | torch | onnx: the CPU engine (auto: the artifact's int8 ONNX if faster; GPUs: torch fp16)
-)
+engine = "auto"  # auto | torch | onnx: the CPU engine (auto: passing int8 ONNX if faster; GPUs: torch)
 onnx_precision = "auto"  # auto | fp32 | int8 (auto: int8 only if it passed its accuracy rule at training)
 length_buckets = 4  # short windows run at the shortest of this many lengths that holds them (1: full)
 # Outputs

@@ -63,12 +63,8 @@ time_mask_probability = 0.0
 freq_mask_probability = 0.0
 # Self-training on the unlabelled soundscapes of noise_dir (pipeline/tooling/self_training.py)
 self_training_rounds = 0  # student rounds, each taught by the round before (0: one plain training run)
-teacher = (
-    None  # what teaches the first round: an artifact folder or a targets .csv (None: a focal-only round 0)
-)
-soundscape_targets = (
-    None  # a targets .csv (filename, start, end, a probability per class) for one training run
-)
+teacher = None  # teaches the first round: an artifact or a targets .csv (None: a focal-only round 0)
+soundscape_targets = None  # a targets .csv (filename, start, end, class probabilities): one run
 target_probability = 0.5  # crops that get a soundscape stretch and its soft targets mixed in
 target_power = 1.0  # targets raised to this power (> 1 sharpens)
 target_floor = 0.1  # targets below this set to 0
