@@ -37,7 +37,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/jupytext --sync notebooks/*.ipynb
 
-# The suite a change must pass (15-18 min on 2 cores). Tests marked `extended` repeat on other shapes what this
+# The suite a change must pass (14-18 min on 2 cores). Tests marked `extended` repeat on other shapes what this
 # suite already guards (pyproject.toml's markers say which); `make test-all` runs them too.
 test: lint
 	$(BIN)/python -m pytest -q -ra -m "not extended"
