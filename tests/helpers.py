@@ -154,3 +154,11 @@ def cpu_runtime(model, batch_windows=16, max_windows=64, num_workers=0, engine=N
     return Runtime(
         torch.device("cpu"), plan, num_workers, None, engine or EngineChoice("torch", "fp32", "test")
     )
+
+
+def read_rows(path):
+    """A CSV's rows as dicts (submissions, sample submissions, test tables)."""
+    import csv
+
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -103,7 +103,7 @@ class ChunkIds(NamedTuple):
     why: str
 
 
-def read_chunk_ids(sample_ids: Sequence[str], item_ids: Sequence[str]) -> ChunkIds:
+def read_chunk_ids(sample_ids: Sequence[str], item_ids: Collection[str]) -> ChunkIds:
     """Whether the ids are `<file>_<seconds>` chunk ids, and their chunk length: the common step between one
     file's ids, every id a multiple of it. Ids that are the test items' own are file rows, whatever they look
     like (FSDD's `3_theo_12` is a file)."""
@@ -144,7 +144,8 @@ def choose_segment(
 ) -> tuple[float | None, str]:
     """The chunk length of the rows (None: a row per file) and why. "auto" reads it from the ids; a number or
     None that the ids contradict raises ConfigError with what to set."""
-    ids = read_chunk_ids(sample_ids, [row.id for row in items.rows])
+    item_ids = {row.id for row in items.rows}
+    ids = read_chunk_ids(sample_ids, item_ids)
     if segment_seconds == "auto":
         if ids.segment is None:
             return None, f"segment_seconds auto: a row per test file ({ids.why})"
@@ -158,12 +159,7 @@ def choose_segment(
     if ids.segment is not None and abs(ids.segment - segment) > 1e-6:
         raise ConfigError(f"parameter segment_seconds={segment:g}, but {ids.why}: use segment_seconds='auto' "
                           f"or {ids.segment:g}")  # fmt: skip
-    if (
-        ids.segment is None
-        and sample_ids
-        and items.rows
-        and all(i in {r.id for r in items.rows} for i in sample_ids)
-    ):
+    if ids.segment is None and sample_ids and set(sample_ids) <= item_ids:  # the ids name the test files
         raise ConfigError(f"parameter segment_seconds={segment:g} asks for chunk rows, but {ids.why}: a row per "
                           "file. Use segment_seconds='auto' or None")  # fmt: skip
     return segment, f"segment_seconds={segment:g}"

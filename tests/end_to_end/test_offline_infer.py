@@ -14,7 +14,6 @@ process of the run: papermill, the kernel, spawned inference workers and DataLoa
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 from conftest import requires_torch_xla
-from helpers import run_papermill, venv_env
+from helpers import read_rows, run_papermill, venv_env
 from offline_guard import GUARD
 
 CONTROL = r"""
@@ -86,11 +85,6 @@ def test_torch_xla_is_installed_here_but_never_imported_by_the_submission_path()
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "False"
-
-
-def read_rows(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.fixture

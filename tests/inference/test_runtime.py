@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
+from helpers import read_rows
 
 from pipeline.core.config import InferConfig
 from pipeline.core.model import ModelConfig
@@ -45,11 +45,6 @@ def test_batching_is_sized_for_the_device_unless_set():
     assert batching_for(None, None, base, gpu, 64) == (256, 8)
     assert batching_for(5, 3, base, cpu, 2) == (5, 3)
     assert batching_for(None, 0, base, gpu, 4) == (256, 0)
-
-
-def read_rows(path):
-    with open(path, newline="") as handle:
-        return list(csv.DictReader(handle))
 
 
 @pytest.fixture
