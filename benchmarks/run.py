@@ -190,7 +190,7 @@ def section_esc10(quick: bool) -> dict[str, Any]:
     if not source.is_dir():
         raise NotAvailable(f"ESC-10 not found at {source} (set ESC10_DIR)")
     # The defaults, and on the same artifacts each file's windows pooled by their best scores instead of their
-    # mean embedding (half-overlapping windows): what a short event in a 5 s clip needs, measured.
+    # mean embedding (half-overlapping windows): measured below the mean since quiet windows are left out.
     variants = {"max": {"clip_pooling": "max"}, "mean_max": {"clip_pooling": "mean_max"}}
     with contextlib.redirect_stdout(sys.stderr):
         return run(source, quick=quick, variants=variants)

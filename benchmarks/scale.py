@@ -180,13 +180,13 @@ def host_feed_per_core(windows: int = 256) -> dict[str, float]:
         rng = np.random.default_rng(0)
         started = time.perf_counter()
         for _ in range(4):
-            wavs, lens = crops(store, rng.choice(items, windows), 16000, rng)
+            wavs, lens, _ = crops(store, rng.choice(items, windows), 16000, rng)
         crop_rate = 4 * windows / (time.perf_counter() - started)
         frontend = Frontend(80)
         started = time.perf_counter()
         with torch.no_grad():
             for _ in range(4):
-                wavs, lens = crops(store, rng.choice(items, windows), 16000, rng)
+                wavs, lens, _ = crops(store, rng.choice(items, windows), 16000, rng)
                 frontend(wavs, lens)
         feature_rate = 4 * windows / (time.perf_counter() - started)
     return {"crop_windows_per_s": round(crop_rate), "crop_and_fbank_windows_per_s": round(feature_rate)}

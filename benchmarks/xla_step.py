@@ -1,7 +1,7 @@
 """How big a TPU batch must be to keep the chips busy: host trace time per step vs the device work it launches,
 for the production step and for the step without each of its trace remedies.
 
-    python -m benchmarks.xla_step [--quick] [--paired-today ROUNDS]
+    python -m benchmarks.xla_step [--quick] [--paired-today ROUNDS] [--paired CONFIGURATION ROUNDS]
 
 torch_xla re-traces the training step in Python on every step (lazy tensors), and the devices wait for the next
 graph while the host builds it. The trace costs the same whatever the batch (the graph has the same operations;
@@ -15,9 +15,9 @@ functionalization is chosen before the first XLA tensor):
   the flat Adam's parameter vector reused by its next step and by the average, whose BatchNorm statistics are
   then copied, not averaged: validation recomputes them, and the forward, loss and backward traced once per
   input shape into one XLA computation, devices/xla_traced.py), and the production step without
-  functionalization off; then the production step against functionalization on and against the same step
-  traced in full at every step, in alternating processes, 3 rounds (paired ratios: a single run of either
-  configuration varies by +-15 %);
+  functionalization off; then the production step against functionalization on, against the same step
+  traced in full at every step, and against the same step without its flat vectors reused, in alternating
+  processes, 3 rounds (paired ratios: a single run of either configuration varies by +-15 %);
 
 per configuration: the host time to trace one step (forward + backward + clip + Adam + weight average, up to
 the sync; the next batch already on the devices and the previous step finished, so only the trace is timed),
@@ -60,6 +60,9 @@ CONFIGURATIONS: dict[str, tuple[bool, bool, bool, bool, bool]] = {
 }
 TODAY, PRODUCTION = "today", "production (+ forward and backward traced once)"
 REUSED, FUNCTIONALIZATION_ON = "+ flat vectors reused", "production, functionalization on"
+# Timed only against the production step, in paired rounds (a single run's +-15 % hides what it buys).
+NOT_REUSED = "production, flat vectors not reused"
+PAIRED_ONLY = {NOT_REUSED: (True, True, True, False, True)}
 
 
 def train_flops_per_window(preset: str = "voxceleb", window: int = 16000, n_mels: int = 80) -> float:
@@ -188,7 +191,7 @@ def _median(values: list[float]) -> float:
 
 
 def _child(name: str, batches: list[int], steps: int) -> dict[str, Any]:
-    functionalization_off, *remedies = CONFIGURATIONS[name]
+    functionalization_off, *remedies = {**CONFIGURATIONS, **PAIRED_ONLY}[name]
     env = {**os.environ, "PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8", "TF_CPP_MIN_LOG_LEVEL": "2",
            "XLA_DISABLE_FUNCTIONALIZATION": "1" if functionalization_off else "0"}  # fmt: skip
     spec = json.dumps([batches, steps, *remedies])
@@ -265,14 +268,16 @@ def run(quick: bool = False) -> dict[str, Any]:
     largest = max(batches)
     device_ms = production["per_device_batch"][largest]["v5e8_device_ms_voxceleb"]
     rounds = 1 if quick else 3
-    functionalization, traced = (
+    functionalization, traced, reuse = (
         paired(FUNCTIONALIZATION_ON, rounds, steps),
         paired(REUSED, rounds, steps),
+        paired(NOT_REUSED, rounds, steps),
     )
     return {
         "configurations": configurations,
         "functionalization_off_vs_on_paired": functionalization,
         "traced_once_vs_every_step_paired": traced,
+        "flat_vectors_reused_vs_not_paired": reuse,
         "voxceleb_train_gflop_per_window": round(flops / 1e9, 2),
         "assumed_v5e_chip_tflops": V5E_CHIP_BF16_FLOPS * ASSUMED_UTILISATION / 1e12,
         "trace_speedup_vs_today": round(
@@ -292,7 +297,8 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"{production['max_relative_loss_difference_vs_today']:.1e} of today's (bf16); paired rounds, the "
             f"production trace as a ratio to functionalization on: {functionalization['production_over_other_median']:.2f}x "
             f"({functionalization['production_over_other_by_round']}), to forward and backward traced at every "
-            f"step: {traced['production_over_other_median']:.2f}x ({traced['production_over_other_by_round']})"
+            f"step: {traced['production_over_other_median']:.2f}x ({traced['production_over_other_by_round']}), to the flat "
+            f"vectors not reused: {reuse['production_over_other_median']:.2f}x ({reuse['production_over_other_by_round']})"
         ),
     }
 
@@ -301,12 +307,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--paired", nargs=2, metavar=("CONFIGURATION", "ROUNDS"),
+                        help="only the production step against one configuration (a name of CONFIGURATIONS or "
+                        "PAIRED_ONLY), in alternating processes")  # fmt: skip
     parser.add_argument("--paired-today", type=int, metavar="ROUNDS",
                         help="only the production step against today's, in alternating processes (~3 min a round): "
                         "the quick check on another torch_xla (e.g. the matrix's kaggle-tpu venv)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(measure_in_this_process(*json.loads(args.child))))
+        return 0
+    if args.paired:
+        print(json.dumps(paired(args.paired[0], int(args.paired[1]), 8), indent=2))
         return 0
     if args.paired_today:
         import torch_xla

@@ -59,6 +59,7 @@ noise_snr_db_low = -5.0
 noise_snr_db_high = 15.0
 mix_probability = 0.5  # a second crop added, labels united (multi-label objectives)
 background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
+blend_probability = 0.0  # two classes blended at a random ratio, soft target (one-label: BC learning)
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
 # Self-training on the unlabelled soundscapes of noise_dir (pipeline/tooling/self_training.py)
@@ -69,6 +70,9 @@ target_probability = 0.5  # crops that get a soundscape stretch and its soft tar
 target_power = 1.0  # targets raised to this power (> 1 sharpens)
 target_floor = 0.1  # targets below this set to 0
 target_threshold = 0.0  # stretches whose highest target is below this left out
+distill_focal = False  # each round's teacher also scores the training recordings
+focal_targets = None  # a targets .csv over the training recordings (filename relative to data_dir)
+focal_target_weight = 0.5  # the teacher's share of a crop's target
 init_from = None  # a SpeechBrain pretrained folder to fine-tune
 freeze_encoder = False  # train only the classifier (needs init_from)
 # Optimisation: global batch is per_device_batch_size x devices x grad_accum

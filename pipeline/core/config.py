@@ -110,6 +110,8 @@ class TrainConfig:
     # data_dir (BirdCLEF: "train_soundscapes"), mixed into noise_probability of the crops at a random SNR;
     # mix_probability: a second crop added, with the union of the labels (multi-label objectives only);
     # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
+    # blend_probability: two clips of different classes blended at a random ratio, the target in that ratio
+    # (one-label objectives: BC learning, Tokozume et al. 2018);
     # time/frequency masks: SpeechBrain's DropChunk and DropFreq. The defaults are the FSDD soundscape
     # benchmark's best (README, "Measured decisions"): noise 0.8 at -5..15 dB and mixing 0.5 took macro
     # ROC-AUC 0.919 -> 0.947; none of them touches a single-label task without noise_dir.
@@ -119,6 +121,7 @@ class TrainConfig:
     noise_snr_db_high: float = 15.0
     mix_probability: float = 0.5
     background_probability: float = 0.0
+    blend_probability: float = 0.0
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
@@ -139,6 +142,13 @@ class TrainConfig:
     target_power: float = 1.0
     target_floor: float = 0.1
     target_threshold: float = 0.0
+    # Distillation: a targets file over the training recordings themselves (filename relative to data_dir,
+    # start, end, one probability per class: a bigger or ensembled teacher's scores), each crop's target then
+    # (1 - focal_target_weight) x its label + focal_target_weight x the teacher's window nearest it. With
+    # distill_focal, each self-training round's teacher writes this file itself (and teaches the soundscapes).
+    focal_targets: str | None = None
+    focal_target_weight: float = 0.5
+    distill_focal: bool = False
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
     # Optimisation
@@ -198,6 +208,8 @@ class TrainConfig:
             "noise_probability",
             "mix_probability",
             "background_probability",
+            "blend_probability",
+            "focal_target_weight",
             "time_mask_probability",
             "freq_mask_probability",
         ):
@@ -259,12 +271,16 @@ class TrainConfig:
             raise ConfigError(
                 "teacher is what teaches the first self-training round: set self_training_rounds >= 1"
             )
-        if (self.soundscape_targets or self.self_training_rounds) and not self.noise_dir:
-            raise ConfigError("self-training needs noise_dir: the folder of unlabelled soundscapes")
+        if self.self_training_rounds and not (self.noise_dir or self.distill_focal):
+            raise ConfigError("self-training needs noise_dir (the folder of unlabelled soundscapes) or "
+                              "distill_focal (the teacher scores the training recordings)")  # fmt: skip
         if self.soundscape_targets and not self.noise_dir:
             raise ConfigError(
                 "soundscape_targets needs noise_dir: the folder of soundscapes its filenames are in"
             )
+        if self.distill_focal and not self.self_training_rounds:
+            raise ConfigError("distill_focal: the teacher of a self-training round scores the training recordings; "
+                              "set self_training_rounds >= 1 and teacher (or pass its scores as focal_targets)")  # fmt: skip
 
     @property
     def window_samples(self) -> int:

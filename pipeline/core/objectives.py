@@ -4,7 +4,9 @@ All three objectives score the same thing, the cosine between an embedding and e
 scale (SpeechBrain's cosine `Classifier`, so the artifact still loads in its EncoderClassifier):
 
     aam    additive angular margin softmax (ArcFace), SpeechBrain's speaker objective: the clip's one class
-           against all others. Probabilities: softmax(scale * cosine).
+           against all others. Probabilities: softmax(scale * cosine). Blended crops (training/augment.py)
+           bring soft targets t: each class gets the fraction t of the margin and the cross-entropy is taken
+           against t, which is the one-hot loss again when t is one class.
     bce    binary cross-entropy per class: any number of classes per clip (secondary labels, mixed crops,
            soundscape chunks with several species or none). The margin moves positives' logits down and
            negatives' up, `scale * (cos - margin)` and `scale * (cos + margin)` (a soft target t interpolates:
@@ -37,14 +39,24 @@ def is_multi_label(objective: str) -> bool:
 @functools.cache
 def make_loss(objective: str, margin: float, scale: float) -> Loss:
     """loss(cosine scores [B, C], targets) -> scalar: targets are class indices [B] for aam, else [B, C] in
-    [0, 1]. Computed in fp32 whatever autocast says. The same arguments give the same (stateless) function:
+    [0, 1] (aam: soft targets, rows summing to 1). Computed in fp32 whatever autocast says. The same arguments give the same (stateless) function:
     the XLA step traced once is keyed on it (devices/xla_traced.py), and training asks for it every epoch."""
     if objective == "aam":
         from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 
-        wrapped = LogSoftmaxWrapper(AdditiveAngularMargin(margin=margin, scale=scale))
+        angular = AdditiveAngularMargin(margin=margin, scale=scale)
+        wrapped = LogSoftmaxWrapper(angular)
 
         def aam(cosines: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            if targets.ndim == 2:  # soft targets [B, C]: SpeechBrain's margin takes them as they are
+                targets = targets.float()
+                if cosines.ndim == 3:
+                    targets = targets.unsqueeze(1).expand_as(cosines)
+                logits = angular(cosines.float().flatten(0, -2), targets.flatten(0, -2))
+                loss = -(targets.flatten(0, -2) * torch.log_softmax(logits, dim=-1)).sum(dim=-1)
+                return (
+                    loss.reshape(targets.shape[:-1]).sum(dim=-1).mean() if cosines.ndim == 3 else loss.mean()
+                )
             # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets; it averages over its rows.
             members = cosines.shape[1] if cosines.ndim == 3 else 1
             rows = cosines.float().reshape(-1, 1, cosines.shape[-1])

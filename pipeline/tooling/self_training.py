@@ -5,7 +5,12 @@
               computed elsewhere (a pretrained bird model's predictions, in the targets format below)
     round k   the last round's model scores every window of the unlabelled soundscapes (`score_soundscapes`);
               the next model trains on the focal recordings with those soft targets mixed in
-              (TrainConfig.soundscape_targets and its controls, pipeline/training/augment.py)
+              (TrainConfig.soundscape_targets and its controls, pipeline/training/augment.py); with
+              `distill_focal` it also scores the training recordings themselves (`score_recordings`), and each
+              crop's target becomes part label, part teacher (TrainConfig.focal_targets)
+
+Distillation is the same loop with a bigger teacher: an ensemble (`ensemble_members`) or a 'voxceleb' model
+trained on a TPU, as `teacher`, and the CPU-fast default as the student (`model_size`), with `distill_focal`.
 
 The targets file: `filename,start,end,<class>,...` -- a stretch of a soundscape (filename relative to the
 noise_dir folder, seconds) and one probability per class. Written beside it, `<name>.json` says where the
@@ -34,7 +39,7 @@ from ..core import objectives
 from ..core.artifact import load_artifact
 from ..core.config import ConfigError, InferConfig, TrainConfig
 from ..core.staging import write_text_atomically
-from ..core.tables import discover_test_files, write_csv
+from ..core.tables import TrainTable, discover_test_files, read_train_table, write_csv
 from ..core.windows import Span
 from ..inference.predict import predict
 from ..inference.rows import RowPlan
@@ -51,39 +56,70 @@ def score_soundscapes(
     log: Callable[[str], Any] = print,
 ) -> Path:
     """The teacher's probabilities for every window of the soundscapes under `soundscape_dir` (windows of the
-    model's length, `hop_seconds` apart: default half a window), as a targets file at `out` (+ its .json)."""
+    model's length, `hop_seconds` apart: default half a window), as a targets file at `out` (+ its .json);
+    filenames relative to `soundscape_dir` (TrainConfig.soundscape_targets)."""
+    items = discover_test_files(Path(data_dir), soundscape_dir, "name", [])
+    prefix = soundscape_dir.strip("/") + "/"
+    files = [row.rel_path for row in items.rows]
+    # Independent sigmoids even from a one-label teacher: a stretch of soundscape holds any number of calls, or
+    # none, where a softmax would share out a probability of 1.
+    return score_windows(artifact_dir, data_dir, files, [f.removeprefix(prefix) for f in files], out,
+                         hop_seconds, log, "soundscapes", independent=True)  # fmt: skip
+
+
+def score_recordings(
+    artifact_dir: str | Path, config: TrainConfig, out: str | Path, log: Callable[[str], Any] = print
+) -> Path:
+    """The teacher's probabilities for every window of the training table's recordings, filenames relative to
+    data_dir (TrainConfig.focal_targets): what a distilled student learns beside the labels."""
+    rows, _ = read_train_table(config.data_dir, "skip", TrainTable.of(config))
+    files = sorted({row.rel_path for row in rows})
+    return score_windows(artifact_dir, config.data_dir, files, files, out, None, log, "training recordings")
+
+
+def score_windows(
+    artifact_dir: str | Path,
+    data_dir: str | Path,
+    files: list[str],
+    names: list[str],
+    out: str | Path,
+    hop_seconds: float | None = None,
+    log: Callable[[str], Any] = print,
+    what: str = "files",
+    independent: bool | None = None,
+) -> Path:
+    """The teacher's probabilities for every window of `files` (relative to `data_dir`), written as `names` in
+    a targets file at `out`, with a lineage record beside it. `independent`: sigmoids per class, or a softmax;
+    None: as the teacher was trained (a softmax for the aam objective)."""
     started = time.perf_counter()
     artifact = load_artifact(artifact_dir)
     model = artifact.model.config
     window = model.window_samples / model.sample_rate
     hop = hop_seconds or window / 2
-    items = discover_test_files(Path(data_dir), soundscape_dir, "name", [])
-    prefix = soundscape_dir.strip("/") + "/"
-    files = [row.rel_path for row in items.rows]
-    spans, names = [], []
+    spans, written = [], []
     for k, rel in enumerate(files):
         seconds = _seconds(Path(data_dir) / rel)
         for start in np.arange(0.0, max(seconds - window, 0.0) + 1e-6, hop):
             spans.append(Span(k, float(start), float(start) + window))
-            names.append(rel.removeprefix(prefix))
+            written.append(names[k])
     plan = RowPlan(Path(data_dir), [str(i) for i in range(len(spans))], list(range(len(spans))), spans, files,
                    [None] * len(files), "teacher windows", segment=window)  # fmt: skip
     runtime = resolve_runtime(InferConfig(engine="torch", progress=False), artifact)
     spans_scored = predict(artifact.model, plan, runtime, log=lambda _: None).spans
     probs = objectives.probabilities(
         torch.from_numpy(np.nan_to_num(spans_scored.pooled["max"], nan=-1.0).astype(np.float64)),
-        float(model.score_scale), True,
+        float(model.score_scale), model.objective != "aam" if independent is None else independent,
     ).numpy()  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     rows = ([name, f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
-            for name, span, row, ok in zip(names, spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
+            for name, span, row, ok in zip(written, spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
     write_csv(out, ["filename", "start", "end", *artifact.labels], rows)
     lineage = {"teacher": Path(artifact_dir).name, "teacher_provenance": _lineage_of(artifact.manifest),
                "windows": int(spans_scored.ok.sum()), "files": len(files), "hop_seconds": hop,
                "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}  # fmt: skip
     write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
-    log(f"teacher {artifact_dir}: {len(spans)} windows of {len(files)} soundscapes scored in "
+    log(f"teacher {artifact_dir}: {len(spans)} windows of {len(files)} {what} scored in "
         f"{time.perf_counter() - started:.0f} s -> {out}")  # fmt: skip
     return out
 
@@ -111,10 +147,9 @@ def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> Trai
     rounds = config.self_training_rounds
     if rounds == 0:
         return train(config)
-    if not config.noise_dir:
-        raise ConfigError(
-            "self_training_rounds needs noise_dir: the unlabelled soundscapes the teacher scores"
-        )
+    if not config.noise_dir and not config.distill_focal:
+        raise ConfigError("self_training_rounds needs noise_dir (the unlabelled soundscapes the teacher scores) "
+                          "or distill_focal (the teacher scores the training recordings)")  # fmt: skip
     started = time.monotonic()
     base = Path(config.artifact_dir)
     teacher = config.teacher
@@ -123,21 +158,25 @@ def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> Trai
     for position, k in enumerate(stages):
         last = position == len(stages) - 1
         artifact = base if last else base.with_name(f"{base.name}.round_{k or 0}")
-        targets = None
-        if k is not None:
-            if teacher.endswith(".csv"):
-                targets = teacher
-            else:
+        targets, focal = None, config.focal_targets
+        if k is not None and teacher.endswith(".csv"):  # scores computed elsewhere: the soundscapes'
+            targets = teacher
+        elif k is not None:
+            if config.noise_dir:
                 out = base.with_name(f"{base.name}.targets_{k}.csv")
                 targets = str(score_soundscapes(teacher, config.data_dir, config.noise_dir, out, log=log))
+            if config.distill_focal:
+                out = base.with_name(f"{base.name}.focal_targets_{k}.csv")
+                focal = str(score_recordings(teacher, config, out, log=log))
         budget = None
         if config.time_budget_minutes is not None:
             left = config.time_budget_minutes - (time.monotonic() - started) / 60
             budget = max(1.0, left / (len(stages) - position))
-        round_config = replace(config, artifact_dir=str(artifact), soundscape_targets=targets,
-                               time_budget_minutes=budget, self_training_rounds=0, teacher=None)  # fmt: skip
+        round_config = replace(config, artifact_dir=str(artifact), soundscape_targets=targets, focal_targets=focal,
+                               time_budget_minutes=budget, self_training_rounds=0, teacher=None, distill_focal=False)  # fmt: skip
+        taught = [Path(t).name for t in (targets, focal) if t]
         log(f"self-training round {k or 0} of {rounds}: "
-            + (f"targets {Path(targets).name}" if targets else "focal recordings only")
+            + (f"targets {' and '.join(taught)}" if taught else "focal recordings only")
             + (f", {budget:.0f} min" if budget else "") + f" -> {artifact}")  # fmt: skip
         if not last and _trained_with(artifact, round_config):
             log(f"round {k or 0}: {artifact} is there, trained with these parameters: kept")
@@ -159,4 +198,4 @@ def _trained_with(artifact: Path, config: TrainConfig) -> bool:
     return all(kept.get(k) == v for k, v in wanted.items() if k not in ("time_budget_minutes", "progress"))
 
 
-__all__ = ["score_soundscapes", "train_rounds"]
+__all__ = ["score_recordings", "score_soundscapes", "score_windows", "train_rounds"]

@@ -7,6 +7,9 @@ soundscapes (far, noisy, several birds or none). Each augmentation here narrows 
                at a random SNR -- SpeechBrain's AddNoise does the mixing
     mix        a second training crop added at a random level, the batch row then has the union of both
                crops' labels (multi-label objectives only: one class per clip cannot hold two)
+    blend      between-class mixing for one-label objectives (Tokozume et al., ICLR 2018, "BC learning"):
+               two crops at a random ratio r of their loudness, the target r of one class and 1 - r of the
+               other (the aam objective takes soft targets); labels leave as [B, classes] rows
     background a crop replaced by background alone, with no label (multi-label objectives only): most of a
                soundscape is no call at all, and a model that only ever saw calls scores some class on it
     targets    self-training: a stretch of an unlabelled soundscape, with a teacher's soft targets, added to
@@ -47,6 +50,32 @@ class SoundscapeTargets:
 
 
 @dataclass(frozen=True)
+class FocalTargets:
+    """A teacher's probabilities over the windows of each training recording (TrainConfig.focal_targets:
+    distillation, or self-distillation from the last round): a crop's target becomes (1 - weight) x its own
+    label + weight x the teacher's window whose centre is nearest the crop's. Rows of the training table the
+    file does not cover keep their labels."""
+
+    first: np.ndarray  # [rows + 1]: training row r's windows are first[r]:first[r + 1]
+    centres: np.ndarray  # [windows] samples
+    probs: np.ndarray  # [windows, classes] float32
+    weight: float
+
+    def apply(self, rows: np.ndarray, starts: np.ndarray, window: int, labels: torch.Tensor) -> torch.Tensor:
+        """Targets [B, classes] of crops of training `rows` starting at `starts` (labels: classes [B] or
+        targets [B, classes])."""
+        classes = self.probs.shape[1]
+        out = (torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1
+               else labels.float().clone())  # fmt: skip
+        for k, (row, start) in enumerate(zip(rows.tolist(), starts.tolist(), strict=True)):
+            first, last = int(self.first[row]), int(self.first[row + 1])
+            if last > first:
+                nearest = first + int(np.abs(self.centres[first:last] - (start + window / 2)).argmin())
+                out[k] = (1 - self.weight) * out[k] + self.weight * torch.from_numpy(self.probs[nearest])
+        return out
+
+
+@dataclass(frozen=True)
 class Augmentation:
     """TrainConfig's augmentation fields, with the background recordings' cache (pickled to every worker)."""
 
@@ -59,6 +88,9 @@ class Augmentation:
     freq_mask_probability: float = 0.0
     targets: SoundscapeTargets | None = None
     target_probability: float = 0.0
+    blend_probability: float = 0.0
+    classes: int = 0  # blend: the width of the soft targets one-label rows become
+    multi_label: bool = True  # False: the aam objective's rows, one class each (the blend is theirs)
 
     @property
     def active(self) -> bool:
@@ -66,6 +98,7 @@ class Augmentation:
             (self.noise is not None and (self.noise_probability or self.background_probability))
             or self.mix_probability or self.time_mask_probability or self.freq_mask_probability
             or (self.targets is not None and self.target_probability)
+            or (self.blend_probability and self.classes)
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -75,6 +108,9 @@ class Augmentation:
                          f"SNR {self.noise_snr_db[0]:g}-{self.noise_snr_db[1]:g} dB)")  # fmt: skip
         if self.mix_probability:
             parts.append(f"two crops mixed on {self.mix_probability:.0%}")
+        if self.blend_probability and self.classes:
+            parts.append(f"two clips' crops blended at a random ratio, targets in that ratio, on "
+                         f"{self.blend_probability:.0%}")  # fmt: skip
         if self.noise is not None and self.background_probability:
             parts.append(f"{self.background_probability:.0%} of crops background alone, with no label")
         if self.targets is not None and self.target_probability:
@@ -96,7 +132,9 @@ def augment(
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(rng.integers(2**31)))
-        if plan.mix_probability and labels.ndim == 2:
+        if plan.blend_probability and plan.classes and not plan.multi_label:
+            wavs, lens, labels = _blend(wavs, lens, labels, rng, plan.blend_probability, plan.classes)
+        elif plan.mix_probability and labels.ndim == 2:
             wavs, lens, labels = _mix(wavs, lens, labels, rng, plan.mix_probability)
         if plan.targets is not None and plan.target_probability and labels.ndim == 2:
             wavs, lens, labels = _mix_targets(wavs, lens, labels, rng, plan.targets, plan.target_probability)
@@ -182,6 +220,53 @@ def _mix_targets(
     return wavs, lens, labels
 
 
+def _blend(
+    wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator, probability: float,
+    classes: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    """Class indices [B] become soft targets [B, classes] (every row, so the batch's shape does not depend on
+    the draw; soft targets stay as they are). Rows chosen with `probability` are blended with another row whose class differs, as BC learning
+    does: with r ~ U(0, 1) and each crop's level G (its loudest 100 ms, dB), the crops are weighted p and 1 - p,
+    p = 1 / (1 + 10^((G1 - G2) / 20) (1 - r) / r), so that r is the ratio a listener hears, and the target is
+    r of the row's class and 1 - r of the other's."""
+    targets = (
+        torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1 else labels.float()
+    )
+    rows = _chosen(rng, len(wavs), probability)
+    if not len(rows) or len(wavs) < 2:
+        return wavs, lens, targets
+    main = targets.argmax(dim=1).numpy()  # soft targets (focal_targets): the class each row mostly is
+    chosen, partners = [], []
+    for row in rows.tolist():
+        others = np.flatnonzero(main != main[row])
+        if len(others):
+            chosen.append(row)
+            partners.append(int(others[rng.integers(len(others))]))
+    if not chosen:  # a batch of one class: nothing to blend
+        return wavs, lens, targets
+    rows, partners = torch.tensor(chosen), torch.tensor(partners)
+    ratio = torch.from_numpy(rng.uniform(0.0, 1.0, len(rows)).astype(np.float32)).clamp(0.01, 0.99)
+    valid = (lens * wavs.shape[1]).long().clamp_min(1)
+    level = torch.tensor([_loudest_db(wavs[r, : valid[r]]) for r in range(len(wavs))])
+    p = 1.0 / (1.0 + 10 ** ((level[rows] - level[partners]) / 20) * (1 - ratio) / ratio)
+    wavs, lens, targets = wavs.clone(), lens.clone(), targets.clone()
+    wavs[rows] = (p[:, None] * wavs[rows] + (1 - p[:, None]) * wavs[partners]) / (p**2 + (1 - p) ** 2).sqrt()[
+        :, None
+    ]
+    lens[rows] = torch.maximum(lens[rows], lens[partners])
+    targets[rows] = ratio[:, None] * targets[rows] + (1 - ratio[:, None]) * targets[partners]
+    return wavs, lens, targets
+
+
+def _loudest_db(wav: torch.Tensor, frame: int = 1600) -> float:
+    """The level of the loudest `frame`-sample stretch (100 ms at 16 kHz) in dB, as BC learning measures it."""
+    usable = max(1, len(wav) // frame) * frame
+    frames = torch.nn.functional.pad(wav, (0, max(0, usable - len(wav))))[:usable].reshape(
+        -1, min(frame, usable)
+    )
+    return float(10 * torch.log10(frames.pow(2).mean(dim=1).max().clamp_min(1e-10)))
+
+
 def _mix(
     wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator, probability: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -202,4 +287,4 @@ def _mix(
     return wavs, lens, labels
 
 
-__all__ = ["Augmentation", "SoundscapeTargets", "augment"]
+__all__ = ["Augmentation", "FocalTargets", "SoundscapeTargets", "augment"]

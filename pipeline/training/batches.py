@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..core.data import crop_span, pad_crop
 from ..devices.launch import helper_spawn_context
-from .augment import Augmentation, augment
+from .augment import Augmentation, FocalTargets, augment
 from .store import AudioStore
 
 
@@ -54,6 +54,7 @@ class BatchRecipe:
     host_features_frontend: str = "logmel"  # ...through this front end (model.Frontend)
     crop_on_sound: bool = False  # crops of long clips drawn by loudness (data.crop_span)
     augmentation: Augmentation | None = None
+    focal_targets: FocalTargets | None = None  # a teacher's window probabilities (distillation)
 
 
 class TrainingBatches(Dataset):
@@ -80,10 +81,13 @@ class TrainingBatches(Dataset):
         r = self.recipe
         start = index * r.rows_per_batch
         rows = self.order(epoch)[start : start + r.rows_per_batch]
-        wavs, lens = crops(r.store, r.items[rows], r.window, np.random.default_rng([r.seed, epoch, r.rank, start]),
-                           r.min_short_fraction, r.crop_on_sound)  # fmt: skip
+        wavs, lens, starts = crops(r.store, r.items[rows], r.window,
+                                   np.random.default_rng([r.seed, epoch, r.rank, start]), r.min_short_fraction,
+                                   r.crop_on_sound)  # fmt: skip
         labels = torch.from_numpy(r.targets[rows])
         labels = labels.float() if labels.ndim == 2 else labels.long()
+        if r.focal_targets is not None:
+            labels = r.focal_targets.apply(np.asarray(rows), starts, r.window, labels)
         if r.augmentation is not None and r.augmentation.active:
             rng = np.random.default_rng([r.seed, epoch, r.rank, start, 1])
             wavs, lens, labels = augment(wavs, lens, labels, rng, r.augmentation)
@@ -107,16 +111,19 @@ def crops(
     rng: np.random.Generator,
     min_short_fraction: float = 1.0,
     on_sound: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One random crop of each cached file `items` ([n, window] waveforms, [n] relative lengths): only the
-    cropped samples are read from the cache. `on_sound`: long clips are cropped where they are loud."""
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """One random crop of each cached file `items` ([n, window] waveforms, [n] relative lengths, [n] first
+    samples): only the cropped samples are read from the cache. `on_sound`: long clips are cropped where they
+    are loud."""
     wavs, lens = np.zeros((len(items), window), dtype=np.float32), np.zeros(len(items), dtype=np.float32)
+    starts = np.zeros(len(items), dtype=np.int64)
     for k, item in enumerate(items):
         loudness = store.envelope(int(item)) if on_sound else None
         start, stop = crop_span(int(store.lengths[item]), window, rng, min_short_fraction, loudness,
                                 store.envelope_frame)  # fmt: skip
         wavs[k], lens[k] = pad_crop(store.read(int(item), start, stop), window)
-    return torch.from_numpy(wavs), torch.from_numpy(lens)
+        starts[k] = start
+    return torch.from_numpy(wavs), torch.from_numpy(lens), starts
 
 
 class RunPositions(Sampler):

@@ -33,7 +33,7 @@ from ..core.tables import (
     read_train_table,
     skip_or_stop,
 )
-from .augment import SoundscapeTargets
+from .augment import FocalTargets, SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
 
 # The share of files with several labels from which objective "auto" learns several labels per clip (bce):
@@ -75,6 +75,8 @@ class TrainingData:
     soundscapes: LabelledSoundscapes | None = None  # validation chunks in the test's domain
     soundscape_targets: SoundscapeTargets | None = None  # self-training's soft targets (augment.py)
     targets_record: dict | None = None  # where they came from, for the artifact's provenance
+    focal_targets: FocalTargets | None = None  # a teacher's probabilities over the recordings (distillation)
+    focal_record: dict | None = None  # where they came from, for the artifact's provenance
 
     def truth(self, rows: list[int] | np.ndarray) -> np.ndarray:
         """[len(rows), classes] targets of `rows` (one-hot for aam): what validation metrics compare with."""
@@ -196,9 +198,55 @@ def load_training_data(
     stretches, record = (
         load_soundscape_targets(config, labels, held_out, log) if config.soundscape_targets else (None, None)
     )
+    focal, focal_record = (
+        load_focal_targets(config, rows, labels, log) if config.focal_targets else (None, None)
+    )
     return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
                         objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes,
-                        soundscape_targets=stretches, targets_record=record)  # fmt: skip
+                        soundscape_targets=stretches, targets_record=record, focal_targets=focal,
+                        focal_record=focal_record)  # fmt: skip
+
+
+def load_focal_targets(
+    config: TrainConfig, rows: list[TrainRow], labels: list[str], log: Callable[[str], object] = print
+) -> tuple[FocalTargets, dict]:
+    """The teacher's windows of each training row's recording (`focal_targets`, filenames relative to data_dir)
+    and a record for the provenance. Rows whose recording has no window keep their labels (said); a file of
+    windows of no training recording stops with what to do."""
+    data_dir = Path(config.data_dir)
+    path = Path(config.focal_targets)
+    path = path if path.is_absolute() else data_dir / path
+    found = read_chunk_targets(path, labels)
+    for note in found.notes:
+        log(note)
+    by_file: dict[str, list[int]] = {}
+    for k, name in enumerate(found.files):
+        by_file.setdefault(name, []).append(k)
+    rate, first, order = config.sample_rate, [0], []
+    for row in rows:
+        windows = sorted(by_file.get(row.rel_path, []), key=lambda k: found.starts[k])
+        order += windows
+        first.append(len(order))
+    covered = sum(1 for row in rows if row.rel_path in by_file)
+    if not covered:
+        raise DataError(f"{path}: none of its {len(by_file)} files is a recording of the training table (filenames "
+                        f"are relative to data_dir, e.g. {rows[0].rel_path!r}); score the training recordings")  # fmt: skip
+    starts, ends = np.asarray(found.starts), np.asarray(found.ends)
+    probs = np.asarray(found.probs, dtype=np.float32)
+    focal = FocalTargets(
+        np.asarray(first, dtype=np.int64), ((starts[order] + ends[order]) / 2 * rate).astype(np.int64),
+        probs[order], float(config.focal_target_weight),
+    )  # fmt: skip
+    lineage = path.with_suffix(".json")
+    record = {
+        "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "windows": len(order),
+        "rows_covered": covered, "rows": len(rows), "weight": config.focal_target_weight,
+        "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
+    }  # fmt: skip
+    log(f"focal targets: {plural(len(order), 'teacher window')} over {covered} of {plural(len(rows), 'training row')} "
+        f"from {path.name}, weight {config.focal_target_weight:g}"
+        + (f" ({len(rows) - covered} rows keep their labels alone)" if covered < len(rows) else ""))  # fmt: skip
+    return focal, record
 
 
 def load_soundscape_targets(

@@ -95,7 +95,9 @@ def calibration_windows(data: TrainingData, config: TrainConfig) -> tuple[torch.
     rng = np.random.default_rng([config.seed, 2039])
     rows = np.asarray(data.train_idx or data.val_idx)
     chosen = rng.choice(rows, size=min(CALIBRATION_WINDOWS, len(rows)), replace=False)
-    return crops(data.store, data.items[chosen], config.window_samples, rng, on_sound=config.crop_on_sound)
+    return crops(data.store, data.items[chosen], config.window_samples, rng, on_sound=config.crop_on_sound)[
+        :2
+    ]
 
 
 def int8_rule(

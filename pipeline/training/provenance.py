@@ -30,6 +30,7 @@ PATH_FIELDS = {
     "init_from",
     "cache_dir",
     "soundscape_targets",
+    "focal_targets",
     "teacher",
 }
 
@@ -46,6 +47,8 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
     shape = {"config": keep, "rows": rows, "devices": topology.num_devices}
     if dataset.targets_record:  # a targets file's content, not only its name
         shape["targets"] = dataset.targets_record["sha256"]
+    if dataset.focal_record:
+        shape["focal_targets"] = dataset.focal_record["sha256"]
     payload = json.dumps(shape, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 

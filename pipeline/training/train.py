@@ -207,6 +207,8 @@ def prepare(
         background_probability=config.background_probability if data.multi_hot is not None else 0.0,
         time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
         targets=data.soundscape_targets, target_probability=config.target_probability,
+        blend_probability=config.blend_probability if data.multi_hot is None else 0.0, classes=len(data.labels),
+        multi_label=data.multi_hot is not None,
     )  # fmt: skip
     log(augmentation.describe() + (" (no crop mixing: the aam objective learns one class per clip)"
                                    if config.mix_probability and data.multi_hot is None else ""))  # fmt: skip
@@ -218,7 +220,7 @@ def prepare(
         seed=config.seed, rank=strategy.rank, min_short_fraction=config.min_short_fraction,
         host_features_mels=config.n_mels if strategy.features_on_host else None,
         host_features_frontend=strategy.unwrap(model).config.frontend,
-        crop_on_sound=config.crop_on_sound, augmentation=augmentation,
+        crop_on_sound=config.crop_on_sound, augmentation=augmentation, focal_targets=data.focal_targets,
     )  # fmt: skip
     loader = training_loader(recipe, state.epoch, state.step_in_epoch * plan.batch.grad_accum, config.epochs,
                              plan.loader_workers, pin_memory=strategy.device.type == "cuda")  # fmt: skip
@@ -379,9 +381,8 @@ def finish(run: Run) -> TrainResult:
     if not strategy.is_main:
         return result  # no collective follows: the other ranks leave while rank 0 saves
     provenance = build_provenance(config, run.plan, strategy, result)
-    provenance["soundscape_targets"] = (
-        data.targets_record
-    )  # self-training: the teacher's scores, and its lineage
+    # Self-training and distillation: the teachers' scores, and their lineage.
+    provenance["soundscape_targets"], provenance["focal_targets"] = data.targets_record, data.focal_record
     truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
     with (
         _figures(

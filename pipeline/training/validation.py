@@ -57,7 +57,7 @@ def calibration_windows(
         return None
     rng = np.random.default_rng([config.seed, 104729])
     rows = rng.choice(np.asarray(train_idx), size=count, replace=False)
-    return crops(store, items[rows], config.window_samples, rng, on_sound=config.crop_on_sound)
+    return crops(store, items[rows], config.window_samples, rng, on_sound=config.crop_on_sound)[:2]
 
 
 def validation_model(

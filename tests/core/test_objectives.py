@@ -99,3 +99,22 @@ def test_an_ensembles_loss_is_the_sum_of_its_members_losses(objective):
     targets = torch.tensor([0, 1, 2, 3, 0, 1]) if objective == "aam" else (torch.rand(6, 4) > 0.5).float()
     loss = make_loss(objective, 0.2, 30.0)
     assert loss(cosines, targets) == pytest.approx(sum(float(loss(cosines[:, k], targets)) for k in range(3)))
+
+
+def test_aam_soft_targets_give_the_hard_loss_for_one_class_and_a_blend_of_margins_between():
+    cosines = torch.rand(6, 4, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    classes = torch.tensor([0, 1, 2, 3, 0, 1])
+    loss = make_loss("aam", 0.2, 30.0)
+    soft = torch.nn.functional.one_hot(classes, 4).float()
+    torch.testing.assert_close(loss(cosines, soft), loss(cosines, classes), rtol=1e-5, atol=1e-5)
+    # Half of class 0, half of class 1: each gets half the margin and half the cross-entropy.
+    half = torch.tensor([[0.5, 0.5, 0.0, 0.0]])
+    row = torch.tensor([[0.6, 0.1, -0.3, 0.2]])  # inside the range where the margin is cos(theta + m)
+    phi = torch.cos(torch.acos(row) + 0.2)
+    logits = 30.0 * (half * phi + (1 - half) * row)
+    expected = -(half * torch.log_softmax(logits, dim=1)).sum()
+    torch.testing.assert_close(loss(row, half), expected, rtol=1e-4, atol=1e-4)
+    ensemble = torch.rand(6, 3, 4, generator=torch.Generator().manual_seed(4)) * 2 - 1
+    assert loss(ensemble, soft) == pytest.approx(
+        sum(float(loss(ensemble[:, k], soft)) for k in range(3)), rel=1e-5
+    )

@@ -37,11 +37,12 @@ def test_a_field_folder_has_calls_in_its_unlabelled_soundscapes_and_their_hidden
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_round_of_self_training_is_taught_by_round_0_and_says_so(field, tmp_path):
+    """Round 0 teaches round 1 the soundscapes and (distill_focal) the training recordings themselves."""
     from pipeline.tooling.self_training import _trained_with, train_rounds
 
     tiny = {**TINY_TRAIN, "epochs": 1, "ensemble_members": 1}
     config = TrainConfig(data_dir=str(field), artifact_dir=str(tmp_path / "model"), cache_dir=str(tmp_path / "cache"),
-                         self_training_rounds=1, **LAYOUT, **tiny)  # fmt: skip
+                         self_training_rounds=1, distill_focal=True, **LAYOUT, **tiny)  # fmt: skip
     result = train_rounds(config, log=lambda _: None)
     assert result.artifact_dir == tmp_path / "model"
     teacher = tmp_path / "model.round_0"
@@ -58,10 +59,21 @@ def test_a_round_of_self_training_is_taught_by_round_0_and_says_so(field, tmp_pa
     assert record["sha256"] == hashlib.sha256(targets.read_bytes()).hexdigest()
     assert record["lineage"]["teacher"] == "model.round_0" and record["lineage"]["teacher_provenance"] is None
     assert student["objective"] == "bce" and student["config"]["soundscape_targets"] == targets.name
+    # The training recordings' windows, named as the training table resolves them (relative to data_dir).
+    focal = tmp_path / "model.focal_targets_1.csv"
+    windows = list(csv.DictReader(open(focal)))
+    recordings = {row["filename"] for row in csv.DictReader(open(field / "train.csv"))}
+    assert {row["filename"] for row in windows} == {f"train_audio/{name}" for name in recordings}
+    assert all(0.0 <= float(row[c]) <= 1.0 for row in windows for c in labels)
+    assert student["focal_targets"]["rows_covered"] == student["focal_targets"]["rows"] > 0
+    assert student["focal_targets"]["lineage"]["teacher"] == "model.round_0"
+    assert student["config"]["focal_targets"] == focal.name
     first = json.loads((teacher / "manifest.json").read_text())["provenance"]
-    assert first["soundscape_targets"] is None  # round 0: the focal recordings alone
+    assert first["soundscape_targets"] is None and first["focal_targets"] is None  # round 0: the labels alone
     # A rerun after a lost session keeps round 0, trained with the same parameters; other parameters retrain it.
-    round_0 = dataclasses.replace(config, artifact_dir=str(teacher), self_training_rounds=0)
+    round_0 = dataclasses.replace(
+        config, artifact_dir=str(teacher), self_training_rounds=0, distill_focal=False
+    )
     assert _trained_with(teacher, round_0)
     assert not _trained_with(teacher, dataclasses.replace(round_0, seed=5))
 
@@ -82,6 +94,10 @@ def test_the_self_training_parameters_are_checked():
         TrainConfig(teacher="model", noise_dir="x")
     with pytest.raises(ConfigError, match="needs noise_dir"):
         TrainConfig(self_training_rounds=2)
+    with pytest.raises(ConfigError, match="distill_focal: .* set self_training_rounds >= 1"):
+        TrainConfig(distill_focal=True)
+    with pytest.raises(ConfigError, match="focal_target_weight"):
+        TrainConfig(focal_target_weight=1.5)
     with pytest.raises(ConfigError, match="target_floor"):
         TrainConfig(target_floor=1.5)
 
@@ -101,3 +117,25 @@ def test_the_controls_shape_the_targets(field, tmp_path):
     )  # 0.2^2 < floor; row 2 under threshold
     assert record["stretches"] == 1 and record["of"] == 2 and record["lineage"] is None
     assert stretches.starts.tolist() == [0] and stretches.ends.tolist() == [config.sample_rate]
+
+
+def test_focal_targets_cover_the_training_rows_by_their_recording(field, tmp_path):
+    from pipeline.core.tables import TrainTable, read_train_table
+    from pipeline.training.dataset import load_focal_targets
+
+    config = TrainConfig(data_dir=str(field), cache_dir=str(tmp_path / "cache"), **LAYOUT)
+    rows, _ = read_train_table(field, "error", TrainTable.of(config))
+    first, second = rows[0].rel_path, rows[1].rel_path
+    path = tmp_path / "focal.csv"
+    path.write_text(
+        f"filename,start,end,a,b\n{first},1,2,0.2,0.8\n{first},0,1,0.9,0.1\n{second},0,1,0.5,0.5\n"
+    )
+    config = dataclasses.replace(config, focal_targets=str(path), focal_target_weight=0.25)
+    focal, record = load_focal_targets(config, rows, ["a", "b"], log=lambda _: None)
+    rate = config.sample_rate
+    assert focal.first[:3].tolist() == [0, 2, 3] and (focal.first[3:] == 3).all()  # the rest: no windows
+    assert focal.centres[:2].tolist() == [rate // 2, 3 * rate // 2]  # sorted by time within a recording
+    assert record["rows_covered"] == 2 and record["rows"] == len(rows) and record["weight"] == 0.25
+    path.write_text("filename,start,end,a,b\nelsewhere/x.ogg,0,1,0.2,0.8\n")
+    with pytest.raises(DataError, match="none of its 1 files is a recording of the training table"):
+        load_focal_targets(config, rows, ["a", "b"], log=lambda _: None)

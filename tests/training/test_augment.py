@@ -151,3 +151,59 @@ def test_a_soundscape_stretch_is_mixed_in_at_equal_loudness_with_its_soft_target
 def _scaled_copy(crop: np.ndarray, part: np.ndarray) -> bool:
     scale = float(np.dot(part, crop) / max(float(np.dot(part, part)), 1e-12))
     return scale > 0 and np.allclose(crop, scale * part, atol=1e-5)
+
+
+def test_blended_crops_carry_their_classes_in_the_blend_ratio():
+    wavs, lens, _ = batch()
+    classes = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    out, _, targets = augment(
+        wavs.clone(),
+        lens,
+        classes,
+        np.random.default_rng(0),
+        Augmentation(blend_probability=1.0, classes=5, multi_label=False),
+    )
+    assert targets.shape == (8, 5) and torch.allclose(targets.sum(1), torch.ones(8))
+    assert (targets[:, 4] == 0).all()  # no row holds a class that no crop had
+    for row in range(8):
+        shares = targets[row][targets[row] > 0]
+        assert len(shares) == 2 and targets[row, classes[row]] > 0  # its own class and a different one
+    assert not torch.allclose(out, wavs)
+    # Off: the same one-hot rows, the crops untouched (the batch keeps its shape either way).
+    plain, _, one_hot = augment(
+        wavs.clone(),
+        lens,
+        classes,
+        np.random.default_rng(0),
+        Augmentation(blend_probability=1e-9, classes=5, multi_label=False),
+    )
+    assert torch.equal(plain, wavs) and torch.equal(one_hot, torch.eye(5)[classes])
+
+
+def test_a_blend_weights_the_crops_by_their_loudness():
+    """Equal-level crops at ratio r are weighted r : 1 - r; a crop 20 dB louder gets 10x less weight."""
+    from pipeline.training.augment import _blend
+
+    t = torch.arange(RATE) / RATE
+    quiet, loud = 0.01 * torch.sin(2 * torch.pi * 440 * t), 0.1 * torch.sin(2 * torch.pi * 440 * t)
+    wavs = torch.stack([quiet, loud])
+    out, _, targets = _blend(wavs, torch.ones(2), torch.tensor([0, 1]), np.random.default_rng(3), 1.0, 2)
+    r = float(targets[0, 0])
+    p = 1 / (1 + 0.1 * (1 - r) / r)  # G1 - G2 = -20 dB: the quiet crop is weighted 10x up
+    expected = (p * quiet + (1 - p) * loud) / (p**2 + (1 - p) ** 2) ** 0.5
+    torch.testing.assert_close(out[0], expected, rtol=1e-4, atol=1e-6)
+
+
+def test_focal_targets_blend_the_teachers_nearest_window_into_a_crops_target():
+    from pipeline.training.augment import FocalTargets
+
+    # Row 0 has windows centred at 0.5 s and 1.5 s; row 1 none.
+    focal = FocalTargets(np.array([0, 2, 2]), np.array([RATE // 2, 3 * RATE // 2]),
+                         np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]], np.float32), weight=0.25)  # fmt: skip
+    labels = torch.tensor([1, 1, 1])  # one class per clip (aam): become soft rows
+    out = focal.apply(np.array([0, 0, 1]), np.array([0, RATE, 0]), RATE // 2, labels)
+    torch.testing.assert_close(
+        out[0], torch.tensor([0.25, 0.75, 0.0])
+    )  # crop centre 0.25 s: the first window
+    torch.testing.assert_close(out[1], torch.tensor([0.0, 0.75, 0.25]))  # centre 1.25 s: the second
+    torch.testing.assert_close(out[2], torch.tensor([0.0, 1.0, 0.0]))  # no teacher window: its label alone
