@@ -37,7 +37,7 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/jupytext --sync notebooks/*.ipynb
 
-# The suite a change must pass (14-18 min on 2 cores). Tests marked `extended` repeat on other shapes what this
+# The suite a change must pass (11-18 min on 2 cores, as the machine's speed varies). Tests marked `extended` repeat on other shapes what this
 # suite already guards (pyproject.toml's markers say which); `make test-all` runs them too. The 25 slowest tests
 # are listed at the end: what to make cheaper, or mark extended, when the suite nears its 15 minutes.
 test: lint
