@@ -64,7 +64,7 @@ def score_soundscapes(
     # Independent sigmoids even from a one-label teacher: a stretch of soundscape holds any number of calls, or
     # none, where a softmax would share out a probability of 1.
     return score_windows(artifact_dir, data_dir, files, [f.removeprefix(prefix) for f in files], out,
-                         hop_seconds, log, "soundscapes", independent=True)  # fmt: skip
+                         hop_seconds=hop_seconds, log=log, what="soundscapes", independent=True)  # fmt: skip
 
 
 def score_recordings(
@@ -74,7 +74,9 @@ def score_recordings(
     data_dir (TrainConfig.focal_targets): what a distilled student learns beside the labels."""
     rows, _ = read_train_table(config.data_dir, "skip", TrainTable.of(config))
     files = sorted({row.rel_path for row in rows})
-    return score_windows(artifact_dir, config.data_dir, files, files, out, None, log, "training recordings")
+    return score_windows(
+        artifact_dir, config.data_dir, files, files, out, log=log, what="training recordings"
+    )
 
 
 def score_windows(
@@ -83,6 +85,7 @@ def score_windows(
     files: list[str],
     names: list[str],
     out: str | Path,
+    *,
     hop_seconds: float | None = None,
     log: Callable[[str], Any] = print,
     what: str = "files",
