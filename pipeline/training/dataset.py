@@ -207,6 +207,19 @@ def load_training_data(
                         focal_record=focal_record)  # fmt: skip
 
 
+def _targets_file(data_dir: Path, name: str) -> Path:
+    """A targets file parameter: absolute, or relative to data_dir."""
+    return Path(name) if Path(name).is_absolute() else data_dir / name
+
+
+def _targets_record(path: Path, **fields: object) -> dict:
+    """What the provenance keeps of a targets file: its name and hash, `fields`, and the lineage its teacher
+    wrote beside it (`<name>.json`, pipeline/tooling/self_training.py)."""
+    lineage = path.with_suffix(".json")
+    return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **fields,
+            "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None}  # fmt: skip
+
+
 def load_focal_targets(
     config: TrainConfig, rows: list[TrainRow], labels: list[str], log: Callable[[str], object] = print
 ) -> tuple[FocalTargets, dict]:
@@ -214,8 +227,7 @@ def load_focal_targets(
     and a record for the provenance. Rows whose recording has no window keep their labels (said); a file of
     windows of no training recording stops with what to do."""
     data_dir = Path(config.data_dir)
-    path = Path(config.focal_targets)
-    path = path if path.is_absolute() else data_dir / path
+    path = _targets_file(data_dir, config.focal_targets)
     found = read_chunk_targets(path, labels)
     for note in found.notes:
         log(note)
@@ -237,12 +249,8 @@ def load_focal_targets(
         np.asarray(first, dtype=np.int64), ((starts[order] + ends[order]) / 2 * rate).astype(np.int64),
         probs[order], float(config.focal_target_weight),
     )  # fmt: skip
-    lineage = path.with_suffix(".json")
-    record = {
-        "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "windows": len(order),
-        "rows_covered": covered, "rows": len(rows), "weight": config.focal_target_weight,
-        "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
-    }  # fmt: skip
+    record = _targets_record(path, windows=len(order), rows_covered=covered, rows=len(rows),
+                             weight=config.focal_target_weight)  # fmt: skip
     log(f"focal targets: {plural(len(order), 'teacher window')} over {covered} of {plural(len(rows), 'training row')} "
         f"from {path.name}, weight {config.focal_target_weight:g}"
         + (f" ({len(rows) - covered} rows keep their labels alone)" if covered < len(rows) else ""))  # fmt: skip
@@ -256,8 +264,7 @@ def load_soundscape_targets(
     cached; and a record for the provenance: the file's hash, what was kept, and the lineage written beside it
     (`<name>.json`, pipeline/tooling/self_training.py). Stretches of validation soundscapes are left out."""
     data_dir = Path(config.data_dir)
-    path = data_dir / config.soundscape_targets if not Path(config.soundscape_targets).is_absolute() else Path(
-        config.soundscape_targets)  # fmt: skip
+    path = _targets_file(data_dir, config.soundscape_targets)
     found = read_chunk_targets(path, labels)
     for note in found.notes:
         log(note)
@@ -285,14 +292,11 @@ def load_soundscape_targets(
         np.array([int(found.starts[k] * rate) for k in keep], dtype=np.int64),
         np.array([int(found.ends[k] * rate) for k in keep], dtype=np.int64), probs[keep],
     )  # fmt: skip
-    lineage = path.with_suffix(".json")
-    record = {
-        "file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "stretches": len(keep),
-        "of": len(found.files), "soundscapes": len(files), "mean_target_mass": round(float(probs[keep].sum(1).mean()), 4),
-        "power": config.target_power, "floor": config.target_floor, "threshold": config.target_threshold,
-        "probability": config.target_probability,
-        "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
-    }  # fmt: skip
+    record = _targets_record(
+        path, stretches=len(keep), of=len(found.files), soundscapes=len(files),
+        mean_target_mass=round(float(probs[keep].sum(1).mean()), 4), power=config.target_power,
+        floor=config.target_floor, threshold=config.target_threshold, probability=config.target_probability,
+    )  # fmt: skip
     log(f"soundscape targets: {plural(len(keep), 'stretch', 'stretches')} of {plural(len(files), 'soundscape')} from {path.name} "
         f"(mean target mass {record['mean_target_mass']:.2f} per stretch)")  # fmt: skip
     return stretches, record
