@@ -120,6 +120,10 @@ def section_scale(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.scale", quick)
 
 
+def section_targets_scale(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.targets_scale", quick)
+
+
 def section_xla_step(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.xla_step", quick)
 
@@ -307,6 +311,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,
+    "targets_scale": section_targets_scale,
     "cuda": section_cuda,
 }
 SECTIONS = tuple(RUNNERS)  # the order `make bench` runs them in

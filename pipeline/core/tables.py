@@ -22,11 +22,14 @@ import ast
 import csv
 import io
 import os
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .staging import check_output_dir, mark, marked_as, staged_directory, write_text_atomically
 
@@ -314,49 +317,65 @@ class ChunkTargets:
     `probs[k, c]` of the model's class c."""
 
     files: list[str]
-    starts: list[float]
-    ends: list[float]
-    probs: list[list[float]]  # [rows][classes], in the order of the `labels` read_chunk_targets was given
+    starts: np.ndarray  # [rows] float64 seconds
+    ends: np.ndarray
+    probs: np.ndarray  # [rows, classes] float32, in the order of the `labels` read_chunk_targets was given
     notes: list[str] = field(default_factory=list)
 
 
 def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
     """A targets file: `filename,start,end` and one probability column per class. Columns of classes the model
     does not have are left out, classes it has but the file lacks get 0 (both said in `notes`); a row with an
-    unreadable time or a probability outside 0..1 stops with its line and what to fix."""
+    unreadable time or a probability outside 0..1 stops with its line and what to fix.
+
+    A teacher's scores of every window of a BirdCLEF training set run to millions of rows, so the file is read
+    row by row straight into flat float arrays (4 bytes a probability; a row of Python floats costs ~10x)."""
     hint = "A targets file has the columns filename, start, end and one probability (0..1) per class."
-    rows = read_csv(csv_path, ("filename", "start", "end"), hint)
-    header = [c for c in (rows[0][1] if rows else {}) if c not in ("filename", "start", "end")]
-    known = [c for c in header if c in labels]
-    notes = []
-    if len(known) < len(header):
-        notes.append(f"{csv_path.name}: {len(header) - len(known)} class column(s) the model does not have are "
-                     f"left out: {sorted(set(header) - set(known))[:10]}")  # fmt: skip
-    if len(known) < len(labels):
-        notes.append(f"{csv_path.name}: no column for {len(labels) - len(known)} of the model's classes (target 0): "
-                     f"{sorted(set(labels) - set(known))[:10]}")  # fmt: skip
-    column = {label: k for k, label in enumerate(labels)}
-    files, starts, ends, probs = [], [], [], []
-    for line, row in rows:
-        try:
-            start, end = _seconds(row["start"]), _seconds(row["end"])
-            values = [float(row[c]) for c in known]
-        except ValueError:
-            raise DataError(
-                f"{csv_path} line {line}: start, end and the class columns must be numbers. {hint}"
-            ) from None
-        if not end > start or any(not 0.0 <= v <= 1.0 for v in values):
-            raise DataError(f"{csv_path} line {line}: needs end > start and probabilities in 0..1. {hint}")
-        target = [0.0] * len(labels)
-        for name, value in zip(known, values, strict=True):
-            target[column[name]] = value
-        files.append(row["filename"])
-        starts.append(start)
-        ends.append(end)
-        probs.append(target)
+    if not csv_path.is_file():
+        raise DataError(f"{csv_path}: file not found. {hint}")
+    with csv_path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.reader(handle)
+        header = [name.strip() for name in next(reader, [])]
+        missing = [c for c in ("filename", "start", "end") if c not in header]
+        if missing:
+            raise DataError(f"{csv_path}: missing column(s) {missing}; the header is {header}. {hint}")
+        classes = [c for c in header if c and c not in ("filename", "start", "end")]
+        known = [c for c in classes if c in labels]
+        notes = []
+        if len(known) < len(classes):
+            notes.append(f"{csv_path.name}: {len(classes) - len(known)} class column(s) the model does not have are "
+                         f"left out: {sorted(set(classes) - set(known))[:10]}")  # fmt: skip
+        if len(known) < len(labels):
+            notes.append(f"{csv_path.name}: no column for {len(labels) - len(known)} of the model's classes (target 0): "
+                         f"{sorted(set(labels) - set(known))[:10]}")  # fmt: skip
+        name_at, start_at, end_at = (header.index(c) for c in ("filename", "start", "end"))
+        value_at = [header.index(c) for c in known]
+        files: list[str] = []
+        same_name: dict[str, str] = {}  # one string per soundscape, however many rows name it
+        times, values, lines = array("d"), array("f"), array("l")
+        for row in reader:
+            if not any(row):
+                continue  # a blank line, as csv.DictReader skips it
+            try:
+                times.extend((_seconds(row[start_at]), _seconds(row[end_at])))
+                values.extend([float(row[k]) for k in value_at])
+            except (ValueError, IndexError):
+                raise DataError(f"{csv_path} line {reader.line_num}: start, end and the class columns must be "
+                                f"numbers. {hint}") from None  # fmt: skip
+            files.append(same_name.setdefault(row[name_at], row[name_at]))
+            lines.append(reader.line_num)
     if not files:
         raise DataError(f"{csv_path}: no rows. {hint}")
-    return ChunkTargets(files, starts, ends, probs, notes)
+    spans = np.frombuffer(times, dtype=np.float64).reshape(len(files), 2)
+    found = np.frombuffer(values, dtype=np.float32).reshape(len(files), len(known))
+    bad = ~(spans[:, 1] > spans[:, 0]) | ~((found >= 0.0) & (found <= 1.0)).all(axis=1)
+    if bad.any():
+        line = lines[int(np.argmax(bad))]
+        raise DataError(f"{csv_path} line {line}: needs end > start and probabilities in 0..1. {hint}")
+    probs = np.zeros((len(files), len(labels)), dtype=np.float32)
+    column = {label: k for k, label in enumerate(labels)}
+    probs[:, [column[name] for name in known]] = found
+    return ChunkTargets(files, spans[:, 0].copy(), spans[:, 1].copy(), probs, notes)
 
 
 def _seconds(text: str) -> float:

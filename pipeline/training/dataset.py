@@ -243,11 +243,9 @@ def load_focal_targets(
     if not covered:
         raise DataError(f"{path}: none of its {len(by_file)} files is a recording of the training table (filenames "
                         f"are relative to data_dir, e.g. {rows[0].rel_path!r}); score the training recordings")  # fmt: skip
-    starts, ends = np.asarray(found.starts), np.asarray(found.ends)
-    probs = np.asarray(found.probs, dtype=np.float32)
     focal = FocalTargets(
-        np.asarray(first, dtype=np.int64), ((starts[order] + ends[order]) / 2 * rate).astype(np.int64),
-        probs[order], float(config.focal_target_weight),
+        np.asarray(first, dtype=np.int64), ((found.starts[order] + found.ends[order]) / 2 * rate).astype(np.int64),
+        found.probs[order], float(config.focal_target_weight),
     )  # fmt: skip
     record = _targets_record(path, windows=len(order), rows_covered=covered, rows=len(rows),
                              weight=config.focal_target_weight)  # fmt: skip
@@ -269,14 +267,16 @@ def load_soundscape_targets(
     for note in found.notes:
         log(note)
     _, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
-    rel = [f"{prefix}/{name}" if prefix else name for name in found.files]
-    probs = np.asarray(found.probs, dtype=np.float32) ** config.target_power
+    # Per soundscape, not per row: a targets file holds millions of rows naming a few thousand soundscapes.
+    rel = {name: f"{prefix}/{name}" if prefix else name for name in set(found.files)}
+    probs = found.probs**config.target_power
     probs[probs < config.target_floor] = 0.0
-    keep = np.flatnonzero((probs.max(axis=1) >= config.target_threshold) & ~np.isin(rel, sorted(held_out)))
+    usable = np.fromiter((rel[name] not in held_out for name in found.files), bool, len(found.files))
+    keep = np.flatnonzero((probs.max(axis=1) >= config.target_threshold) & usable)
     if not len(keep):
         raise DataError(f"{path}: no stretch has a probability >= target_threshold={config.target_threshold:g}; "
                         "lower it")  # fmt: skip
-    files = sorted({rel[k] for k in keep})
+    files = sorted({rel[found.files[k]] for k in keep})
     store = open_or_build(source_files(data_dir, files), config.cache_dir or default_cache_dir(),
                           sample_rate=config.sample_rate, log=log, progress=config.progress,
                           keep_apart={"data_dir": config.data_dir})  # fmt: skip
@@ -288,9 +288,8 @@ def load_soundscape_targets(
     position = {name: k for k, name in enumerate(files)}
     rate = config.sample_rate
     stretches = SoundscapeTargets(
-        store, np.array([position[rel[k]] for k in keep], dtype=np.int64),
-        np.array([int(found.starts[k] * rate) for k in keep], dtype=np.int64),
-        np.array([int(found.ends[k] * rate) for k in keep], dtype=np.int64), probs[keep],
+        store, np.array([position[rel[found.files[k]]] for k in keep], dtype=np.int64),
+        (found.starts[keep] * rate).astype(np.int64), (found.ends[keep] * rate).astype(np.int64), probs[keep],
     )  # fmt: skip
     record = _targets_record(
         path, stretches=len(keep), of=len(found.files), soundscapes=len(files),

@@ -82,10 +82,19 @@ def test_targets_keep_the_models_classes_and_refuse_what_cannot_be_a_probability
     path = tmp_path / "targets.csv"
     path.write_text("filename,start,end,b,zz\ns.ogg,0,1,0.5,0.9\ns.ogg,1,2,0.25,0\n")
     found = read_chunk_targets(path, ["a", "b"])
-    assert found.probs == [[0.0, 0.5], [0.0, 0.25]] and found.starts == [0.0, 1.0]
+    assert found.probs.tolist() == [[0.0, 0.5], [0.0, 0.25]] and found.starts.tolist() == [0.0, 1.0]
+    assert found.probs.dtype == np.float32 and found.ends.tolist() == [1.0, 2.0]
     assert any("'zz'" in n for n in found.notes) and any("'a'" in n for n in found.notes)
     path.write_text("filename,start,end,a\ns.ogg,0,1,0.5\ns.ogg,1,2,1.5\n")
     with pytest.raises(DataError, match=r"targets.csv line 3: needs end > start and probabilities in 0..1"):
+        read_chunk_targets(path, ["a"])
+    path.write_text("filename,start,end,a\ns.ogg,0,1,0.5\n\ns.ogg,0:01,0:02,0.25\ns.ogg,2,3\n")
+    with pytest.raises(
+        DataError, match=r"targets.csv line 5: start, end and the class columns must be numbers"
+    ):
+        read_chunk_targets(path, ["a"])  # line 3 is blank (skipped), line 4's times are m:ss
+    path.write_text("filename,start,end,a\ns.ogg,0,1,nan\n")
+    with pytest.raises(DataError, match=r"line 2: needs end > start and probabilities in 0..1"):
         read_chunk_targets(path, ["a"])
 
 
