@@ -1,6 +1,6 @@
 """Real sound events: ESC-10's official 5-fold cross-validation through both notebooks, with the defaults.
 
-    python -m benchmarks.esc10 [--folds 1,2,3,4,5] [--set NAME=VALUE ...] [--infer-set NAME=VALUE ...]
+    python -m benchmarks.esc10 [--folds 1,2,3,4,5] [--seeds 0,1,2] [--set NAME=VALUE ...] [--infer-set NAME=VALUE ...]
                                [--variant NAME:PARAM=VALUE,PARAM=VALUE ...] [--source DIR] [--out FILE]
 
 ESC-10 (Piczak, ACM MM 2015; ../shared/esc10, CC BY 3.0): 400 clips of 5 s, 44.1 kHz Ogg/Vorbis, 10 classes of
@@ -151,10 +151,24 @@ def run_fold(
     }
 
 
+def _std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1))
+
+
 def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
+    """Means over every (seed, fold) run; with several seeds, each seed's 5-fold mean and their spread, which
+    is what a change of the defaults must beat."""
     accuracies = [f["accuracy"] for f in folds]
     mean = sum(accuracies) / len(accuracies)
-    spread = math.sqrt(sum((a - mean) ** 2 for a in accuracies) / max(1, len(accuracies) - 1))
+    by_seed: dict[int, list[float]] = {}
+    for fold in folds:
+        by_seed.setdefault(fold["seed"], []).append(fold["accuracy"])
+    seed_means = {seed: round(sum(a) / len(a), 4) for seed, a in by_seed.items()}
+    by_fold: dict[int, list[float]] = {}
+    for fold in folds:
+        by_fold.setdefault(fold["fold"], []).append(fold["accuracy"])
+    spread = _std([sum(a) / len(a) for a in by_fold.values()])  # of the folds' means over seeds
     hits, totals = Counter(), Counter()
     for fold in folds:
         hits.update(fold["per_class_hits"])
@@ -164,17 +178,21 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
     variants = {
         name: round(sum(f["variants"][name] for f in folds) / len(folds), 4) for name in folds[0]["variants"]
     }
-    whole = len(folds) == len(FOLDS)
+    whole = {f["fold"] for f in folds} == set(FOLDS)
+    seeds = (f", {len(by_seed)} seeds: {' / '.join(f'{m:.3f}' for m in seed_means.values())} "
+             f"(+-{_std(list(seed_means.values())):.3f} over seeds)" if len(by_seed) > 1 else "")  # fmt: skip
     verdict = ("" if not whole else
                f"; target {TARGET:.2f} {'met' if mean >= TARGET else 'MISSED'}")  # fmt: skip
     return {
         "headline": (
-            f"ESC-10 {'5-fold' if whole else f'{len(folds)}-fold'} mean accuracy {mean:.3f} "
-            f"(+-{spread:.3f} over folds), {max(minutes):.1f} min per fold at most{verdict}"
+            f"ESC-10 {'5-fold' if whole else f'{len(by_fold)}-fold'} mean accuracy {mean:.3f} "
+            f"(+-{spread:.3f} over folds{seeds}), {max(minutes):.1f} min per fold at most{verdict}"
         ),  # fmt: skip
         "mean_accuracy": round(mean, 4),
         "fold_std": round(spread, 4),
         "per_fold": accuracies,
+        "seed_means": seed_means,
+        "seed_std": round(_std(list(seed_means.values())), 4),
         "per_class": per_class,
         "variants_mean_accuracy": variants,
         "minutes_per_fold": minutes,
@@ -194,23 +212,28 @@ def run(
     infer_overrides: dict[str, Any] | None = None,
     quick: bool = False,
     variants: dict[str, dict[str, Any]] | None = None,
+    seeds: tuple[int, ...] | None = None,
 ) -> dict[str, Any]:
-    """The cross-validation; `quick` runs one fold for 2 epochs (the path, not the accuracy)."""
+    """The cross-validation, once per training seed in `seeds` (None: the train notebook's seed);
+    `quick` runs one fold for 2 epochs (the path, not the accuracy)."""
     clips = scan(Path(source))
     train_overrides = dict(train_overrides or {})
     if quick:
         folds, train_overrides = folds[:1], {"epochs": 2, **train_overrides}
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-esc10-") as tmp, CpuMeter() as meter:
-        for fold in folds:
-            work = Path(tmp) / f"run{fold}"
-            work.mkdir()
-            results.append(run_fold(clips, fold, work, train_overrides, infer_overrides or {}, variants))
-            print(
-                f"fold {fold}: {results[-1]['accuracy']:.4f} in {results[-1]['minutes']:.1f} min",
-                file=sys.stderr,
-            )
-            shutil.rmtree(work, ignore_errors=True)
+        for seed in seeds or (train_overrides.get("seed", 0),):
+            overrides = {**train_overrides, "seed": seed} if seeds else train_overrides
+            for fold in folds:
+                work = Path(tmp) / f"run{seed}-{fold}"
+                work.mkdir()
+                done = run_fold(clips, fold, work, overrides, infer_overrides or {}, variants)
+                results.append({"seed": seed, **done})
+                print(
+                    f"seed {seed} fold {fold}: {done['accuracy']:.4f} in {done['minutes']:.1f} min",
+                    file=sys.stderr,
+                )
+                shutil.rmtree(work, ignore_errors=True)
     return summarise(results, {"quick": quick, "train_overrides": train_overrides,
                                "infer_overrides": infer_overrides or {}, **meter.result})  # fmt: skip
 
@@ -225,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--variant", action="append", default=[], metavar="NAME:PARAM=VALUE,...",
                         help="infer again with these parameters")  # fmt: skip
+    parser.add_argument(
+        "--seeds", help="train every fold once per seed, e.g. 0,1,2 (the spread a change must beat)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
@@ -234,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, params = text.partition(":")
         variants[name] = _parse_sets(params.split(",") if params else [])
     result = run(args.source, folds, _parse_sets(args.set), _parse_sets(args.infer_set), quick=args.quick,
-                 variants=variants)  # fmt: skip
+                 variants=variants, seeds=tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None)  # fmt: skip
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
