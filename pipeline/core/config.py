@@ -21,6 +21,8 @@ MODEL_PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {"channels": [32, 32, 32, 32, 96], "lin_neurons": 64, "attention_channels": 16, "se_channels": 16},
     "small": {"channels": [128, 128, 128, 128, 384], "lin_neurons": 128, "attention_channels": 64,
               "se_channels": 64},
+    "medium": {"channels": [256, 256, 256, 256, 768], "lin_neurons": 192, "attention_channels": 128,
+               "se_channels": 128},
     "base": {"channels": [512, 512, 512, 512, 1536], "lin_neurons": 192, "attention_channels": 128,
              "se_channels": 128},
     "voxceleb": {"channels": [1024, 1024, 1024, 1024, 3072], "lin_neurons": 192, "attention_channels": 128,
@@ -320,8 +322,9 @@ class InferConfig:
     chunk_smoothing: list[float] | str | None = None  # text: "0.1,0.8,0.1" (read into a list)
     file_max_weight: float = 0.0
     # A row per file: how the file's windows become its scores (mean | max | mean_max, as chunk_pooling). "mean"
-    # is the mean embedding SpeechBrain's EncoderClassifier computes; with another pooling the file's windows
-    # overlap by half (clip_hop_seconds; None: half a window), so an event on a window's edge is whole in one.
+    # is the mean embedding SpeechBrain's EncoderClassifier computes, over windows that tile the file; with
+    # another pooling, or clip_hop_seconds set, the file's windows overlap (clip_hop_seconds apart; None: half a
+    # window for max and mean_max), so an event on a window's edge is whole in one.
     # Measured on ESC-10's 5 folds (benchmarks/esc10.py, the same artifacts): mean 0.805, max 0.750, mean_max
     # 0.8025 -- short events are not lost in the pooling, so mean stays the default.
     clip_pooling: str = "mean"

@@ -138,10 +138,11 @@ def batching_for(
 
 def window_plan(config: InferConfig, model: ModelConfig, batch_windows: int) -> WindowPlan:
     """The artifact's windows; a chunk's windows `window_hop_seconds` apart (default: half a window), a whole
-    file's `clip_hop_seconds` apart when its pooling is not the mean embedding."""
+    file's `clip_hop_seconds` apart (default: tiling the file for the mean embedding, half a window for the
+    other poolings)."""
     hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
-    file_hop = (None if config.clip_pooling == "mean" else
-                chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate))  # fmt: skip
+    tiled = config.clip_pooling == "mean" and config.clip_hop_seconds is None
+    file_hop = None if tiled else chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate)
     return WindowPlan(model.window_samples, model.sample_rate, batch_windows, config.max_windows_per_file, hop,
                       config.length_buckets, file_hop, config.quiet_window_db)  # fmt: skip
 

@@ -14,7 +14,7 @@ from helpers import read_rows
 from pipeline.core.config import InferConfig
 from pipeline.core.model import ModelConfig
 from pipeline.core.tables import TestLayout, read_test_items
-from pipeline.inference.runtime import Hardware, batching_for, choose_device
+from pipeline.inference.runtime import Hardware, batching_for, choose_device, window_plan
 from pipeline.inference.submission import run_inference
 
 
@@ -45,6 +45,14 @@ def test_batching_is_sized_for_the_device_unless_set():
     assert batching_for(None, None, base, gpu, 64) == (256, 8)
     assert batching_for(5, 3, base, cpu, 2) == (5, 3)
     assert batching_for(None, 0, base, gpu, 4) == (256, 0)
+
+
+def test_a_files_windows_tile_it_for_the_mean_and_overlap_when_asked_or_for_other_poolings():
+    model = ModelConfig.from_preset("tiny", n_classes=3)  # 1 s windows at 16 kHz
+    assert window_plan(InferConfig(), model, 8).file_hop is None
+    assert window_plan(InferConfig(clip_hop_seconds=0.25), model, 8).file_hop == 4000
+    assert window_plan(InferConfig(clip_pooling="max"), model, 8).file_hop == 8000
+    assert window_plan(InferConfig(window_hop_seconds=0.2), model, 8).hop == 3200
 
 
 @pytest.fixture
