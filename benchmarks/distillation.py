@@ -1,6 +1,7 @@
 """Distillation on the field soundscapes: a 3-member ensemble's accuracy at one model's CPU speed (issue 32).
 
     python -m benchmarks.distillation [--seeds 0 1] [--folder DIR] [--quick] [--set NAME=VALUE ...] [--out FILE]
+                                      [--work DIR] [--only teacher focal soundscapes scratch]
 
 The soundscape default is an ensemble of three 'small' ECAPA-TDNNs (training/pretrained.py): three times the
 CPU time of one model at submission, where BirdCLEF's 90 minutes are the limit. Per training seed, on the field
@@ -20,7 +21,6 @@ the models timed in turns after all of them trained, 3 rounds, the median: compa
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.soundscape import DEFAULT_SOURCE, LAYOUT, _parse_sets, predict_chunks
-from benchmarks.soundscape_field import build
+from benchmarks.soundscape import LAYOUT, _parse_sets, predict_chunks
+from benchmarks.soundscape_field import build, field_arguments, report
 
 POST = {"none": (None, 0.0), "smooth 0.1/0.8/0.1 + file max 0.2": ([0.1, 0.8, 0.1], 0.2)}
 TARGET_GAP = 0.005
@@ -50,7 +50,14 @@ def evaluate(folder: Path, artifact: Path) -> dict[str, Any]:
     return {"macro_roc_auc": scores, "audio_s_per_s": round(predicted.audio_s_per_s, 1)}
 
 
-def run_seed(data: Path, work: Path, seed: int, train_set: dict[str, Any], quick: bool) -> dict[str, Any]:
+# --only's short names of the four models.
+MODELS = {"teacher": "teacher (3 members)", "focal": "student, soundscapes + focal",
+          "soundscapes": "student, soundscapes", "scratch": "student, scratch"}  # fmt: skip
+
+
+def run_seed(data: Path, work: Path, seed: int, train_set: dict[str, Any], quick: bool,
+             only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train and score the models (`only`: these of MODELS; the students' teacher must then be in `work`)."""
     from pipeline.core.config import TrainConfig
     from pipeline.tooling.self_training import train_rounds
     from pipeline.training.train import train
@@ -68,6 +75,8 @@ def run_seed(data: Path, work: Path, seed: int, train_set: dict[str, Any], quick
             self_training_rounds=1)),
         "student, scratch": lambda: train(replace(base, artifact_dir=str(work / f"scratch_{seed}"), ensemble_members=1)),
     }  # fmt: skip
+    if only:
+        runs = {MODELS[short]: runs[MODELS[short]] for short in only}
     row: dict[str, Any] = {}
     artifacts = {}
     for name, fit in runs.items():
@@ -114,15 +123,10 @@ def summarise(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--set", action="append", default=[], help="a training parameter, NAME=VALUE")
-    parser.add_argument("--folder", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=None)
+    parser = field_arguments(__doc__)
+    parser.add_argument("--work", type=Path, help="keep the models here (default: a temporary folder)")
+    parser.add_argument("--only", nargs="+", choices=list(MODELS),
+                        help="train these models only (a student's teacher must be in --work already)")  # fmt: skip
     parser.add_argument("--rates", nargs="+", type=Path, metavar="ARTIFACT",
                         help="only time these artifacts' inference on --folder, in turns")  # fmt: skip
     args = parser.parse_args(argv)
@@ -130,18 +134,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(paired_rates(args.folder, {str(p): p for p in args.rates}), indent=2))
         return 0
     with tempfile.TemporaryDirectory(prefix="distillation-") as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
         data = args.folder or build(args.source, work / "data", args.quick)
-        seeds = {
-            str(seed): run_seed(data, work, seed, _parse_sets(args.set), args.quick) for seed in args.seeds
-        }
-    result = {"seeds": seeds, "train_set": args.set, **summarise(seeds)}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text)
-    print(text)
-    print(result["headline"], file=sys.stderr)
-    return 0
+        seeds = {str(seed): run_seed(data, work, seed, _parse_sets(args.set), args.quick, args.only)
+                 for seed in args.seeds}  # fmt: skip
+    whole = not args.only or set(args.only) == set(MODELS)
+    result = {
+        "seeds": seeds,
+        "train_set": args.set,
+        **(summarise(seeds) if whole else {"headline": "--only: see seeds"}),
+    }
+    return report(result, args.out)
 
 
 if __name__ == "__main__":

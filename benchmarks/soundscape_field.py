@@ -2,6 +2,7 @@
 
     python -m benchmarks.soundscape_field [--seeds 0 1 2] [--rounds 3] [--quick] [--set NAME=VALUE ...]
                                           [--folder DIR] [--out FILE]
+    python -m benchmarks.soundscape_field --folder DIR --score ARTIFACT ... [--hops 0.5 0.25]
 
 The folder (pipeline/demo_data/soundscapes.py, `field=True`, FSDD speakers as species): focal recordings close
 and clean; hidden soundscapes where 1-3 resident species call in bouts, each call distant (quieter, low-passed,
@@ -81,11 +82,12 @@ def truth_targets(folder: Path, out: Path) -> Path:
     return out
 
 
-def score(folder: Path, artifact: Path) -> dict[str, float]:
-    """Macro ROC-AUC of the hidden chunks for every post-processing variant of one prediction."""
+def score(folder: Path, artifact: Path, hop: float | None = None) -> dict[str, float]:
+    """Macro ROC-AUC of the hidden chunks for every post-processing variant of one prediction, a chunk's windows
+    `hop` seconds apart (the infer stage's window_hop_seconds; None: its default, half a window)."""
     from pipeline.core import metrics
 
-    predicted = predict_chunks(folder, artifact, post=POST)
+    predicted = predict_chunks(folder, artifact, hop=hop, post=POST)
     return {name: round(metrics.score("macro_roc_auc", predicted.truth, scores), 4)
             for name, scores in predicted.post.items()}  # fmt: skip
 
@@ -161,25 +163,44 @@ def headline(results: dict[str, Any]) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--set", action="append", default=[], help="a training parameter, NAME=VALUE")
-    parser.add_argument("--folder", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    result = run(args.source, tuple(args.seeds), args.rounds, args.quick, _parse_sets(args.set), args.folder)
+def report(result: dict[str, Any], out: Path | None) -> int:
+    """The result as JSON on stdout (and in `out`), its headline on stderr."""
     text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.write_text(text)
+    if out:
+        out.write_text(text)
     print(text)
     print(result["headline"], file=sys.stderr)
     return 0
+
+
+def field_arguments(doc: str | None) -> argparse.ArgumentParser:
+    """The options of the benchmarks on the field folder (this one and benchmarks/distillation.py)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="FSDD recordings")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--set", action="append", default=[], help="a training parameter, NAME=VALUE")
+    parser.add_argument("--folder", type=Path, default=None, help="a field folder built before (else built)")
+    parser.add_argument("--out", type=Path, default=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = field_arguments(__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--score", type=Path, nargs="+", metavar="ARTIFACT",
+                        help="no training: score these artifacts on --folder, at each of --hops")  # fmt: skip
+    parser.add_argument("--hops", type=float, nargs="+", default=[0.5], metavar="SECONDS",
+                        help="with --score: the seconds between a chunk's windows (shifted windows: < 0.5)")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.score:
+        if args.folder is None:
+            parser.error("--score needs --folder (the folder the artifacts were trained on)")
+        scored = {str(a): {f"hop {h:g}": score(args.folder, a, h) for h in args.hops} for a in args.score}
+        print(json.dumps(scored, indent=2))
+        return 0
+    result = run(args.source, tuple(args.seeds), args.rounds, args.quick, _parse_sets(args.set), args.folder)
+    return report(result, args.out)
 
 
 if __name__ == "__main__":
