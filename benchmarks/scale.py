@@ -118,8 +118,6 @@ def train_notebook(repo: Path, data: Path, work: Path, epochs: int, devices: int
         "artifact_dir": artifact,
         "epochs": epochs,
         "accelerator": "cpu",
-        # One model at every size: auto picks 'medium' for the smaller folders' 3 s clips (training/recipe.py).
-        "model_size": "small",
         "progress": False,
     }
     if devices:

@@ -21,7 +21,7 @@ import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ from ..devices import policy
 from ..devices.policy import HardwarePlan
 from ..devices.strategy import Strategy
 from . import checkpoint as ckpt
-from . import recipe
 from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
 from .dataset import TrainingData, load_training_data
@@ -100,19 +99,8 @@ def train(config: TrainConfig) -> TrainResult:
     log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
-    plan = replace(plan, model_size=_model_size_for_data(config, plan, data, log))
     return policy.run(plan, fit, config, data, started,
                       collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
-
-
-def _model_size_for_data(
-    config: TrainConfig, plan: HardwarePlan, data: TrainingData, log: Callable[[str], Any]
-) -> str:
-    """recipe.decide on the training clips' lengths and an epoch's crops."""
-    clip_seconds = data.store.lengths[data.items[data.train_idx]] / config.sample_rate
-    epoch_crops = len(data.epoch_rows(config.window_samples, config.crops_per_file))
-    return recipe.decide(config, plan.model_size, plan.topology.accelerator, clip_seconds, data.objective,
-                         epoch_crops, log)  # fmt: skip
 
 
 def checkpoint_dir_of(config: TrainConfig) -> Path:
