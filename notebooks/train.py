@@ -41,7 +41,7 @@ num_workers = None  # DataLoader worker processes per training process (auto: by
 cache_dir = None  # decoded-audio cache (auto: /kaggle/tmp on Kaggle, else ~/.cache)
 collective_timeout_minutes = 30.0  # DDP ranks give up on a collective after this long
 # Model
-model_size = "auto"  # auto | tiny | small | base | voxceleb (auto: by hardware)
+model_size = "auto"  # auto | tiny | small | medium | base | voxceleb (auto: by hardware)
 ensemble_members = None  # models side by side, scored by their mean (auto: 3 for tiny/small + noise_dir)
 sample_rate = 16000  # audio is resampled to this (32000 for birds: calls above 8 kHz)
 n_mels = 80
