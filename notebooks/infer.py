@@ -36,7 +36,7 @@ window_hop_seconds = None  # between a chunk's windows (None: half a window)
 chunk_smoothing = None  # e.g. [0.1, 0.8, 0.1]: each class smoothed over a file's neighbouring chunks
 file_max_weight = 0.0  # e.g. 0.3: each chunk moved towards the file's highest score of the class
 clip_pooling = "mean"  # mean | max | mean_max: a file's windows -> its scores (a row per file)
-clip_hop_seconds = None  # between a file's windows when clip_pooling is not mean (None: half a window)
+clip_hop_seconds = None  # between a file's windows (None: tiled for mean, half a window for max and mean_max)
 quiet_window_db = 40.0  # a file's windows this far below its loudest are left out (None: every window)
 # Time: stop predicting in time (the rest gets the prior) and project the hidden set's time
 time_limit_minutes = None  # e.g. 85 for a 90-minute limit
