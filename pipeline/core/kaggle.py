@@ -130,14 +130,18 @@ def session_limit_hours(env: Mapping[str, str] | None = None) -> float:
     return SESSION_LIMIT_HOURS["tpu" if tpu_session(env) else "cpu"]
 
 
-def session_elapsed_seconds(proc: Path = Path("/proc")) -> float | None:
+def session_elapsed_seconds(proc: Path = Path("/proc"), env: Mapping[str, str] | None = None) -> float | None:
     """Seconds since this session began, or None if it cannot be known.
 
     A Kaggle session is a fresh container (or TPU VM): its PID 1 started with the session. The notebook
     kernel's own start is the fallback (it misses only the container's start-up). An age longer than any
     session limit means PID 1 is not the session's (a long-lived host): then the kernel's start is used.
+    So does a Kaggle layout under KAGGLE_ROOT (Kaggle never sets it): that is a stand-in on some other host,
+    whose PID 1 may be hours old without being the session's, and would leave training a 1-minute budget.
     """
-    ages = [process_age_seconds(pid, proc) for pid in ("1", "self")]
+    e = os.environ if env is None else env
+    pids = ("self",) if e.get("KAGGLE_ROOT") else ("1", "self")
+    ages = [process_age_seconds(pid, proc) for pid in pids]
     plausible = [a for a in ages if a is not None and 0 <= a < max(SESSION_LIMIT_HOURS.values()) * 3600]
     return plausible[0] if plausible else None
 
@@ -167,6 +171,6 @@ def default_time_budget_minutes(
     if not on_kaggle(env):
         return None
     if elapsed_seconds is None:
-        elapsed_seconds = session_elapsed_seconds() or 0.0
+        elapsed_seconds = session_elapsed_seconds(env=env) or 0.0
     budget = session_limit_hours(env) * 60 - SESSION_MARGIN_MINUTES - elapsed_seconds / 60
     return max(budget, 1.0)  # too late to train properly, but a positive budget still saves an artifact

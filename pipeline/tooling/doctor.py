@@ -108,7 +108,7 @@ def _kaggle_facts(e: Mapping[str, str]) -> dict[str, Any]:
     facts: dict[str, Any] = {"on_kaggle": kaggle.on_kaggle(e), "run_type": kaggle.run_type(e),
                              "competition_rerun": kaggle.is_competition_rerun(e)}  # fmt: skip
     if facts["on_kaggle"]:
-        elapsed = kaggle.session_elapsed_seconds()
+        elapsed = kaggle.session_elapsed_seconds(env=e)
         facts.update(
             session_limit_hours=kaggle.session_limit_hours(e),
             elapsed_minutes=None if elapsed is None else round(elapsed / 60, 1),
