@@ -157,13 +157,15 @@ def write_proc(proc: Path, uptime: float, starts: dict[str, float]) -> Path:
 
 def test_session_elapsed_from_proc(tmp_path):
     proc = write_proc(tmp_path / "a", uptime=5000.0, starts={"1": 4400.0, "self": 4700.0})
-    assert kaggle.session_elapsed_seconds(proc, env={}) == pytest.approx(600.0, abs=0.1)  # PID 1: the container
+    # PID 1: the container
+    assert kaggle.session_elapsed_seconds(proc, env={}) == pytest.approx(600.0, abs=0.1)
     # A PID 1 older than any session (a long-lived host): the kernel's own start is used instead.
     proc = write_proc(tmp_path / "b", uptime=10 * 86400.0, starts={"1": 1.0, "self": 10 * 86400.0 - 90})
     assert kaggle.session_elapsed_seconds(proc, env={}) == pytest.approx(90.0, abs=0.1)
     assert kaggle.session_elapsed_seconds(tmp_path / "missing", env={}) is None
     # A PID 1 younger than a session on a host that only stands in for Kaggle (KAGGLE_ROOT): not the session's.
-    proc = write_proc(tmp_path / "c", uptime=50000.0, starts={"1": 50000.0 - 11.9 * 3600, "self": 50000.0 - 30})
+    starts = {"1": 50000.0 - 11.9 * 3600, "self": 50000.0 - 30}
+    proc = write_proc(tmp_path / "c", uptime=50000.0, starts=starts)
     assert kaggle.session_elapsed_seconds(proc, env={}) == pytest.approx(11.9 * 3600, abs=0.1)
     assert kaggle.session_elapsed_seconds(proc, env={"KAGGLE_ROOT": "/tmp/k"}) == pytest.approx(30.0, abs=0.1)
 
