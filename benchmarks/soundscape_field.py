@@ -1,7 +1,7 @@
 """Soundscapes the way BirdCLEF's sound, and what self-training and post-processing win on them (issue 32).
 
     python -m benchmarks.soundscape_field [--seeds 0 1 2] [--rounds 3] [--quick] [--set NAME=VALUE ...]
-                                          [--folder DIR] [--out FILE]
+                                          [--control NAME=VALUE[,NAME=VALUE] ...] [--folder DIR] [--out FILE]
     python -m benchmarks.soundscape_field --folder DIR --score ARTIFACT ... [--hops 0.5 0.25]
 
 The folder (pipeline/demo_data/soundscapes.py, `field=True`, FSDD speakers as species): focal recordings close
@@ -12,6 +12,9 @@ pipeline. Per training seed, with the train notebook's defaults plus the layout 
 - focal-only: today's recipe (round 0 of `train_rounds`);
 - self-training rounds 1..R: `train_rounds(self_training_rounds=R)`, each round taught by the one before
   (pipeline/tooling/self_training.py), the product's own path;
+- `--control`: one more round-1 student per control, taught by the same focal-only model with the round's
+  controls changed (target_power, target_threshold, target_floor, target_probability): paired against the
+  plain round 1 on the same teacher;
 - oracle: trained with the unlabelled soundscapes' true 5 s chunk labels as its targets: the room self-training
   can win;
 - post-processing (pipeline/inference/postprocess.py) on every model's prediction: smoothing kernels and
@@ -93,13 +96,15 @@ def score(folder: Path, artifact: Path, hop: float | None = None) -> dict[str, f
 
 
 def run(source: Path = DEFAULT_SOURCE, seeds: tuple[int, ...] = (0,), rounds: int = 3, quick: bool = False,
-        train_set: dict[str, Any] | None = None, folder: Path | None = None) -> dict[str, Any]:  # fmt: skip
+        train_set: dict[str, Any] | None = None, folder: Path | None = None,
+        controls: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     from pipeline.core.config import TrainConfig
     from pipeline.tooling.self_training import train_rounds
     from pipeline.training.train import train
 
     train_set = train_set or {}
-    results: dict[str, Any] = {"train_set": train_set, "rounds": rounds, "post": {k: list(map(str, v)) for k, v in POST.items()},
+    controls = controls or []
+    results: dict[str, Any] = {"train_set": train_set, "rounds": rounds, "controls": controls, "post": {k: list(map(str, v)) for k, v in POST.items()},
                                "seeds": {}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="soundscape-field-") as tmp:
         work = Path(tmp)
@@ -124,15 +129,27 @@ def run(source: Path = DEFAULT_SOURCE, seeds: tuple[int, ...] = (0,), rounds: in
                     )
                 )
                 row["oracle_s"] = round(time.perf_counter() - started, 1)
+                students = {}
+                for k, control in enumerate(controls):
+                    started = time.perf_counter()
+                    students[control_name(control)] = student = work / f"control{k}_{seed}"
+                    train_rounds(replace(base, artifact_dir=str(student), self_training_rounds=1,
+                                         teacher=str(work / f"model_{seed}.round_0"), **control))  # fmt: skip
+                    row[f"control{k}_s"] = round(time.perf_counter() - started, 1)
             artifacts = {"focal": work / f"model_{seed}.round_0",
                          **{f"round {k}": work / f"model_{seed}.round_{k}" for k in range(1, rounds)},
-                         f"round {rounds}": work / f"model_{seed}", "oracle": work / f"oracle_{seed}"}  # fmt: skip
+                         f"round {rounds}": work / f"model_{seed}", **students, "oracle": work / f"oracle_{seed}"}  # fmt: skip
             row["scores"] = {name: score(data, path) for name, path in artifacts.items()}
             results["seeds"][str(seed)] = row
             print(json.dumps({"seed": seed, **row}), file=sys.stderr, flush=True)
     results["mean"] = summarise(results)
     results["headline"] = headline(results)
     return results
+
+
+def control_name(control: dict[str, Any]) -> str:
+    """'round 1, target_power=2.0': a control student's row, counted with the rounds."""
+    return "round 1, " + ", ".join(f"{name}={value}" for name, value in control.items())
 
 
 def summarise(results: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +205,8 @@ def field_arguments(doc: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = field_arguments(__doc__)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--control", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="one more round-1 student, taught by the same focal model with these controls")  # fmt: skip
     parser.add_argument("--score", type=Path, nargs="+", metavar="ARTIFACT",
                         help="no training: score these artifacts on --folder, at each of --hops")  # fmt: skip
     parser.add_argument("--hops", type=float, nargs="+", default=[0.5], metavar="SECONDS",
@@ -199,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         scored = {str(a): {f"hop {h:g}": score(args.folder, a, h) for h in args.hops} for a in args.score}
         print(json.dumps(scored, indent=2))
         return 0
-    result = run(args.source, tuple(args.seeds), args.rounds, args.quick, _parse_sets(args.set), args.folder)
+    controls = [_parse_sets(c.split(",")) for c in args.control]
+    result = run(args.source, tuple(args.seeds), args.rounds, args.quick, _parse_sets(args.set), args.folder,
+                 controls)  # fmt: skip
     return report(result, args.out)
 
 

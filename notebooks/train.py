@@ -60,6 +60,7 @@ noise_snr_db_high = 15.0
 mix_probability = 0.5  # a second crop added, labels united (multi-label objectives)
 background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
 blend_probability = 0.0  # two classes blended at a random ratio, soft target (one-label: BC learning)
+speed_probability = 0.0  # a crop played 0.8-1.25x as fast, pitch with it
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
 # Self-training on the unlabelled soundscapes of noise_dir (pipeline/tooling/self_training.py)

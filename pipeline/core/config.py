@@ -113,7 +113,8 @@ class TrainConfig:
     # mix_probability: a second crop added, with the union of the labels (multi-label objectives only);
     # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
     # blend_probability: two clips of different classes blended at a random ratio, the target in that ratio
-    # (one-label objectives: BC learning, Tokozume et al. 2018);
+    # (one-label objectives: BC learning, Tokozume et al. 2018); speed_probability: a crop played 0.8-1.25x
+    # as fast (pitch with it);
     # time/frequency masks: SpeechBrain's DropChunk and DropFreq. The defaults are the FSDD soundscape
     # benchmark's best (README, "Measured decisions"): noise 0.8 at -5..15 dB and mixing 0.5 took macro
     # ROC-AUC 0.919 -> 0.947; none of them touches a single-label task without noise_dir.
@@ -124,6 +125,7 @@ class TrainConfig:
     mix_probability: float = 0.5
     background_probability: float = 0.0
     blend_probability: float = 0.0
+    speed_probability: float = 0.0
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
@@ -212,6 +214,7 @@ class TrainConfig:
             "background_probability",
             "blend_probability",
             "focal_target_weight",
+            "speed_probability",
             "time_mask_probability",
             "freq_mask_probability",
         ):

@@ -14,6 +14,8 @@ soundscapes (far, noisy, several birds or none). Each augmentation here narrows 
                soundscape is no call at all, and a model that only ever saw calls scores some class on it
     targets    self-training: a stretch of an unlabelled soundscape, with a teacher's soft targets, added to
                the crop at equal loudness; the crop's target is the union (maximum) of both (multi-label only)
+    speed      a crop played 0.8-1.25x as fast, pitch with it (linear interpolation: EnvNet-v2's "scale"
+               augmentation, Tokozume et al. 2018): one recording's dog barks or sneezes at other speeds
     time mask  SpeechBrain's DropChunk: short stretches set to silence
     freq mask  SpeechBrain's DropFreq: narrow frequency bands notched out
 
@@ -84,6 +86,7 @@ class Augmentation:
     noise_snr_db: tuple[float, float] = (0.0, 15.0)
     mix_probability: float = 0.0
     background_probability: float = 0.0
+    speed_probability: float = 0.0
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     targets: SoundscapeTargets | None = None
@@ -96,7 +99,8 @@ class Augmentation:
     def active(self) -> bool:
         return bool(
             (self.noise is not None and (self.noise_probability or self.background_probability))
-            or self.mix_probability or self.time_mask_probability or self.freq_mask_probability
+            or self.mix_probability or self.speed_probability or self.time_mask_probability
+            or self.freq_mask_probability
             or (self.targets is not None and self.target_probability)
             or (self.blend_probability and self.classes)
         )  # fmt: skip
@@ -116,6 +120,8 @@ class Augmentation:
         if self.targets is not None and self.target_probability:
             parts.append(f"a soundscape stretch with its soft targets mixed into {self.target_probability:.0%} "
                          f"({len(self.targets)} stretches)")  # fmt: skip
+        if self.speed_probability:
+            parts.append(f"speed {SPEED_RANGE[0]:g}-{SPEED_RANGE[1]:g}x on {self.speed_probability:.0%}")
         if self.time_mask_probability:
             parts.append(f"time masks on {self.time_mask_probability:.0%}")
         if self.freq_mask_probability:
@@ -132,6 +138,8 @@ def augment(
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(rng.integers(2**31)))
+        if plan.speed_probability:  # first: a recording's own speed, before it is mixed with anything
+            wavs, lens = _speed(wavs, lens, rng, plan.speed_probability)
         if plan.blend_probability and plan.classes and not plan.multi_label:
             wavs, lens, labels = _blend(wavs, lens, labels, rng, plan.blend_probability, plan.classes)
         elif plan.mix_probability and labels.ndim == 2:
@@ -161,6 +169,33 @@ def augment(
         if len(rows):
             wavs[rows] = DropFreq(drop_freq_count_low=1, drop_freq_count_high=3)(wavs[rows])
     return wavs, lens, labels
+
+
+SPEED_RANGE = (0.8, 1.25)  # EnvNet-v2's scale augmentation; log-uniform, so as many crops faster as slower
+
+
+def _speed(
+    wavs: torch.Tensor, lens: torch.Tensor, rng: np.random.Generator, probability: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows chosen with `probability` resampled to a random speed factor s (duration x 1/s, pitch x s). A slower
+    crop is longer than the window: a random window of it is kept. A faster one is shorter: it is zero-padded
+    and its relative length says so, as a short clip's does (the front end and pooling ignore the padding)."""
+    rows = _chosen(rng, len(wavs), probability)
+    if not len(rows):
+        return wavs, lens
+    window = wavs.shape[1]
+    speeds = np.exp(rng.uniform(np.log(SPEED_RANGE[0]), np.log(SPEED_RANGE[1]), len(rows)))
+    wavs, lens = wavs.clone(), lens.clone()
+    for row, speed in zip(rows.tolist(), speeds.tolist(), strict=True):
+        valid = max(2, int(round(float(lens[row]) * window)))
+        length = max(2, int(round(valid / speed)))
+        played = torch.nn.functional.interpolate(wavs[row, None, None, :valid], size=length, mode="linear",
+                                                 align_corners=False)[0, 0]  # fmt: skip
+        first = int(rng.integers(0, length - window + 1)) if length > window else 0
+        kept = played[first : first + window]
+        wavs[row] = torch.nn.functional.pad(kept, (0, window - len(kept)))
+        lens[row] = len(kept) / window
+    return wavs, lens
 
 
 def _chosen(rng: np.random.Generator, count: int, probability: float) -> torch.Tensor:

@@ -205,6 +205,7 @@ def prepare(
         noise_snr_db=(config.noise_snr_db_low, config.noise_snr_db_high),
         mix_probability=config.mix_probability if data.multi_hot is not None else 0.0,
         background_probability=config.background_probability if data.multi_hot is not None else 0.0,
+        speed_probability=config.speed_probability,
         time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
         targets=data.soundscape_targets, target_probability=config.target_probability,
         blend_probability=config.blend_probability if data.multi_hot is None else 0.0, classes=len(data.labels),

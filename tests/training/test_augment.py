@@ -80,6 +80,27 @@ def test_masks_change_the_crops_and_nothing_else():
     assert notched.shape == wavs.shape and not torch.allclose(notched, wavs)
 
 
+def test_speed_changes_pitch_and_duration_together_and_keeps_the_labels():
+    wavs, lens, labels = batch(n=16)
+    played, played_lens, kept = augment(
+        wavs.clone(), lens, labels, np.random.default_rng(1), Augmentation(speed_probability=1.0)
+    )
+    assert torch.equal(kept, labels)
+    window = wavs.shape[1]
+    for row in range(len(wavs)):
+        valid = int(round(float(played_lens[row]) * window))
+        assert (played[row, valid:] == 0).all()  # a faster crop is padded, and says so in its length
+        spectrum = np.abs(np.fft.rfft(played[row, :valid].numpy(), n=8 * window))
+        speed = (spectrum.argmax() * RATE / (8 * window)) / (300 + 100 * row)
+        assert 0.79 <= speed <= 1.26
+        # Faster (pitch up) is shorter than the window; slower (pitch down) fills it.
+        if speed > 1.01:
+            assert valid / window == pytest.approx(1 / speed, abs=0.01)
+        elif speed < 0.99:
+            assert valid == window
+    assert (played_lens < 1).any() and (played_lens == 1).any()  # both directions drawn
+
+
 def test_a_constant_gain_changes_nothing_the_model_sees():
     """Why there is no gain augmentation: sentence mean normalisation of log-mel features removes it."""
     wavs, lens, _ = batch(2)
