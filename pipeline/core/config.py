@@ -134,7 +134,8 @@ class TrainConfig:
     # stretches are mixed 1:1 into target_probability of the training crops; the crop's target is the union
     # (maximum) of its own labels and the stretch's. The controls BirdCLEF's winners used: probabilities raised
     # to target_power (>1 sharpens), those below target_floor set to 0, stretches whose highest probability is
-    # below target_threshold left out (an empty stretch, all zeros after the floor, is kept: it teaches silence).
+    # below target_threshold left out (at the default 0 every stretch is kept, the empty ones, all zeros after the
+    # floor, included: they teach silence; any threshold above 0 leaves those out too).
     soundscape_targets: str | None = None
     # Rounds of self-training in one run of the train notebook (pipeline/tooling/self_training.py): each round's
     # model scores the unlabelled soundscapes for the next. 0: one plain training run. teacher: what teaches the
