@@ -209,16 +209,9 @@ class TrainConfig:
         _check_choice("objective", self.objective, ["auto", "aam", "bce", "focal"])
         _check_choice("frontend", self.frontend, ["auto", "logmel", "pcen"])
         _check_choice("metric", self.metric, ["auto", "accuracy", "macro_roc_auc", "lwlrap", "padded_cmap"])
-        for name in (
-            "noise_probability",
-            "mix_probability",
-            "background_probability",
-            "blend_probability",
-            "focal_target_weight",
-            "speed_probability",
-            "time_mask_probability",
-            "freq_mask_probability",
-        ):
+        for name in ("noise_probability", "mix_probability", "background_probability", "blend_probability",
+                     "focal_target_weight", "speed_probability", "time_mask_probability", "freq_mask_probability",
+                     "target_probability", "target_floor", "target_threshold"):  # fmt: skip
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a probability in [0, 1]")
         if self.noise_snr_db_low > self.noise_snr_db_high:
@@ -227,35 +220,23 @@ class TrainConfig:
         if not 0.0 < self.secondary_label_weight <= 1.0:
             raise ConfigError(f"parameter secondary_label_weight={self.secondary_label_weight!r}: use a target in "
                               "(0, 1] (1: a secondary label counts as much as the file's own)")  # fmt: skip
-        for name in ("epochs", "base_batch_size", "grad_accum", "n_mels"):
+        for name in ("epochs", "base_batch_size", "grad_accum", "n_mels", "window_seconds", "base_lr", "aam_scale",
+                     "checkpoint_every_minutes", "collective_timeout_minutes", "target_power"):  # fmt: skip
             _check_positive(name, getattr(self, name))
+        for name in ("per_device_batch_size", "ensemble_members", "crops_per_file", "time_budget_minutes"):
+            if getattr(self, name) is not None:
+                _check_positive(name, getattr(self, name))
         if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
             raise ConfigError(f"parameter sample_rate={self.sample_rate!r}: use a rate in Hz between "
                               f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} (16000 for speech, 32000 for birds)")  # fmt: skip
-        for name in (
-            "window_seconds",
-            "base_lr",
-            "aam_scale",
-            "checkpoint_every_minutes",
-            "collective_timeout_minutes",
-        ):
-            _check_positive(name, getattr(self, name))
-        if self.per_device_batch_size is not None:
-            _check_positive("per_device_batch_size", self.per_device_batch_size)
-        if self.ensemble_members is not None:
-            _check_positive("ensemble_members", self.ensemble_members)
-            if self.ensemble_members > 1 and self.init_from:
-                raise ConfigError(f"ensemble_members={self.ensemble_members} with init_from: every member would "
-                                  "start from the same pretrained encoder and learn from the same batches, so "
-                                  "they would barely differ; use ensemble_members=1 (or None) to fine-tune")  # fmt: skip
-        if self.crops_per_file is not None:
-            _check_positive("crops_per_file", self.crops_per_file)
+        if (self.ensemble_members or 0) > 1 and self.init_from:
+            raise ConfigError(f"ensemble_members={self.ensemble_members} with init_from: every member would "
+                              "start from the same pretrained encoder and learn from the same batches, so "
+                              "they would barely differ; use ensemble_members=1 (or None) to fine-tune")  # fmt: skip
         if self.num_workers is not None and self.num_workers < 0:
             raise ConfigError(
                 f"num_workers={self.num_workers!r}: use 0 (crops made in the training process) or more"
             )
-        if self.time_budget_minutes is not None:
-            _check_positive("time_budget_minutes", self.time_budget_minutes)
         if not 0.0 < self.min_short_fraction <= 1.0:
             raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
                               "(1.0 turns the augmentation off)")  # fmt: skip
@@ -265,10 +246,6 @@ class TrainConfig:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
         if self.freeze_encoder and not self.init_from:
             raise ConfigError("freeze_encoder=True needs init_from (a pretrained model to freeze)")
-        for name in ("target_probability", "target_floor", "target_threshold"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a value in [0, 1]")
-        _check_positive("target_power", self.target_power)
         if self.self_training_rounds < 0:
             raise ConfigError(
                 f"parameter self_training_rounds={self.self_training_rounds!r}: use 0 (off) or more"
@@ -352,9 +329,8 @@ class InferConfig:
     write_probabilities: bool = False
     write_embeddings: bool = False
     fallback_label: str | None = None  # default: the most frequent training label (papermill: -r for text)
-    num_threads: int | None = (
-        None  # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
-    )
+    # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
+    num_threads: int | None = None
     progress: bool = True
     # CPU inference engine (pipeline/inference/runtime.py): auto runs the artifact's int8 ONNX file when it kept
     # the validation metric within 0.5 points of fp32 at training and beats torch on the run's first batch, else
@@ -473,8 +449,10 @@ def from_params(config_cls: type, namespace: dict[str, Any]):
 
 def _coerce(name: str, value: Any, annotation: Any) -> Any:
     """Check `value` against the field's annotation; ints are accepted for floats (papermill -p 1 gives int)."""
-    hint = _eval_annotation(annotation)
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if isinstance(annotation, str):  # `from __future__ import annotations` makes field types strings
+        annotation = eval(annotation, {"Any": Any}, {})  # noqa: S307 - our own field annotations only
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    options = typing.get_args(annotation) if union else (annotation,)
     for option in options:
         if option is type(None) and value is None:
             return None
@@ -496,23 +474,9 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
     )
 
 
-def _eval_annotation(annotation: Any) -> Any:
-    # `from __future__ import annotations` turns field types into strings such as "int | None".
-    if isinstance(annotation, str):
-        return eval(annotation, {"Any": Any}, {})  # noqa: S307 - our own field annotations only
-    return annotation
-
-
 def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-__all__ = [
-    "MODEL_PRESETS",
-    "SAMPLE_RATE",
-    "ConfigError",
-    "InferConfig",
-    "TrainConfig",
-    "from_params",
-    "to_dict",
-]
+__all__ = ["MODEL_PRESETS", "SAMPLE_RATE", "ConfigError", "InferConfig", "TrainConfig", "from_params",
+           "to_dict"]  # fmt: skip

@@ -11,7 +11,6 @@ otherwise, so scripts and tests can call them too.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
 import math
@@ -142,12 +141,10 @@ def _charmap(font_file: str) -> frozenset[int]:
         return frozenset()
 
 
-@contextlib.contextmanager
 def _fonts(families: list[str]):
     from matplotlib import rc_context
 
-    with rc_context({"font.family": families}):
-        yield
+    return rc_context({"font.family": families})
 
 
 def _new_figure(width: float, height: float):
@@ -195,14 +192,9 @@ def plot_training_curves(
     for axis in (ax_loss, ax_acc, ax_lr):
         axis.grid(alpha=0.3)
         if epochs:
-            axis.set_xticks(_epoch_ticks(epochs))
+            axis.set_xticks(epochs[:: max(1, math.ceil(len(epochs) / 12))])
     figure.savefig(path)
     return Path(path)
-
-
-def _epoch_ticks(epochs: list[int]) -> list[int]:
-    step = max(1, math.ceil(len(epochs) / 12))
-    return epochs[::step]
 
 
 def plot_confusion(
@@ -212,38 +204,30 @@ def plot_confusion(
     shown = most_confused(matrix, limit)
     sub = matrix[np.ix_(shown, shown)]
     names, families = readable([_short(str(labels[i])) for i in shown])
-    with _fonts(families):
-        return _draw_confusion(matrix, sub, shown, names, path)
-
-
-def _draw_confusion(
-    matrix: np.ndarray, sub: np.ndarray, shown: list[int], names: list[str], path: Path
-) -> Path:
     size = max(4.0, 0.4 * len(shown) + 2.0)
-    figure = _new_figure(size + 1.0, size)
-    axis = figure.subplots()
-    image = axis.imshow(sub, cmap="Blues", interpolation="nearest")
-    figure.colorbar(image, ax=axis, shrink=0.8)
-    axis.set_xticks(
-        range(len(shown)),
-        names,
-        rotation=60 if len(shown) > 6 else 0,
-        ha="right" if len(shown) > 6 else "center",
-    )
-    axis.set_yticks(range(len(shown)), names)
-    axis.set(xlabel="predicted", ylabel="true")
     total, correct = int(matrix.sum()), int(np.trace(matrix))
     title = f"Validation confusion: {correct}/{total} correct"
     if len(shown) < matrix.shape[0]:
         title += f"\n{len(shown)} most-confused of {matrix.shape[0]} classes"
-    axis.set_title(title, fontsize=10)
-    if len(shown) <= 20:  # numbers in cells stay legible up to about this size
-        threshold = sub.max() / 2 if sub.size else 0
-        for (i, j), count in np.ndenumerate(sub):
-            if count:
-                axis.text(j, i, str(count), ha="center", va="center", fontsize=8,
-                          color="white" if count > threshold else "black")  # fmt: skip
-    figure.savefig(path)
+    with _fonts(families):
+        figure = _new_figure(size + 1.0, size)
+        axis = figure.subplots()
+        image = axis.imshow(sub, cmap="Blues", interpolation="nearest")
+        figure.colorbar(image, ax=axis, shrink=0.8)
+        tilted = len(shown) > 6
+        axis.set_xticks(
+            range(len(shown)), names, rotation=60 if tilted else 0, ha="right" if tilted else "center"
+        )
+        axis.set_yticks(range(len(shown)), names)
+        axis.set(xlabel="predicted", ylabel="true")
+        axis.set_title(title, fontsize=10)
+        if len(shown) <= 20:  # numbers in cells stay legible up to about this size
+            threshold = sub.max() / 2 if sub.size else 0
+            for (i, j), count in np.ndenumerate(sub):
+                if count:
+                    axis.text(j, i, str(count), ha="center", va="center", fontsize=8,
+                              color="white" if count > threshold else "black")  # fmt: skip
+        figure.savefig(path)
     return Path(path)
 
 
@@ -282,21 +266,17 @@ def label_bar_chart(label_counts: Mapping[str, int], limit: int = MAX_BAR_LABELS
         rest = sum(count for _, count in ranked[limit - 1 :])
         ranked = ranked[: limit - 1] + [(f"other ({len(label_counts) - limit + 1} labels)", rest)]
     names, families = readable([_short(str(name), 24) for name, _ in ranked][::-1])
-    with _fonts(families):
-        return _draw_bars(ranked, names, label_counts)
-
-
-def _draw_bars(ranked: list[tuple[str, int]], names: list[str], label_counts: Mapping[str, int]) -> bytes:
-    figure = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
-    axis = figure.subplots()
     counts = [count for _, count in ranked][::-1]
-    axis.barh(names, counts, color="tab:blue")
-    for y, count in enumerate(counts):
-        axis.text(count, y, f" {count}", va="center", fontsize=8)
-    axis.set(title=f"Most probable labels ({sum(label_counts.values())} rows)", xlabel="rows")
-    axis.margins(x=0.12)
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
+    with _fonts(families):
+        figure = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
+        axis = figure.subplots()
+        axis.barh(names, counts, color="tab:blue")
+        for y, count in enumerate(counts):
+            axis.text(count, y, f" {count}", va="center", fontsize=8)
+        axis.set(title=f"Most probable labels ({sum(label_counts.values())} rows)", xlabel="rows")
+        axis.margins(x=0.12)
+        figure.savefig(buffer, format="png")
     return buffer.getvalue()
 
 
@@ -316,11 +296,8 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
     """(field, value) rows describing a TrainResult: device, batch/lr scaling, input pipeline, compiles, time,
     accuracy, and what happened to the data on the way."""
     topo, plan = result.topology, result.plan
-    schedule = getattr(result, "schedule", None) or {}
-    metric = getattr(result, "metric", "accuracy")
-    value = getattr(result, "best_val_metric", result.best_val_accuracy)
-    acc = "n/a" if value is None else f"{value:.4f}"
-    warmup = schedule.get("warmup_steps", plan.get("warmup_steps"))
+    acc = "n/a" if result.best_val_metric is None else f"{result.best_val_metric:.4f}"
+    warmup = result.schedule.get("warmup_steps", plan.get("warmup_steps"))
     rows = [
         ("device", f"{topo.get('accelerator', '?')} x{topo.get('num_devices', '?')} ({topo.get('device_kind', '?')})"),
         ("global batch", f"{plan.get('global_batch')} = {plan.get('per_device_batch')} per device x "
@@ -329,7 +306,7 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
                           f"({plan.get('rule')} rule), warmup {warmup} steps"),
         ("XLA compilations", "n/a (eager)" if result.compile_count is None else str(result.compile_count)),
         ("time", f"{result.seconds:.0f} s, {len(result.history)} epochs"),
-        (f"kept validation {metric}", f"{acc} (epoch {result.best_epoch})"),
+        (f"kept validation {result.metric}", f"{acc} (epoch {result.best_epoch})"),
         ("artifact", str(result.artifact_dir)),
     ]  # fmt: skip
     timed = [r for r in result.history if "data_wait_share" in r]
@@ -337,16 +314,13 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
         waits = [r["data_wait_share"] for r in timed]
         rows.insert(4, ("input pipeline", f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
                         f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time"))  # fmt: skip
-    onnx = getattr(result, "onnx", None)
-    if onnx:
-        rows.append(("ONNX files", onnx_summary(onnx)))
-    if getattr(result, "stopped_early", None):
+    if result.onnx:
+        rows.append(("ONNX files", onnx_summary(result.onnx)))
+    if result.stopped_early:
         rows.append(("stopped early", str(result.stopped_early)))
-    if getattr(result, "skipped_rows", None):
+    if result.skipped_rows:
         rows.append(("skipped training rows", str(len(result.skipped_rows))))
-    for note in getattr(result, "data_notes", None) or []:
-        rows.append(("data", note))
-    return rows
+    return rows + [("data", note) for note in result.data_notes]
 
 
 def onnx_summary(record: dict[str, Any]) -> str:
@@ -457,15 +431,5 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
         print(text)
 
 
-__all__ = [
-    "confusion_counts",
-    "in_ipython",
-    "label_bar_chart",
-    "markdown_table",
-    "most_confused",
-    "plot_confusion",
-    "plot_training_curves",
-    "save_training_figures",
-    "show_inference_report",
-    "show_training_report",
-]
+__all__ = ["confusion_counts", "in_ipython", "label_bar_chart", "markdown_table", "most_confused", "plot_confusion",
+           "plot_training_curves", "save_training_figures", "show_inference_report", "show_training_report"]  # fmt: skip

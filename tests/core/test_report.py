@@ -107,8 +107,13 @@ def train_result(artifact_dir: Path) -> SimpleNamespace:
               "base_batch": 32, "rule": "sqrt", "lr": 5.66e-3, "warmup_steps": 60},
         topology={"accelerator": "tpu", "num_devices": 8, "device_kind": "TPU v5 lite"},
         compile_count=3,
+        schedule={},
+        metric="accuracy",
+        best_val_metric=0.9954,
+        onnx={},
         stopped_early=None,
         skipped_rows=[],
+        data_notes=[],
     )  # fmt: skip
 
 
