@@ -155,7 +155,8 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
     if version != FORMAT_VERSION:
         raise ArtifactError(f"{manifest_path}: format_version {version!r} is not supported "
                             f"(this code reads version {FORMAT_VERSION}); retrain or update the code")  # fmt: skip
-    for name, expected in manifest.get("files", {}).items():
+    files = manifest.get("files", {})
+    for name, expected in files.items():
         path = root / name
         if Path(name).name != name:
             raise ArtifactError(f"{manifest_path}: file entry {name!r} points outside the artifact")
@@ -167,7 +168,7 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
                                 "(truncated or replaced)")  # fmt: skip
         if actual["sha256"] != expected["sha256"]:
             raise ArtifactError(f"{path}: sha256 does not match the manifest (file modified or corrupted)")
-    unlisted = [name for name in REQUIRED_FILES if name not in manifest.get("files", {})]
+    unlisted = [name for name in REQUIRED_FILES if name not in files]
     if unlisted:
         raise ArtifactError(f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
                             "this project lists every file it holds (was the manifest edited?)")  # fmt: skip

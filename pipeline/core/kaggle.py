@@ -77,8 +77,7 @@ def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = Non
 
 def find_competition_dir(train_table: str = "train.csv") -> Path | None:
     """A folder holding the training table (the competition's own name for it) and a sample submission."""
-    matches = find_dirs_with((train_table, "sample_submission.csv"))
-    return _first(matches, "competition folders")
+    return _first(find_dirs_with((train_table, "sample_submission.csv")), "competition folders")
 
 
 def find_test_dir(

@@ -241,9 +241,7 @@ class WindowedEncoder(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.encoder = encoder
-        self.quiet_db = (
-            quiet_db  # a clip's windows this far below its loudest are left out, as the infer stage does
-        )
+        self.quiet_db = quiet_db  # a clip's windows this far below its loudest are left out, as at inference
         self.frontend = Frontend(n_mels, sample_rate, frontend)
         self.window_samples, self.max_windows = window_samples, max_windows
         # Short windows at shorter lengths, as the infer stage runs them (pipeline/core/buckets.py; 1: full windows).
@@ -262,11 +260,16 @@ class WindowedEncoder(torch.nn.Module):
             chunks.append(cut)
             lens.append(rel)
             owners += [index] * len(cut)
-        batch, rel = np.concatenate(chunks), np.concatenate(lens)
-        embeddings = self._embed(batch, rel, wavs.device)
+        rel = np.concatenate(lens)
+        embeddings = self._embed(np.concatenate(chunks), rel, wavs.device)
+        # Per file, the length-weighted mean of its unit window embeddings: scored by the cosine classifier, it
+        # ranks classes as the weighted mean of the windows' cosines would (the classifier's own normalisation
+        # rescales every class alike).
+        sums = torch.zeros(wavs.shape[0], embeddings.shape[1], device=wavs.device)
+        totals = torch.zeros(wavs.shape[0], device=wavs.device)
         owner = torch.tensor(owners, device=wavs.device)
-        weights = torch.from_numpy(rel).to(wavs.device)
-        return file_embeddings(embeddings, weights, owner, wavs.shape[0]).unsqueeze(1)
+        add_windows(sums, totals, embeddings, torch.from_numpy(rel).to(wavs.device), owner)
+        return (sums / totals.clamp_min(1e-12)[:, None]).unsqueeze(1)
 
     def _embed(self, batch: np.ndarray, rel: np.ndarray, device: torch.device) -> torch.Tensor:
         """Window embeddings [n, D], each window at its bucket's length (all at full length without buckets)."""
@@ -300,25 +303,12 @@ def label_encoder(n_classes: int) -> Any:
     return encoder
 
 
-def file_embeddings(
-    window_embeddings: torch.Tensor, weights: torch.Tensor, owner: torch.Tensor, n_files: int
-) -> torch.Tensor:
-    """Per-file embedding: the `weights`-weighted mean of the L2-normalised embeddings of the file's windows.
-
-    Scoring this mean with the cosine classifier ranks classes exactly as the weighted mean of the windows'
-    cosine scores would (the classifier's own normalisation only rescales all classes alike)."""
-    sums = torch.zeros(n_files, window_embeddings.shape[1], device=window_embeddings.device)
-    totals = torch.zeros(n_files, device=window_embeddings.device)
-    add_windows(sums, totals, window_embeddings, weights, owner)
-    return sums / totals.clamp_min(1e-12)[:, None]
-
-
 def add_windows(
     sums: torch.Tensor, totals: torch.Tensor, window_embeddings: torch.Tensor, weights: torch.Tensor,
     owner: torch.Tensor,
 ) -> None:  # fmt: skip
-    """Add windows to running per-file sums (in place); file_embeddings is sums / totals. Inference uses
-    this directly because a file's windows may be spread over several batches."""
+    """Add windows' unit embeddings, weighted, to running per-file sums (in place): a file's embedding is
+    sums / totals, however many batches its windows came in."""
     unit = torch.nn.functional.normalize(window_embeddings.float(), dim=1)
     sums.index_add_(0, owner, unit * weights.float()[:, None])
     totals.index_add_(0, owner, weights.float())

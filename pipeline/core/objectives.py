@@ -88,9 +88,8 @@ def validation_loss(objective: str, cosines: torch.Tensor, truth: torch.Tensor, 
     logits = scale * cosines.double()
     if objective == "aam":
         return torch.nn.functional.cross_entropy(logits, truth.argmax(dim=1), reduction="none")
-    return torch.nn.functional.binary_cross_entropy_with_logits(logits, truth.double(), reduction="none").sum(
-        1
-    )
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, truth.double(), reduction="none")
+    return loss.sum(dim=1)
 
 
 def probabilities(cosines: torch.Tensor, scale: float, independent: bool) -> torch.Tensor:

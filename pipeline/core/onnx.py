@@ -75,9 +75,7 @@ class ExportError(RuntimeError):
 
 def onnxruntime_missing() -> str | None:
     """Why ONNX Runtime cannot run here, or None when it can be imported."""
-    if importlib.util.find_spec("onnxruntime") is None:
-        return "onnxruntime is not installed"
-    return None
+    return "onnxruntime is not installed" if importlib.util.find_spec("onnxruntime") is None else None
 
 
 def exporter_missing() -> str | None:
@@ -180,14 +178,10 @@ def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str |
 def _quiet_exporter() -> Iterator[None]:
     """The exporter warns about torchvision operators it skips and prints its progress, the quantizer about
     every tensor it leaves alone: not the user's business. Errors still raise."""
-    names = (
-        "torch.onnx",
-        "torch.export",
-        "torch._dynamo",
-        "onnxscript",
-        "",
-    )  # "": the quantizer logs to root
-    loggers = [logging.getLogger(name) for name in names]
+    # "": the quantizer logs to the root logger.
+    loggers = [
+        logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "")
+    ]
     levels = [logger.level for logger in loggers]
     try:
         for logger in loggers:

@@ -20,6 +20,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .progress import plural
+
 RULES = ("linear", "sqrt", "none")
 TPU_BATCH_MULTIPLE = 8
 # Default warmup when a scaled-up lr is used without one: 25 steps per multiple of base_lr. This matches
@@ -46,8 +48,8 @@ class BatchPlan:
     def describe(self) -> str:
         """One line, e.g. "global batch 256 = 32 per device x 8 devices x 1 accum; lr 1.0e-03 -> ..."."""
         return (
-            f"global batch {self.global_batch} = {self.per_device_batch} per device x {self.num_devices} "
-            f"{'device' if self.num_devices == 1 else 'devices'} x {self.grad_accum} accum; "
+            f"global batch {self.global_batch} = {self.per_device_batch} per device x "
+            f"{plural(self.num_devices, 'device')} x {self.grad_accum} accum; "
             f"lr {self.base_lr:.1e} -> {self.lr:.1e} ({self.rule} rule, base batch {self.base_batch})"
         )
 
@@ -72,11 +74,10 @@ class Schedule:
         return 0.02 + 0.98 * 0.5 * (1 + math.cos(math.pi * progress))
 
     def describe(self) -> str:
-        steps = "step" if self.steps_per_epoch == 1 else "steps"
         epochs = self.total_steps // max(1, self.steps_per_epoch)
         warm = "no warmup" if not self.warmup_steps else (
-            f"warmup {self.warmup_steps} {'step' if self.warmup_steps == 1 else 'steps'} ({self.warmup_source})")  # fmt: skip
-        return (f"{self.steps_per_epoch} {steps} per epoch x {epochs} {'epoch' if epochs == 1 else 'epochs'} = "
+            f"warmup {plural(self.warmup_steps, 'step')} ({self.warmup_source})")  # fmt: skip
+        return (f"{plural(self.steps_per_epoch, 'step')} per epoch x {plural(epochs, 'epoch', 'epochs')} = "
                 f"{self.total_steps} steps; {warm}")  # fmt: skip
 
     def to_dict(self) -> dict[str, Any]:
@@ -90,11 +91,8 @@ def _check_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def _check_lr(name: str, value: Any) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (math.isfinite(value) and value > 0)
-    ):
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (number and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a finite number > 0; got {value!r}")
     return float(value)
 
@@ -172,16 +170,9 @@ def plan_batch(
         )
 
     global_batch = per_device_batch * num_devices * grad_accum
+    lr = scale_lr(base_lr, base_batch, global_batch, rule)
     return BatchPlan(
-        per_device_batch=per_device_batch,
-        num_devices=num_devices,
-        grad_accum=grad_accum,
-        global_batch=global_batch,
-        base_lr=base_lr,
-        base_batch=base_batch,
-        rule=rule,
-        lr=scale_lr(base_lr, base_batch, global_batch, rule),
-        accelerator=accelerator,
+        per_device_batch, num_devices, grad_accum, global_batch, base_lr, base_batch, rule, lr, accelerator
     )
 
 

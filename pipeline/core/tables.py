@@ -202,12 +202,8 @@ def read_train_table(
             "train_table, path_column and label_column to the competition's own names.")  # fmt: skip
     locator = AudioLocator(root)
     rows, skipped = [], []
-    columns = (
-        layout.path_column,
-        layout.label_column,
-        *([layout.secondary_column] if layout.secondary_column else []),
-    )
-    for line, row in read_csv(csv_path, columns, hint):
+    extra = [layout.secondary_column] if layout.secondary_column else []
+    for line, row in read_csv(csv_path, [layout.path_column, layout.label_column, *extra], hint):
         path, label = row[layout.path_column], row[layout.label_column]
         problem = (f"empty {layout.label_column!r}" if not label else
                    f"empty {layout.path_column!r}" if not path else None)  # fmt: skip
@@ -275,12 +271,8 @@ class LabelledChunk:
     labels: tuple[str, ...]
 
 
-SOUNDSCAPE_COLUMNS = (
-    "filename",
-    "start",
-    "end",
-    "primary_label",
-)  # BirdCLEF 2026's train_soundscapes_labels.csv
+# The columns of BirdCLEF 2026's train_soundscapes_labels.csv.
+SOUNDSCAPE_COLUMNS = ("filename", "start", "end", "primary_label")
 
 
 def read_labelled_chunks(data_dir: str | Path, table: str, folder: str | None) -> list[LabelledChunk]:

@@ -63,9 +63,8 @@ class WindowPlan:
     # (pipeline/core/buckets.py); 1: every window at full length, as training pads it.
     length_buckets: int = 1
     file_hop: int | None = None  # samples between a whole-file span's windows (None: as many as cover it)
-    quiet_db: float | None = (
-        None  # a whole file's windows this far below its loudest are left out (data.windows)
-    )
+    # A whole file's windows this far below its loudest are left out (data.windows).
+    quiet_db: float | None = None
 
     def buckets(self) -> Buckets | None:
         return (
@@ -298,12 +297,8 @@ def span_windows(
         if end is None:
             part, limit, hop, quiet = samples[first:], plan.max_windows, plan.file_hop, plan.quiet_db
         else:
-            part, limit, hop, quiet = (
-                samples[first : int(round(end * plan.sample_rate))],
-                1 << 30,
-                plan.hop,
-                None,
-            )
+            stop = int(round(end * plan.sample_rate))
+            part, limit, hop, quiet = samples[first:stop], 1 << 30, plan.hop, None
         if part.size == 0:
             continue
         wavs, rel = windows(part, plan.window, limit, hop, quiet)
