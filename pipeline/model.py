@@ -1,11 +1,9 @@
-"""The classes that artifacts written before the package had subpackages name by this path.
+"""The path of the classes that artifacts written before pipeline/core/ existed name in their hyperparams.yaml.
 
-An artifact's SpeechBrain recipe (hyperparams.yaml, see pipeline/core/artifact.py) names the project's classes
-by their dotted path, and SpeechBrain imports them from there when it loads the artifact. Artifacts written
-before pipeline/core/ existed say `pipeline.model.WindowedEncoder`, `pipeline.model.MemberEncoders`,
-`pipeline.model.PassThrough` and `pipeline.model.label_encoder`: this module keeps those paths working (new
-artifacts name pipeline.core.model). Nothing in the project imports it; tests/core/test_artifact.py loads an
-artifact that names the old paths.
+SpeechBrain imports an artifact's classes by the dotted path its recipe gives (pipeline/core/artifact.py): older
+artifacts say `pipeline.model.WindowedEncoder` (MemberEncoders, PassThrough, label_encoder), newer ones
+pipeline.core.model. Nothing in the project imports this module; tests/core/test_old_artifacts.py loads such an
+artifact.
 """
 
 from .core.model import MemberEncoders, PassThrough, WindowedEncoder, label_encoder

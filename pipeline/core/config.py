@@ -233,10 +233,8 @@ class TrainConfig:
             raise ConfigError(f"ensemble_members={self.ensemble_members} with init_from: every member would "
                               "start from the same pretrained encoder and learn from the same batches, so "
                               "they would barely differ; use ensemble_members=1 (or None) to fine-tune")  # fmt: skip
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ConfigError(
-                f"num_workers={self.num_workers!r}: use 0 (crops made in the training process) or more"
-            )
+        if self.num_workers is not None:
+            _check_non_negative("num_workers", self.num_workers, "0: crops made in the training process")
         if not 0.0 < self.min_short_fraction <= 1.0:
             raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
                               "(1.0 turns the augmentation off)")  # fmt: skip
@@ -246,10 +244,7 @@ class TrainConfig:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
         if self.freeze_encoder and not self.init_from:
             raise ConfigError("freeze_encoder=True needs init_from (a pretrained model to freeze)")
-        if self.self_training_rounds < 0:
-            raise ConfigError(
-                f"parameter self_training_rounds={self.self_training_rounds!r}: use 0 (off) or more"
-            )
+        _check_non_negative("self_training_rounds", self.self_training_rounds, "0 turns it off")
         if self.teacher and not self.self_training_rounds:
             raise ConfigError(
                 "teacher is what teaches the first self-training round: set self_training_rounds >= 1"
@@ -364,8 +359,8 @@ class InferConfig:
         self.chunk_smoothing = _kernel(self.chunk_smoothing)
         if not 0.0 <= self.file_max_weight <= 1.0:
             raise ConfigError(f"parameter file_max_weight={self.file_max_weight!r}: use 0 (off) to 1")
-        if self.num_workers is not None and self.num_workers < 0:
-            raise ConfigError(f"num_workers={self.num_workers!r}: use 0 (load in the main process) or more")
+        if self.num_workers is not None:
+            _check_non_negative("num_workers", self.num_workers, "0: files decoded in the main process")
 
 
 def _kernel(value: Any) -> list[float] | None:

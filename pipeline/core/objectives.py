@@ -54,9 +54,7 @@ def make_loss(objective: str, margin: float, scale: float) -> Loss:
                     targets = targets.unsqueeze(1).expand_as(cosines)
                 logits = angular(cosines.float().flatten(0, -2), targets.flatten(0, -2))
                 loss = -(targets.flatten(0, -2) * torch.log_softmax(logits, dim=-1)).sum(dim=-1)
-                return (
-                    loss.reshape(targets.shape[:-1]).sum(dim=-1).mean() if cosines.ndim == 3 else loss.mean()
-                )
+                return loss.reshape(len(cosines), -1).sum(dim=1).mean()  # members' losses summed
             # SpeechBrain's wrapper wants [B, 1, C] scores and [B, 1] targets; it averages over its rows.
             members = cosines.shape[1] if cosines.ndim == 3 else 1
             rows = cosines.float().reshape(-1, 1, cosines.shape[-1])

@@ -172,15 +172,13 @@ class AudioLocator:
         except (OSError, ValueError):
             return rel
         if folder not in self._stems:
-            stems: dict[str, str] = {}
             try:
-                names = sorted(os.listdir(folder), key=lambda n: AUDIO_SUFFIXES.index(Path(n).suffix.lower())
-                               if Path(n).suffix.lower() in AUDIO_SUFFIXES else len(AUDIO_SUFFIXES))  # fmt: skip
+                names = [name for name in os.listdir(folder) if Path(name).suffix.lower() in AUDIO_SUFFIXES]
             except OSError:
                 names = []
-            for name in names:
-                if Path(name).suffix.lower() in AUDIO_SUFFIXES:
-                    stems.setdefault(Path(name).stem, name)
+            stems: dict[str, str] = {}  # a stem several files share: the first suffix of AUDIO_SUFFIXES wins
+            for name in sorted(names, key=lambda n: AUDIO_SUFFIXES.index(Path(n).suffix.lower())):
+                stems.setdefault(Path(name).stem, name)
             self._stems[folder] = stems
         found = self._stems[folder].get(Path(rel).name)
         return rel if found is None else str(Path(rel).with_name(found))
