@@ -267,8 +267,8 @@ def int8_acceptable(fp32_accuracy: float, int8_accuracy: float) -> bool:
 # --------------------------------------------------------------------------------------------- runtime
 
 
-def session_options(threads: int) -> Any:
-    """ONNX Runtime options for one inference process: `threads` intra-op threads (its default is one per
+def load_session(path: str | Path, threads: int) -> Any:
+    """An ONNX Runtime CPU session for one inference process: `threads` intra-op threads (its default is one per
     physical core of the host, whatever the container may use), one inter-op thread (ECAPA is a chain of
     operators: nothing to run side by side), every graph optimisation, and idle pool threads that do not
     busy-wait: between two ONNX Runtime calls torch computes the features with its own threads, and spinning
@@ -284,13 +284,7 @@ def session_options(threads: int) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3  # errors only
-    return options
-
-
-def load_session(path: str | Path, threads: int) -> Any:
-    import onnxruntime as ort
-
-    return ort.InferenceSession(str(path), session_options(threads), providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def run_session(session: Any, feats: torch.Tensor, lens: torch.Tensor) -> np.ndarray:
