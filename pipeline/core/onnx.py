@@ -268,13 +268,13 @@ def int8_acceptable(fp32_accuracy: float, int8_accuracy: float) -> bool:
 
 
 def load_session(path: str | Path, threads: int) -> Any:
-    """An ONNX Runtime CPU session for one inference process: `threads` intra-op threads (its default is one per
-    physical core of the host, whatever the container may use), one inter-op thread (ECAPA is a chain of
-    operators: nothing to run side by side), every graph optimisation, and idle pool threads that do not
-    busy-wait: between two ONNX Runtime calls torch computes the features with its own threads, and spinning
-    pool threads take their cores (measured on 2 busy shared cores, voxceleb preset, 2 threads, median of 3:
-    spinning off faster in 5 of 6 cases of 4, 8 or 16 windows per batch, fp32 or int8, by 9-77%; 7% slower in
-    the sixth, within that run's spread)."""
+    """An ONNX Runtime CPU session of `path` for one inference process: `threads` intra-op threads (its
+    default is one per physical core of the host, whatever the container may use), one inter-op thread (ECAPA
+    is a chain of operators: nothing to run side by side), every graph optimisation, and idle pool threads
+    that do not busy-wait: between two ONNX Runtime calls torch computes the features with its own threads,
+    and spinning pool threads take their cores (measured on 2 busy shared cores, voxceleb preset, 2 threads,
+    median of 3: spinning off faster in 5 of 6 cases of 4, 8 or 16 windows per batch, fp32 or int8, by
+    9-77%; 7% slower in the sixth, within that run's spread)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

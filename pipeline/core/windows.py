@@ -200,8 +200,6 @@ def run_windows(
     def flush(length: int, full_only: bool) -> None:
         """Run full batches (or everything) of the pending windows of one tensor length."""
         nonlocal staging
-        if not pending.get(length):
-            return
         wavs, lens, lens_at, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
         size = batch_size(length)
         stop = (len(wavs) // size) * size if full_only else len(wavs)

@@ -66,6 +66,7 @@ def test_csv_dialects_users_produce_are_read_byte_exact(tmp_path):
 def test_the_competitions_own_training_table(tmp_path):
     """Issue 12: train_curated.csv with fname,labels, audio in train_curated/, nested, with or without extension."""
     touch_audio(tmp_path / "train_curated", "a.wav", "deep/b.flac", "c.ogg")
+    (tmp_path / "train_curated" / "c.au").write_bytes(b"")  # a later suffix of AUDIO_SUFFIXES: c stays c.ogg
     (tmp_path / "train_curated.csv").write_text("fname,labels\na.wav,dog\ndeep/b,cat\nc,dog,\n")
     layout = TrainTable("train_curated.csv", "fname", "labels", "train_curated")
     rows, _ = read_train_table(tmp_path, layout=layout)
