@@ -112,7 +112,13 @@ def save_artifact(
         for part, state_dict in parts.items():
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
             torch.save(tensors, staging / f"{part}.ckpt")
-        _write_label_encoder(staging / "label_encoder.ckpt", labels)
+        # SpeechBrain's CategoricalEncoder format, written by its own class so the two never drift apart.
+        from speechbrain.dataio.encoder import CategoricalEncoder
+
+        encoder = CategoricalEncoder()
+        for label in labels:
+            encoder.add_label(label)
+        encoder.save(str(staging / "label_encoder.ckpt"))
         (staging / "hyperparams.yaml").write_text(_speechbrain_yaml(model.config))
         for name, source in (extra_files or {}).items():
             shutil.copyfile(source, staging / name)
@@ -126,7 +132,10 @@ def save_artifact(
             "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        _sync_and_share(staging)
+        for child in staging.iterdir():  # on disk before the rename makes the artifact visible
+            with child.open("rb") as handle:
+                os.fsync(handle.fileno())
+            child.chmod(0o644)  # an artifact is meant to be shared, whatever modes its writers chose
     return target
 
 
@@ -172,11 +181,7 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
     if unlisted:
         raise ArtifactError(f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
                             "this project lists every file it holds (was the manifest edited?)")  # fmt: skip
-    _check_sealed_fields(root / WEIGHTS, manifest, manifest_path)
-    return manifest
-
-
-def _check_sealed_fields(weights: Path, manifest: dict[str, Any], manifest_path: Path) -> None:
+    weights = root / WEIGHTS
     with safe_open(str(weights), framework="pt") as handle:
         sealed = handle.metadata() or {}
     for name in SEALED_FIELDS:
@@ -185,6 +190,7 @@ def _check_sealed_fields(weights: Path, manifest: dict[str, Any], manifest_path:
         if json.loads(sealed[name]) != manifest.get(name):
             raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
                                 "(manifest.json was edited); restore it or retrain")  # fmt: skip
+    return manifest
 
 
 def load_artifact(artifact_dir: str | Path) -> Artifact:
@@ -207,24 +213,6 @@ def _file_record(path: Path) -> dict[str, Any]:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
-
-
-def _sync_and_share(staging: Path) -> None:
-    """Put every file on disk before the rename makes the artifact visible, readable by anyone."""
-    for child in staging.iterdir():
-        with child.open("rb") as handle:
-            os.fsync(handle.fileno())
-        child.chmod(0o644)  # an artifact is meant to be shared, whatever modes its writers chose
-
-
-def _write_label_encoder(path: Path, labels: list[str]) -> None:
-    # SpeechBrain's CategoricalEncoder format, written with its own class so the two never drift apart.
-    from speechbrain.dataio.encoder import CategoricalEncoder
-
-    encoder = CategoricalEncoder()
-    for label in labels:
-        encoder.add_label(label)
-    encoder.save(str(path))
 
 
 def _speechbrain_yaml(config: ModelConfig) -> str:

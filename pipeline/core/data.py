@@ -114,24 +114,20 @@ def crop_span(
     if length >= window:
         if loudness is None or frame <= 0 or len(loudness) * frame < window:
             start = int(rng.integers(0, length - window + 1))
-        else:
-            start = _loud_start(length, window, rng, loudness, frame)
+        else:  # a chance proportional to the energy of the window each start begins
+            energy = np.asarray(loudness, dtype=np.float64) ** 2
+            span = max(1, window // frame)  # frames a crop covers
+            totals = np.convolve(energy, np.ones(span), mode="valid")  # of the crop starting at each frame
+            # Silence keeps a small chance: background is data too.
+            weights = totals + 1e-3 * totals.mean() + 1e-30
+            first = int(rng.choice(len(weights), p=weights / weights.sum()))
+            start = min(first * frame + int(rng.integers(0, frame)), length - window)
         return start, start + window
     if min_short_fraction < 1.0 and rng.random() < 0.5:
         keep = max(1, int(length * rng.uniform(min_short_fraction, 1.0)))
         start = int(rng.integers(0, length - keep + 1))
         return start, start + keep
     return 0, length
-
-
-def _loud_start(length: int, window: int, rng: np.random.Generator, loudness: np.ndarray, frame: int) -> int:
-    """A crop start drawn with a chance proportional to the energy of the `window` samples it starts."""
-    energy = np.asarray(loudness, dtype=np.float64) ** 2
-    span = max(1, window // frame)  # frames a crop covers
-    totals = np.convolve(energy, np.ones(span), mode="valid")  # energy of the crop starting at each frame
-    weights = totals + 1e-3 * totals.mean() + 1e-30  # silence keeps a small chance: background is data too
-    first = int(rng.choice(len(weights), p=weights / weights.sum()))
-    return min(first * frame + int(rng.integers(0, frame)), length - window)
 
 
 def pad_crop(samples: np.ndarray, window: int) -> tuple[np.ndarray, float]:

@@ -115,18 +115,13 @@ def _first(matches: list[Path], what: str) -> Path | None:
 # ------------------------------------------------------------------------------------- session limits
 
 
-def tpu_session(env: Mapping[str, str] | None = None) -> bool:
-    """True on a TPU VM, from the variables Kaggle's TPU image sets (no torch_xla import)."""
-    e = os.environ if env is None else env
-    return (
-        e.get("ISTPUVM") == "1"
-        or bool(e.get("TPU_ACCELERATOR_TYPE"))
-        or e.get("PJRT_DEVICE", "").upper() == "TPU"
-    )
-
-
 def session_limit_hours(env: Mapping[str, str] | None = None) -> float:
-    return SESSION_LIMIT_HOURS["tpu" if tpu_session(env) else "cpu"]
+    """The TPU limit on a TPU VM (told by the variables Kaggle's TPU image sets: no torch_xla import), else the
+    CPU/GPU one."""
+    e = os.environ if env is None else env
+    tpu = (e.get("ISTPUVM") == "1" or bool(e.get("TPU_ACCELERATOR_TYPE"))
+           or e.get("PJRT_DEVICE", "").upper() == "TPU")  # fmt: skip
+    return SESSION_LIMIT_HOURS["tpu" if tpu else "cpu"]
 
 
 def session_elapsed_seconds(proc: Path = Path("/proc"), env: Mapping[str, str] | None = None) -> float | None:

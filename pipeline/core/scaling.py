@@ -130,12 +130,6 @@ def default_warmup_steps(lr: float, base_lr: float, total_steps: int | None = No
     return steps
 
 
-def _tpu_batch_hint(n: int) -> str:
-    lower = n // TPU_BATCH_MULTIPLE * TPU_BATCH_MULTIPLE
-    upper = lower + TPU_BATCH_MULTIPLE
-    return f"{lower} or {upper}" if lower >= TPU_BATCH_MULTIPLE else str(upper)
-
-
 def plan_batch(
     per_device_batch: int,
     num_devices: int,
@@ -164,9 +158,11 @@ def plan_batch(
     if require_tpu_multiple is None:
         require_tpu_multiple = accelerator == "tpu"
     if require_tpu_multiple and per_device_batch % TPU_BATCH_MULTIPLE:
+        lower = per_device_batch // TPU_BATCH_MULTIPLE * TPU_BATCH_MULTIPLE  # the multiples either side
+        hint = f"{lower} or {lower + TPU_BATCH_MULTIPLE}" if lower else str(TPU_BATCH_MULTIPLE)
         raise ValueError(
             f"per_device_batch_size={per_device_batch} is not a multiple of {TPU_BATCH_MULTIPLE}, which TPU "
-            f"needs to avoid padding every step; use {_tpu_batch_hint(per_device_batch)}"
+            f"needs to avoid padding every step; use {hint}"
         )
 
     global_batch = per_device_batch * num_devices * grad_accum

@@ -45,16 +45,6 @@ def marked_as(folder: Path, kind: str) -> bool:
         return False
 
 
-def _overlap(a: Path, b: Path) -> str | None:
-    if a == b:
-        return "is"
-    if a.is_relative_to(b):
-        return "lies inside"
-    if b.is_relative_to(a):
-        return "contains"
-    return None
-
-
 def check_output_dir(
     target: str | os.PathLike,
     *,
@@ -78,7 +68,9 @@ def check_output_dir(
     for other_name, other in (keep_apart or {}).items():
         if other is None:
             continue
-        relation = _overlap(resolved, Path(other).expanduser().resolve())
+        apart = Path(other).expanduser().resolve()
+        relation = ("is" if resolved == apart else "lies inside" if resolved.is_relative_to(apart) else
+                    "contains" if apart.is_relative_to(resolved) else None)  # fmt: skip
         if relation:
             raise OutputRefused(f"{name}={str(target)!r} {relation} {other_name}={str(other)!r}: writing it could "
                                 f"replace or mix with what is there. Put {name} in a folder of its own, outside "
