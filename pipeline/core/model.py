@@ -181,10 +181,8 @@ class PCEN(torch.nn.Module):
         """log-mel features [B, T, F] in dB (SpeechBrain's Fbank) and relative lengths [B] -> PCEN [B, T, F]."""
         energy = 10.0 ** (feats_db / 10.0)
         frames = feats_db.shape[1]
-        valid = (
-            torch.arange(frames, device=feats_db.device)[None, :]
-            < (wav_lens * frames).round().clamp(min=1)[:, None]
-        )
+        valid_frames = (wav_lens * frames).round().clamp(min=1)
+        valid = torch.arange(frames, device=feats_db.device)[None, :] < valid_frames[:, None]
         start = torch.nanmedian(energy.masked_fill(~valid[:, :, None], float("nan")), dim=1).values
         t = torch.arange(frames, device=feats_db.device, dtype=energy.dtype)
         lag = t[:, None] - t[None, :]
