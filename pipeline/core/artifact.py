@@ -197,8 +197,7 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
     """Verify, then rebuild the model on CPU from safetensors (never unpickles anything)."""
     root = Path(artifact_dir)
     manifest = verify_artifact(root)
-    config = ModelConfig(**manifest["model_config"])
-    model = SpeakerClassifier(config)
+    model = SpeakerClassifier(ModelConfig(**manifest["model_config"]))
     try:
         model.load_state_dict(load_file(str(root / WEIGHTS), device="cpu"))
     except RuntimeError as error:

@@ -1,10 +1,9 @@
 """Audio in: decoding to the model's rate, mono, and the windows and crops the model sees.
 
 Audio becomes mono float32 at the model's sample rate (16 kHz by default; load_audio, repairing what can be
-repaired); training and inference cut it
-into the same fixed-length windows (`windows`, `crop_span`), because the model learns the statistics of a
-window (sentence mean normalisation over it), not of a whole file. The tables that name the files are
-pipeline.core.tables.
+repaired); training and inference cut it into the same fixed-length windows (`windows`, `crop_span`), because
+the model learns the statistics of a window (sentence mean normalisation over it), not of a whole file. The
+tables that name the files are pipeline.core.tables.
 """
 
 from __future__ import annotations
