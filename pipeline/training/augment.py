@@ -66,9 +66,7 @@ class FocalTargets:
     def apply(self, rows: np.ndarray, starts: np.ndarray, window: int, labels: torch.Tensor) -> torch.Tensor:
         """Targets [B, classes] of crops of training `rows` starting at `starts` (labels: classes [B] or
         targets [B, classes])."""
-        classes = self.probs.shape[1]
-        out = (torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1
-               else labels.float().clone())  # fmt: skip
+        out = _soft(labels, self.probs.shape[1]).clone()
         for k, (row, start) in enumerate(zip(rows.tolist(), starts.tolist(), strict=True)):
             first, last = int(self.first[row]), int(self.first[row + 1])
             if last > first:
@@ -264,9 +262,7 @@ def _blend(
     does: with r ~ U(0, 1) and each crop's level G (its loudest 100 ms, dB), the crops are weighted p and 1 - p,
     p = 1 / (1 + 10^((G1 - G2) / 20) (1 - r) / r), so that r is the ratio a listener hears, and the target is
     r of the row's class and 1 - r of the other's."""
-    targets = (
-        torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1 else labels.float()
-    )
+    targets = _soft(labels, classes)
     rows = _chosen(rng, len(wavs), probability)
     if not len(rows) or len(wavs) < 2:
         return wavs, lens, targets
@@ -293,6 +289,11 @@ def _blend(
     return wavs, lens, targets
 
 
+def _soft(labels: torch.Tensor, classes: int) -> torch.Tensor:
+    """Targets [B, classes]: class indices [B] one-hot, targets as they are (float)."""
+    return torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1 else labels.float()
+
+
 def _loudest_db(wav: torch.Tensor, frame: int = 1600) -> float:
     """The level of the loudest `frame`-sample stretch (100 ms at 16 kHz) in dB, as BC learning measures it."""
     usable = max(1, len(wav) // frame) * frame
@@ -315,8 +316,7 @@ def _mix(
     peak = wavs.abs().amax(dim=1).clamp_min(1e-6)
     scale = level * peak[rows] / peak[partners]
     wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
-    mixed = wavs[rows] + scale[:, None] * wavs[partners]
-    wavs[rows] = mixed
+    wavs[rows] = wavs[rows] + scale[:, None] * wavs[partners]
     lens[rows] = torch.maximum(lens[rows], lens[partners])
     labels[rows] = torch.maximum(labels[rows], labels[partners])
     return wavs, lens, labels

@@ -30,6 +30,8 @@ from ..core.staging import staged_file
 from ..devices.strategy import Strategy
 
 LATEST = "latest.pt"
+# TrainingState's fields a checkpoint holds as they are (best_predictions travels as a tensor).
+STATE_FIELDS = ("epoch", "step_in_epoch", "global_step", "history", "best_state", "best_epoch")
 
 
 @dataclass
@@ -100,12 +102,7 @@ def save(
         "scheduler": scheduler.state_dict(),
         "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
         "average": average.state_dict() if average is not None else None,
-        "epoch": state.epoch,
-        "step_in_epoch": state.step_in_epoch,
-        "global_step": state.global_step,
-        "history": state.history,
-        "best_state": state.best_state,
-        "best_epoch": state.best_epoch,
+        **{name: getattr(state, name) for name in STATE_FIELDS},
         "best_predictions": None
         if state.best_predictions is None
         else torch.from_numpy(state.best_predictions),
@@ -150,12 +147,8 @@ def restore(
         strategy.scaler.load_state_dict(payload["scaler"])
     if average is not None and payload.get("average"):
         average.load_state_dict(payload["average"])
-    state.epoch = payload["epoch"]
-    state.step_in_epoch = payload["step_in_epoch"]
-    state.global_step = payload["global_step"]
-    state.history = payload["history"]
-    state.best_state = payload["best_state"]
-    state.best_epoch = payload["best_epoch"]
+    for name in STATE_FIELDS:
+        setattr(state, name, payload[name])
     predictions = payload.get("best_predictions")
     state.best_predictions = None if predictions is None else predictions.numpy()
     age = time.time() - payload["saved_at"]

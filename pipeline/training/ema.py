@@ -66,7 +66,7 @@ class WeightAverage:
 
     @property
     def module(self) -> torch.nn.Module:
-        if self._module_behind and self._vectors is not None and self._pairs is not None:
+        if self._module_behind:  # set by a flat update: the vectors and pairs exist
             with torch.no_grad():
                 for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
                     torch._foreach_copy_(averaged, unflatten(vector, averaged))
@@ -133,7 +133,7 @@ class WeightAverage:
         the host in one transfer each and split there (on XLA, reading each slice on the device would compile
         a graph per slice)."""
         weights = {k: v.detach().to("cpu") for k, v in self._module.state_dict().items()}
-        if self._module_behind and self._vectors is not None and self._pairs is not None:
+        if self._module_behind:
             names = iter(self._float_names)
             for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
                 for value in unflatten(vector.detach().to("cpu"), averaged):

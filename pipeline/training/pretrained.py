@@ -305,12 +305,8 @@ def encoder_weights_file(root: Path, tree: dict[str, Any]) -> Path:
     for name in (f"{ENCODER}.safetensors", f"{ENCODER}.ckpt"):
         if (root / name).is_file():
             return root / name
-    hint = ""
-    paths = (
-        (tree.get("pretrainer").value or {}).get("paths")
-        if isinstance(tree.get("pretrainer"), Tagged)
-        else None
-    )
+    hint, pretrainer = "", tree.get("pretrainer")
+    paths = (pretrainer.value or {}).get("paths") if isinstance(pretrainer, Tagged) else None
     if isinstance(paths, dict) and paths.get(ENCODER):
         hint = (f" hyperparams.yaml's pretrainer names {paths[ENCODER]!r}, which is never downloaded "
                 "(submission sessions are offline):")  # fmt: skip
@@ -358,14 +354,9 @@ def load_encoder_weights(model: SpeakerClassifier, weights: Path) -> None:
     unexpected = [k for k in state if k not in expected]
     wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
              if k in state and state[k].shape != v.shape]  # fmt: skip
-    if missing or unexpected or wrong:
-        problems = []
-        if missing:
-            problems.append(f"missing keys {missing[:3]}{' ...' if len(missing) > 3 else ''}")
-        if unexpected:
-            problems.append(f"unexpected keys {unexpected[:3]}{' ...' if len(unexpected) > 3 else ''}")
-        if wrong:
-            problems.append(f"shape mismatch {wrong[:3]}{' ...' if len(wrong) > 3 else ''}")
+    problems = [f"{what} {found[:3]}{' ...' if len(found) > 3 else ''}" for what, found in
+                (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatch", wrong)) if found]  # fmt: skip
+    if problems:
         raise PretrainedError(f"{weights}: does not fit the ECAPA-TDNN described by hyperparams.yaml: "
                               + "; ".join(problems))  # fmt: skip
     model.embedding_model.load_state_dict(state, strict=True)
@@ -416,4 +407,4 @@ def _show(value: Any) -> str:
 
 
 def _describe(node: Any) -> str:
-    return "nothing" if node is None else _show(node) if isinstance(node, Tagged) else repr(node)
+    return "nothing" if node is None else _show(node)
