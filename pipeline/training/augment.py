@@ -95,15 +95,13 @@ class Augmentation:
 
     @property
     def active(self) -> bool:
-        return bool(
-            (self.noise is not None and (self.noise_probability or self.background_probability))
-            or self.mix_probability or self.speed_probability or self.time_mask_probability
-            or self.freq_mask_probability
-            or (self.targets is not None and self.target_probability)
-            or (self.blend_probability and self.classes)
-        )  # fmt: skip
+        return bool(self._parts())
 
     def describe(self) -> str:
+        return "augmentation: " + ("; ".join(self._parts()) or "none")
+
+    def _parts(self) -> list[str]:
+        """What is applied, a phrase each: nothing when no probability is set (or its audio is missing)."""
         parts = []
         if self.noise is not None and self.noise_probability:
             parts.append(f"background noise on {self.noise_probability:.0%} of crops ({len(self.noise)} recordings, "
@@ -124,7 +122,7 @@ class Augmentation:
             parts.append(f"time masks on {self.time_mask_probability:.0%}")
         if self.freq_mask_probability:
             parts.append(f"frequency masks on {self.freq_mask_probability:.0%}")
-        return "augmentation: " + ("; ".join(parts) if parts else "none")
+        return parts
 
 
 def augment(

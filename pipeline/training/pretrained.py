@@ -30,6 +30,7 @@ import torch
 import yaml
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
 
+from ..core.artifact import MANIFEST, WEIGHTS, ArtifactError, verify_artifact
 from ..core.config import SAMPLE_RATE, ConfigError, TrainConfig
 from ..core.model import ModelConfig, SpeakerClassifier
 
@@ -146,8 +147,6 @@ def read_pretrained(init_from: str | Path) -> Pretrained:
     One of this project's artifacts describes itself in its (verified) manifest instead."""
     hyperparams = find_hyperparams(Path(init_from))
     root = hyperparams.parent
-    from ..core.artifact import MANIFEST, WEIGHTS, ArtifactError, verify_artifact
-
     if (root / MANIFEST).is_file():
         try:
             model_config = verify_artifact(root)["model_config"]
@@ -239,10 +238,7 @@ def ecapa_args(tree: dict[str, Any], path: Path) -> dict[str, Any]:
         raise PretrainedError(f"{path}: `{ENCODER}` is {found}, not {ECAPA_TAG}: only ECAPA-TDNN encoders "
                               "can initialise this model")  # fmt: skip
     given = node.value if isinstance(node.value, dict) else {}
-    defaults = {
-        name: p.default for name, p in inspect.signature(ECAPA_TDNN.__init__).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }  # fmt: skip
+    defaults = _defaults(ECAPA_TDNN)
     unknown = sorted(set(given) - set(defaults) - {"input_size"})
     if unknown:
         raise PretrainedError(f"{path}: `{ENCODER}` has argument(s) {unknown} that ECAPA_TDNN does not take")
@@ -276,7 +272,7 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
                               f"`{ENCODER}.input_size` is {n_mels}")  # fmt: skip
     from speechbrain.lobes.features import Fbank
 
-    fbank_defaults = {n: p.default for n, p in inspect.signature(Fbank.__init__).parameters.items()}
+    fbank_defaults = _defaults(Fbank)
     for name, value in fbank_args.items():
         if name in ("n_mels", "requires_grad"):
             continue
@@ -388,6 +384,12 @@ def _as_ints(value: Any, where: str) -> Any:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     raise PretrainedError(f"{where} is {value!r}; expected an integer or a list of integers")
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    """The default of every argument of `cls`'s constructor that has one."""
+    parameters = inspect.signature(cls.__init__).parameters.items()
+    return {name: p.default for name, p in parameters if p.default is not inspect.Parameter.empty}
 
 
 def _same(value: Any, default: Any) -> bool:

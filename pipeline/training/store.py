@@ -274,12 +274,9 @@ def decode_task(
 
 def loudness(samples: np.ndarray, frame: int) -> np.ndarray:
     """RMS of every `frame` samples (the last frame may be shorter), float32."""
-    count = -(-len(samples) // frame)
-    padded = np.zeros(count * frame, dtype=np.float64)
-    padded[: len(samples)] = samples
-    sizes = np.full(count, frame, dtype=np.float64)
-    sizes[-1] = len(samples) - (count - 1) * frame
-    return np.sqrt((padded.reshape(count, frame) ** 2).sum(axis=1) / sizes).astype(np.float32)
+    starts = np.arange(0, len(samples), frame)
+    sums = np.add.reduceat(np.square(samples, dtype=np.float64), starts)
+    return np.sqrt(sums / np.diff(starts, append=len(samples))).astype(np.float32)
 
 
 def _build(
