@@ -51,9 +51,8 @@ class WeightAverage:
         self.decay = 1.0 - 1.0 / max(1.0, float(horizon_steps))
         self.updates = 0
         self.flat = flat
-        # False: the float buffers (BatchNorm's running statistics) are copies of the live model's, like the
-        # integer ones, for a caller that recomputes them for the averaged weights before using them anyway
-        # (training's recompute_batchnorm): averaging them every step would be traced for nothing.
+        # False where the caller recomputes BatchNorm's statistics anyway (recompute_batchnorm): averaging them
+        # every step would be traced for nothing.
         self.average_buffers = average_buffers
         # (averaged floats, live floats, averaged others, live others); the floats list the parameters first
         # (model.parameters() order, `_n_params` of them), then the float buffers.
