@@ -79,14 +79,6 @@ def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
     return Path(checkpoint_dir) / fingerprint
 
 
-def other_runs(checkpoint_dir: Path, fingerprint: str) -> list[Path]:
-    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including a `latest.pt` directly
-    in it (one written without a run folder of its own)."""
-    found = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
-    legacy = Path(checkpoint_dir) / LATEST
-    return found + ([legacy] if legacy.is_file() else [])
-
-
 def save(
     checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy: Strategy, state,
     average=None,
@@ -115,7 +107,9 @@ def read(checkpoint_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> d
     """This run's latest checkpoint, if there is one; say what happened, including the checkpoints of other
     runs that are left as they are. Only rank 0 reads it (it alone writes it): it broadcasts what it read."""
     path = run_dir(checkpoint_dir, fingerprint) / LATEST
-    others = other_runs(checkpoint_dir, fingerprint)
+    others = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
+    if (Path(checkpoint_dir) / LATEST).is_file():  # one written without a run folder of its own
+        others.append(Path(checkpoint_dir) / LATEST)
     if others:
         log(f"checkpoint(s) of runs with other parameters or data, left untouched: "
             f"{', '.join(str(p) for p in others[:3])}{' ...' if len(others) > 3 else ''}; rerun with those "

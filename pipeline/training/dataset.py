@@ -91,12 +91,9 @@ class TrainingData:
         """The training rows one epoch crops from: each file once per `window` samples of its audio, up to
         MAX_CROPS_PER_FILE (or `crops_per_file` times each). A clip shorter than a window is seen once an epoch;
         a 40 s focal recording with several calls is not reduced to one crop an epoch."""
-        rows = []
-        for index in self.train_idx:
-            length = int(self.store.lengths[int(self.items[index])])
-            count = crops_per_file or min(MAX_CROPS_PER_FILE, max(1, round(length / window)))
-            rows += [index] * count
-        return rows
+        lengths = self.store.lengths[self.items[self.train_idx]]
+        counts = crops_per_file or np.clip(np.round(lengths / window), 1, MAX_CROPS_PER_FILE).astype(np.int64)
+        return np.repeat(np.asarray(self.train_idx, dtype=np.int64), counts).tolist()
 
     def label_counts(self) -> dict[str, int]:
         """Training rows per class (files that have it, for multi-label objectives): the prior at inference."""
@@ -152,13 +149,10 @@ def load_training_data(
         row = rows[stop.index]
         skip_or_stop("error", [], csv_path, row.line, row.written or row.rel_path, stop.reason)
         raise  # not reached: skip_or_stop raised
-    kept = []
-    for index, row in enumerate(rows):
-        if index in store.failures:
-            skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.written or row.rel_path,
-                         store.failures[index])  # fmt: skip
-        else:
-            kept.append(index)
+    for index, why in sorted(store.failures.items()):
+        row = rows[index]
+        skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.written or row.rel_path, why)
+    kept = [index for index in range(len(rows)) if index not in store.failures]
     if not kept:
         raise DataError(f"{csv_path}: no usable training audio (all {len(skipped)} rows were skipped)")
     rows = [rows[i] for i in kept]
@@ -175,10 +169,9 @@ def load_training_data(
     if is_multi_label(objective):
         first, multi_hot, target_notes = per_file_targets(rows, labels, config.secondary_label_weight)
         rows, items = [rows[i] for i in first], items[first]
-    else:
-        target_notes = [f"{plural(n, 'secondary label')} left out: the aam objective learns one class per clip"
-                        for n in [sum(len(row.secondary) for row in rows)] if n]  # fmt: skip
-    note(*target_notes)
+        note(*target_notes)
+    elif secondary := sum(len(row.secondary) for row in rows):
+        note(f"{plural(secondary, 'secondary label')} left out: the aam objective learns one class per clip")
     class_of = {label: k for k, label in enumerate(labels)}
     targets = np.array([class_of[row.label] for row in rows], dtype=np.int64)
     train_idx, val_idx, split_note = split_files(rows, config.val_fraction, config.seed)
@@ -242,8 +235,7 @@ def load_focal_targets(
         by_file.setdefault(name, []).append(k)
     rate, first, order = config.sample_rate, [0], []
     for row in rows:
-        windows = sorted(by_file.get(row.rel_path, []), key=lambda k: found.starts[k])
-        order += windows
+        order += sorted(by_file.get(row.rel_path, []), key=lambda k: found.starts[k])
         first.append(len(order))
     covered = sum(1 for row in rows if row.rel_path in by_file)
     if not covered:
@@ -329,10 +321,8 @@ def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclud
     root, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
     found = sorted(p.relative_to(data_dir.resolve()).as_posix() for p in root.rglob("*")
                    if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
-    if exclude & set(found):
-        log(
-            f"noise_dir: {plural(len(exclude & set(found)), 'validation soundscape')} left out of the background"
-        )
+    if left_out := exclude & set(found):
+        log(f"noise_dir: {plural(len(left_out), 'validation soundscape')} left out of the background")
         found = [f for f in found if f not in exclude]
     store = _cached(config, found, log)
     usable = len(store) - len(store.failures)

@@ -3,9 +3,9 @@
 Training revisits every clip every epoch, and a real competition has 100+ hours of it: held in RAM as float32
 that is 0.23 GB per hour per process. Instead each file is decoded and resampled once, by a process pool over
 all cores, into int16 shards at the model's sample rate (`shard-NNNNN.pcm`, 0.115 GB per hour at 16 kHz) that
-every reader memory-maps:
-a training step reads only its crops, the pages are file-backed (the kernel may drop them: they are not the
-process's private memory), and the DDP ranks and DataLoader workers of one machine share the same pages.
+every reader memory-maps: a training step reads only its crops, the pages are file-backed (the kernel may drop
+them: they are not the process's private memory), and the DDP ranks and DataLoader workers of one machine
+share the same pages.
 
 Why numpy memory maps rather than Lhotse, WebDataset or HF datasets: the access pattern is random crops of
 known-length clips, which a flat int16 file and an offset table serve with one slice and no decoding; the
@@ -163,8 +163,8 @@ def open_or_build(
 ) -> AudioStore:
     """The cache of `files` at `sample_rate`: found in `cache_dir`, or among the caches `search` names (read in
     place, e.g. in an attached Kaggle dataset), else built in `cache_dir` by `workers` processes (default: every
-    core). With
-    `stop_at_first_failure`, CacheBuildStopped is raised at the first unusable file and nothing is kept."""
+    core). With `stop_at_first_failure`, CacheBuildStopped is raised at the first unusable file and nothing is
+    kept."""
     from filelock import FileLock
 
     key, records = fingerprint(files, sample_rate)
