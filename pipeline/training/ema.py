@@ -37,7 +37,7 @@ class WeightAverage:
     With `flat` (the default) the averaged floating-point tensors live in two vectors between reads of
     `module` (the parameters, then the float buffers): an update is then a handful of operations and two graph
     outputs whatever the number of tensors, where XLA traces every operation again at each step and pays per
-    operation and per output. The integer buffers (BatchNorm's batch counters) are copies, not averages: they
+    operation and per output (a loop over ~150 tensors cost more host time than the forward pass). The integer buffers (BatchNorm's batch counters) are copies, not averages: they
     are copied when `module` is read, not at every step (and so are the float buffers with
     `average_buffers=False`). Reading `module` writes the vectors back into the module's tensors (lazily on
     XLA: part of the next graph)."""
@@ -82,9 +82,8 @@ class WeightAverage:
         """Move the average towards `model`'s current weights (call after every optimizer step).
 
         `flat_parameters`: `model.parameters()` as one vector, when the caller has it (devices/flat_adam.py's
-        step leaves it): the flat average then need not flatten them again. One foreach operation for all
-        floating-point tensors (or, `flat`, a few on two vectors): on XLA every Python-level operation is
-        traced again at every step, and a loop over ~150 tensors cost more host time than the forward pass."""
+        step leaves it): the flat average then need not flatten them again. Without `flat`, one foreach
+        operation for all floating-point tensors."""
         self.updates += 1
         if self._pairs is None:  # the same tensors every step (moves and loads happen in place before)
             self._pair_up(model)
@@ -92,7 +91,7 @@ class WeightAverage:
         average_floats, live_floats, average_others, live_others = self._pairs
         device = average_floats[0].device if average_floats else torch.device("cpu")
         weight = torch.tensor(1.0 - self.current_decay(), device=device)
-        # avg += weight * (live - avg), the weight sent as a tensor: a new value never recompiles XLA's graph.
+        # avg += weight * (live - avg)
         if self.flat and average_floats:
             if self._vectors is None:
                 self._vectors = [flatten(averaged) for averaged, _ in self._float_groups()]

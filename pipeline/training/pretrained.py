@@ -11,11 +11,7 @@ competition's labels. One of this project's own artifacts works too (its weights
 model.safetensors after the manifest check). Nothing is ever fetched: hub yaml files name the hub in
 `pretrained_path` and the Pretrainer's `paths`, so the yaml is read as data (hyperpyyaml resolves its `!ref`s,
 no object is instantiated) and the weights come from files in the directory, or a clear error says which file
-is missing.
-
-`freeze_encoder` trains the classifier alone on the pretrained embeddings: the encoder's parameters stop
-requiring gradients and it stays in eval mode (BatchNorm keeps its pretrained running statistics) whatever
-the training loop calls.
+is missing. `freeze_encoder` trains the classifier alone on the pretrained embeddings (FrozenECAPA).
 """
 
 from __future__ import annotations

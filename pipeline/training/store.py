@@ -225,18 +225,15 @@ def _explain_rebuild(root: Path, records: list[list], log: Callable[[str], objec
         return
 
 
-def _tasks(files: Sequence[SourceFile]) -> list[list[tuple[int, str]]]:
-    """Runs of consecutive decodable files of about TASK_BYTES each (file sizes stand in for durations)."""
+def _tasks(files: Sequence[SourceFile], records: list[list]) -> list[list[tuple[int, str]]]:
+    """Runs of consecutive decodable files of about TASK_BYTES each (file sizes, from the fingerprint's
+    `records`, stand in for durations)."""
     tasks, current, current_bytes = [], [], 0
     for index, source in enumerate(files):
         if source.path is None:
             continue
-        try:
-            size = source.path.stat().st_size
-        except OSError:
-            size = 0
         current.append((index, str(source.path)))
-        current_bytes += size
+        current_bytes += max(0, records[index][1])  # -1: the file could not be read
         if current_bytes >= TASK_BYTES or len(current) >= TASK_FILES:
             tasks.append(current)
             current, current_bytes = [], 0
@@ -292,7 +289,7 @@ def _build(
     if stop_at_first_failure and failures:
         first = min(failures)
         raise CacheBuildStopped(first, failures[first])
-    tasks = _tasks(files)
+    tasks = _tasks(files, records)
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(tasks) or 1))
     total_gb = sum(r[1] for r in records if r[1] > 0) / 1e9
     log(f"audio cache: decoding {plural(n, 'file')} ({total_gb:.2f} GB) to {sample_rate / 1000:g} kHz with "
