@@ -57,12 +57,11 @@ class TrainingState:
         epoch 12 each time, 0.982 (README). Not the validation loss either: once a small validation split
         is (nearly) all correct, its loss differs between epochs by noise, and picking by it kept early epochs
         that scored worse on unseen recordings (FSDD digits 0.983 instead of 0.990)."""
-        earlier = [r for r in self.history if r is not record]
         if not _number(record.get(key)):
             key = "val_accuracy"
         if not _number(record.get(key)):
             return True
-        values = [r for r in earlier if _number(r.get(key))]
+        values = [r for r in self.history if r is not record and _number(r.get(key))]
         if not values:
             return True
         peak = max(values, key=lambda r: r[key])
