@@ -194,7 +194,7 @@ def load_training_data(
 def _cached(config: TrainConfig, files: list[str], log: Callable[[str], object], what: str | None = None,
             **options: object) -> AudioStore:  # fmt: skip
     """The cache of `files` (relative to data_dir) at the run's sample rate, found or built in cache_dir. With
-    `what` (the parameter that named them), a file that cannot be used stops the run, named."""
+    `what` (the table that named these soundscapes), one that cannot be used stops the run, named."""
     store = open_or_build(source_files(Path(config.data_dir), files), config.cache_dir or default_cache_dir(),
                           sample_rate=config.sample_rate, log=log, progress=config.progress,
                           keep_apart={"data_dir": config.data_dir}, **options)  # fmt: skip
