@@ -371,15 +371,13 @@ def per_file_targets(
         k = position[row.rel_path]
         for label in row.secondary:
             if label in class_of:
-                targets[k, class_of[label]] = max(targets[k, class_of[label]], secondary_weight)
+                targets[k, class_of[label]] = secondary_weight  # the primary labels' 1 is set below
             else:
                 unknown.add(label)
     for row in rows:
         targets[position[row.rel_path], class_of[row.label]] = 1.0
-    notes = []
-    if unknown:
-        notes.append(f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as "
-                     f"its label) and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}")  # fmt: skip
+    notes = [f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as its label) "
+             f"and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}"] if unknown else []  # fmt: skip
     return order, targets, notes
 
 
