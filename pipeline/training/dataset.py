@@ -102,9 +102,8 @@ class TrainingData:
         return {label: int(n) for label, n in zip(self.labels, counts, strict=True)}
 
     def describe(self) -> str:
-        return (f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {len(self.labels)} "
-                f"{'class' if len(self.labels) == 1 else 'classes'}, {len(self.train_idx)} train / "
-                f"{len(self.val_idx)} validation")  # fmt: skip
+        return (f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {plural(len(self.labels), 'class')}, "
+                f"{len(self.train_idx)} train / {len(self.val_idx)} validation")  # fmt: skip
 
 
 def default_cache_dir() -> Path:
