@@ -66,9 +66,7 @@ class FocalTargets:
     def apply(self, rows: np.ndarray, starts: np.ndarray, window: int, labels: torch.Tensor) -> torch.Tensor:
         """Targets [B, classes] of crops of training `rows` starting at `starts` (labels: classes [B] or
         targets [B, classes])."""
-        classes = self.probs.shape[1]
-        out = (torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1
-               else labels.float().clone())  # fmt: skip
+        out = _soft(labels, self.probs.shape[1]).clone()
         for k, (row, start) in enumerate(zip(rows.tolist(), starts.tolist(), strict=True)):
             first, last = int(self.first[row]), int(self.first[row + 1])
             if last > first:
@@ -97,15 +95,13 @@ class Augmentation:
 
     @property
     def active(self) -> bool:
-        return bool(
-            (self.noise is not None and (self.noise_probability or self.background_probability))
-            or self.mix_probability or self.speed_probability or self.time_mask_probability
-            or self.freq_mask_probability
-            or (self.targets is not None and self.target_probability)
-            or (self.blend_probability and self.classes)
-        )  # fmt: skip
+        return bool(self._parts())
 
     def describe(self) -> str:
+        return "augmentation: " + ("; ".join(self._parts()) or "none")
+
+    def _parts(self) -> list[str]:
+        """What is applied, a phrase each: nothing when no probability is set (or its audio is missing)."""
         parts = []
         if self.noise is not None and self.noise_probability:
             parts.append(f"background noise on {self.noise_probability:.0%} of crops ({len(self.noise)} recordings, "
@@ -126,7 +122,7 @@ class Augmentation:
             parts.append(f"time masks on {self.time_mask_probability:.0%}")
         if self.freq_mask_probability:
             parts.append(f"frequency masks on {self.freq_mask_probability:.0%}")
-        return "augmentation: " + ("; ".join(parts) if parts else "none")
+        return parts
 
 
 def augment(
@@ -264,9 +260,7 @@ def _blend(
     does: with r ~ U(0, 1) and each crop's level G (its loudest 100 ms, dB), the crops are weighted p and 1 - p,
     p = 1 / (1 + 10^((G1 - G2) / 20) (1 - r) / r), so that r is the ratio a listener hears, and the target is
     r of the row's class and 1 - r of the other's."""
-    targets = (
-        torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1 else labels.float()
-    )
+    targets = _soft(labels, classes)
     rows = _chosen(rng, len(wavs), probability)
     if not len(rows) or len(wavs) < 2:
         return wavs, lens, targets
@@ -293,6 +287,11 @@ def _blend(
     return wavs, lens, targets
 
 
+def _soft(labels: torch.Tensor, classes: int) -> torch.Tensor:
+    """Targets [B, classes]: class indices [B] one-hot, targets as they are (float)."""
+    return torch.nn.functional.one_hot(labels.long(), classes).float() if labels.ndim == 1 else labels.float()
+
+
 def _loudest_db(wav: torch.Tensor, frame: int = 1600) -> float:
     """The level of the loudest `frame`-sample stretch (100 ms at 16 kHz) in dB, as BC learning measures it."""
     usable = max(1, len(wav) // frame) * frame
@@ -315,8 +314,7 @@ def _mix(
     peak = wavs.abs().amax(dim=1).clamp_min(1e-6)
     scale = level * peak[rows] / peak[partners]
     wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
-    mixed = wavs[rows] + scale[:, None] * wavs[partners]
-    wavs[rows] = mixed
+    wavs[rows] = wavs[rows] + scale[:, None] * wavs[partners]
     lens[rows] = torch.maximum(lens[rows], lens[partners])
     labels[rows] = torch.maximum(labels[rows], labels[partners])
     return wavs, lens, labels

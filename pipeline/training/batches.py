@@ -1,10 +1,10 @@
 """Training batches: random crops read from the audio cache, made in DataLoader worker processes.
 
 The training process only waits for finished batches: worker processes (spawned, so they work from a notebook
-cell, after CUDA was touched and inside DDP ranks; devices.launch.helper_spawn_context) read each crop from the memory-mapped cache, pad it and, on
-XLA, compute the Fbank features the TPU step expects; the DataLoader pins them (CUDA) and keeps
-`prefetch_factor` batches per worker ready. One loader serves the whole run, so the next epoch's first
-batches are made while this epoch validates.
+cell, after CUDA was touched and inside DDP ranks; devices.launch.helper_spawn_context) read each crop from the
+memory-mapped cache, pad it and, on XLA, compute the Fbank features the TPU step expects; the DataLoader pins
+them (CUDA) and keeps `prefetch_factor` batches per worker ready. One loader serves the whole run, so the next
+epoch's first batches are made while this epoch validates.
 
 Every batch is a pure function of (seed, epoch, rank, position in the epoch): the rows of an epoch are a
 seeded permutation of the process's shard, and the crops come from a generator seeded with the batch's

@@ -30,6 +30,8 @@ from ..core.staging import staged_file
 from ..devices.strategy import Strategy
 
 LATEST = "latest.pt"
+# TrainingState's fields a checkpoint holds as they are (best_predictions travels as a tensor).
+STATE_FIELDS = ("epoch", "step_in_epoch", "global_step", "history", "best_state", "best_epoch")
 
 
 @dataclass
@@ -55,12 +57,11 @@ class TrainingState:
         epoch 12 each time, 0.982 (README). Not the validation loss either: once a small validation split
         is (nearly) all correct, its loss differs between epochs by noise, and picking by it kept early epochs
         that scored worse on unseen recordings (FSDD digits 0.983 instead of 0.990)."""
-        earlier = [r for r in self.history if r is not record]
         if not _number(record.get(key)):
             key = "val_accuracy"
         if not _number(record.get(key)):
             return True
-        values = [r for r in earlier if _number(r.get(key))]
+        values = [r for r in self.history if r is not record and _number(r.get(key))]
         if not values:
             return True
         peak = max(values, key=lambda r: r[key])
@@ -75,14 +76,6 @@ def _number(value: object) -> bool:
 def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
     """Where the run with `fingerprint` keeps its checkpoint."""
     return Path(checkpoint_dir) / fingerprint
-
-
-def other_runs(checkpoint_dir: Path, fingerprint: str) -> list[Path]:
-    """Checkpoints of other runs in `checkpoint_dir` (they are never touched), including a `latest.pt` directly
-    in it (one written without a run folder of its own)."""
-    found = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
-    legacy = Path(checkpoint_dir) / LATEST
-    return found + ([legacy] if legacy.is_file() else [])
 
 
 def save(
@@ -100,12 +93,7 @@ def save(
         "scheduler": scheduler.state_dict(),
         "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
         "average": average.state_dict() if average is not None else None,
-        "epoch": state.epoch,
-        "step_in_epoch": state.step_in_epoch,
-        "global_step": state.global_step,
-        "history": state.history,
-        "best_state": state.best_state,
-        "best_epoch": state.best_epoch,
+        **{name: getattr(state, name) for name in STATE_FIELDS},
         "best_predictions": None
         if state.best_predictions is None
         else torch.from_numpy(state.best_predictions),
@@ -118,7 +106,9 @@ def read(checkpoint_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> d
     """This run's latest checkpoint, if there is one; say what happened, including the checkpoints of other
     runs that are left as they are. Only rank 0 reads it (it alone writes it): it broadcasts what it read."""
     path = run_dir(checkpoint_dir, fingerprint) / LATEST
-    others = other_runs(checkpoint_dir, fingerprint)
+    others = sorted(p for p in Path(checkpoint_dir).glob(f"*/{LATEST}") if p.parent.name != fingerprint)
+    if (Path(checkpoint_dir) / LATEST).is_file():  # one written without a run folder of its own
+        others.append(Path(checkpoint_dir) / LATEST)
     if others:
         log(f"checkpoint(s) of runs with other parameters or data, left untouched: "
             f"{', '.join(str(p) for p in others[:3])}{' ...' if len(others) > 3 else ''}; rerun with those "
@@ -150,12 +140,8 @@ def restore(
         strategy.scaler.load_state_dict(payload["scaler"])
     if average is not None and payload.get("average"):
         average.load_state_dict(payload["average"])
-    state.epoch = payload["epoch"]
-    state.step_in_epoch = payload["step_in_epoch"]
-    state.global_step = payload["global_step"]
-    state.history = payload["history"]
-    state.best_state = payload["best_state"]
-    state.best_epoch = payload["best_epoch"]
+    for name in STATE_FIELDS:
+        setattr(state, name, payload[name])
     predictions = payload.get("best_predictions")
     state.best_predictions = None if predictions is None else predictions.numpy()
     age = time.time() - payload["saved_at"]

@@ -91,12 +91,9 @@ class TrainingData:
         """The training rows one epoch crops from: each file once per `window` samples of its audio, up to
         MAX_CROPS_PER_FILE (or `crops_per_file` times each). A clip shorter than a window is seen once an epoch;
         a 40 s focal recording with several calls is not reduced to one crop an epoch."""
-        rows = []
-        for index in self.train_idx:
-            length = int(self.store.lengths[int(self.items[index])])
-            count = crops_per_file or min(MAX_CROPS_PER_FILE, max(1, round(length / window)))
-            rows += [index] * count
-        return rows
+        lengths = self.store.lengths[self.items[self.train_idx]]
+        counts = crops_per_file or np.clip(np.round(lengths / window), 1, MAX_CROPS_PER_FILE).astype(np.int64)
+        return np.repeat(np.asarray(self.train_idx, dtype=np.int64), counts).tolist()
 
     def label_counts(self) -> dict[str, int]:
         """Training rows per class (files that have it, for multi-label objectives): the prior at inference."""
@@ -105,9 +102,8 @@ class TrainingData:
         return {label: int(n) for label, n in zip(self.labels, counts, strict=True)}
 
     def describe(self) -> str:
-        return (f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {len(self.labels)} "
-                f"{'class' if len(self.labels) == 1 else 'classes'}, {len(self.train_idx)} train / "
-                f"{len(self.val_idx)} validation")  # fmt: skip
+        return (f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {plural(len(self.labels), 'class')}, "
+                f"{len(self.train_idx)} train / {len(self.val_idx)} validation")  # fmt: skip
 
 
 def default_cache_dir() -> Path:
@@ -135,34 +131,27 @@ def load_training_data(
     if table is None:
         table = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
     rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
-    rows, notes = drop_repeated_rows(rows, csv_path)
-    for note in notes:
-        log(note)
-    files = source_files(data_dir, [row.rel_path for row in rows])
+    notes: list[str] = []
+
+    def note(*found: str | None) -> None:  # said now, and kept for the report
+        for text in filter(None, found):
+            log(text)
+            notes.append(text)
+
+    rows, repeat_notes = drop_repeated_rows(rows, csv_path)
+    note(*repeat_notes)
     try:
-        store = open_or_build(
-            files,
-            config.cache_dir or default_cache_dir(),
-            sample_rate=config.sample_rate,
-            search=[p for p in kaggle.find_dirs_with(("cache.json", "index.npz"))]
-            if kaggle.on_kaggle()
-            else [],
-            stop_at_first_failure=config.on_bad_row != "skip",
-            log=log,
-            progress=config.progress,
-            keep_apart={"data_dir": config.data_dir},
-        )
+        store = _cached(config, [row.rel_path for row in rows], log,
+                        search=kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else [],
+                        stop_at_first_failure=config.on_bad_row != "skip")  # fmt: skip
     except CacheBuildStopped as stop:
         row = rows[stop.index]
         skip_or_stop("error", [], csv_path, row.line, row.written or row.rel_path, stop.reason)
         raise  # not reached: skip_or_stop raised
-    kept = []
-    for index, row in enumerate(rows):
-        if index in store.failures:
-            skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.written or row.rel_path,
-                         store.failures[index])  # fmt: skip
-        else:
-            kept.append(index)
+    for index, why in sorted(store.failures.items()):
+        row = rows[index]
+        skip_or_stop(config.on_bad_row, skipped, csv_path, row.line, row.written or row.rel_path, why)
+    kept = [index for index in range(len(rows)) if index not in store.failures]
     if not kept:
         raise DataError(f"{csv_path}: no usable training audio (all {len(skipped)} rows were skipped)")
     rows = [rows[i] for i in kept]
@@ -174,24 +163,18 @@ def load_training_data(
             raise ConfigError(f"soundscape_targets needs a multi-label objective (bce or focal), not "
                               f"objective={config.objective!r}: a stretch of soundscape holds any number of classes")  # fmt: skip
         objective, why = "bce", "soundscape_targets: a stretch of soundscape holds any number of classes"
-    log(f"objective: {objective} ({why})")
-    notes.append(f"objective: {objective} ({why})")
+    note(f"objective: {objective} ({why})")
     multi_hot = None
     if is_multi_label(objective):
         first, multi_hot, target_notes = per_file_targets(rows, labels, config.secondary_label_weight)
         rows, items = [rows[i] for i in first], items[first]
-    else:
-        target_notes = [f"{plural(n, 'secondary label')} left out: the aam objective learns one class per clip"
-                        for n in [sum(len(row.secondary) for row in rows)] if n]  # fmt: skip
-    for note in target_notes:
-        log(note)
-    notes += target_notes
+        note(*target_notes)
+    elif secondary := sum(len(row.secondary) for row in rows):
+        note(f"{plural(secondary, 'secondary label')} left out: the aam objective learns one class per clip")
     class_of = {label: k for k, label in enumerate(labels)}
     targets = np.array([class_of[row.label] for row in rows], dtype=np.int64)
     train_idx, val_idx, split_note = split_files(rows, config.val_fraction, config.seed)
-    if split_note:
-        log(split_note)
-        notes.append(split_note)
+    note(split_note)
     soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
     held_out = set(soundscapes.files) if soundscapes else set()
     noise = load_noise(config, log, exclude=held_out) if config.noise_dir else None
@@ -207,9 +190,28 @@ def load_training_data(
                         focal_record=focal_record)  # fmt: skip
 
 
-def _targets_file(data_dir: Path, name: str) -> Path:
-    """A targets file parameter: absolute, or relative to data_dir."""
-    return Path(name) if Path(name).is_absolute() else data_dir / name
+def _cached(config: TrainConfig, files: list[str], log: Callable[[str], object], what: str | None = None,
+            **options: object) -> AudioStore:  # fmt: skip
+    """The cache of `files` (relative to data_dir) at the run's sample rate, found or built in cache_dir. With
+    `what` (the table that named these soundscapes), one that cannot be used stops the run, named."""
+    store = open_or_build(source_files(Path(config.data_dir), files), config.cache_dir or default_cache_dir(),
+                          sample_rate=config.sample_rate, log=log, progress=config.progress,
+                          keep_apart={"data_dir": config.data_dir}, **options)  # fmt: skip
+    if what is not None and store.failures:
+        index, why = next(iter(store.failures.items()))
+        raise DataError(
+            f"{what}: soundscape {files[index]!r} cannot be used ({why}); fix it or remove its rows"
+        )
+    return store
+
+
+def _read_targets(config: TrainConfig, name: str, labels: list[str], log: Callable[[str], object]):
+    """The targets file parameter `name` (absolute, or relative to data_dir) and what it holds (its notes said)."""
+    path = Path(name) if Path(name).is_absolute() else Path(config.data_dir) / name
+    found = read_chunk_targets(path, labels)
+    for line in found.notes:
+        log(line)
+    return path, found
 
 
 def _targets_record(path: Path, **fields: object) -> dict:
@@ -226,18 +228,13 @@ def load_focal_targets(
     """The teacher's windows of each training row's recording (`focal_targets`, filenames relative to data_dir)
     and a record for the provenance. Rows whose recording has no window keep their labels (said); a file of
     windows of no training recording stops with what to do."""
-    data_dir = Path(config.data_dir)
-    path = _targets_file(data_dir, config.focal_targets)
-    found = read_chunk_targets(path, labels)
-    for note in found.notes:
-        log(note)
+    path, found = _read_targets(config, config.focal_targets, labels, log)
     by_file: dict[str, list[int]] = {}
     for k, name in enumerate(found.files):
         by_file.setdefault(name, []).append(k)
     rate, first, order = config.sample_rate, [0], []
     for row in rows:
-        windows = sorted(by_file.get(row.rel_path, []), key=lambda k: found.starts[k])
-        order += windows
+        order += sorted(by_file.get(row.rel_path, []), key=lambda k: found.starts[k])
         first.append(len(order))
     covered = sum(1 for row in rows if row.rel_path in by_file)
     if not covered:
@@ -261,12 +258,8 @@ def load_soundscape_targets(
     """The stretches of `soundscape_targets` after its controls (power, floor, threshold), their soundscapes
     cached; and a record for the provenance: the file's hash, what was kept, and the lineage written beside it
     (`<name>.json`, pipeline/tooling/self_training.py). Stretches of validation soundscapes are left out."""
-    data_dir = Path(config.data_dir)
-    path = _targets_file(data_dir, config.soundscape_targets)
-    found = read_chunk_targets(path, labels)
-    for note in found.notes:
-        log(note)
-    _, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
+    path, found = _read_targets(config, config.soundscape_targets, labels, log)
+    _, prefix = audio_root(Path(config.data_dir), config.noise_dir, "noise_dir")
     # Per soundscape, not per row: a targets file holds millions of rows naming a few thousand soundscapes.
     rel = {name: f"{prefix}/{name}" if prefix else name for name in set(found.files)}
     probs = found.probs**config.target_power
@@ -277,14 +270,7 @@ def load_soundscape_targets(
         raise DataError(f"{path}: no stretch has a probability >= target_threshold={config.target_threshold:g}; "
                         "lower it")  # fmt: skip
     files = sorted({rel[found.files[k]] for k in keep})
-    store = open_or_build(source_files(data_dir, files), config.cache_dir or default_cache_dir(),
-                          sample_rate=config.sample_rate, log=log, progress=config.progress,
-                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
-    if store.failures:
-        index, why = next(iter(store.failures.items()))
-        raise DataError(
-            f"{path}: soundscape {files[index]!r} cannot be used ({why}); fix it or remove its rows"
-        )
+    store = _cached(config, files, log, what=str(path))
     position = {name: k for k, name in enumerate(files)}
     rate = config.sample_rate
     stretches = SoundscapeTargets(
@@ -307,13 +293,7 @@ def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Calla
     training table are left out (and said); a soundscape that cannot be read stops with its name."""
     chunks = read_labelled_chunks(config.data_dir, config.val_soundscapes_table, config.val_soundscapes_dir)
     files = sorted({chunk.rel_path for chunk in chunks})
-    store = open_or_build(source_files(Path(config.data_dir), files), config.cache_dir or default_cache_dir(),
-                          sample_rate=config.sample_rate, log=log, progress=config.progress,
-                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
-    if store.failures:
-        index, why = next(iter(store.failures.items()))
-        raise DataError(f"{config.val_soundscapes_table}: soundscape {files[index]!r} cannot be used ({why}); "
-                        "fix it or remove its rows")  # fmt: skip
+    store = _cached(config, files, log, what=config.val_soundscapes_table)
     class_of = {label: k for k, label in enumerate(labels)}
     truth = np.zeros((len(chunks), len(labels)), dtype=np.float32)
     unknown: set[str] = set()
@@ -340,14 +320,10 @@ def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclud
     root, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
     found = sorted(p.relative_to(data_dir.resolve()).as_posix() for p in root.rglob("*")
                    if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
-    if exclude & set(found):
-        log(
-            f"noise_dir: {plural(len(exclude & set(found)), 'validation soundscape')} left out of the background"
-        )
+    if left_out := exclude & set(found):
+        log(f"noise_dir: {plural(len(left_out), 'validation soundscape')} left out of the background")
         found = [f for f in found if f not in exclude]
-    store = open_or_build(source_files(data_dir, found), config.cache_dir or default_cache_dir(),
-                          sample_rate=config.sample_rate, log=log, progress=config.progress,
-                          keep_apart={"data_dir": config.data_dir})  # fmt: skip
+    store = _cached(config, found, log)
     usable = len(store) - len(store.failures)
     if usable == 0:
         raise DataError(f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {root} "
@@ -394,15 +370,13 @@ def per_file_targets(
         k = position[row.rel_path]
         for label in row.secondary:
             if label in class_of:
-                targets[k, class_of[label]] = max(targets[k, class_of[label]], secondary_weight)
+                targets[k, class_of[label]] = secondary_weight  # the primary labels' 1 is set below
             else:
                 unknown.add(label)
     for row in rows:
         targets[position[row.rel_path], class_of[row.label]] = 1.0
-    notes = []
-    if unknown:
-        notes.append(f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as "
-                     f"its label) and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}")  # fmt: skip
+    notes = [f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as its label) "
+             f"and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}"] if unknown else []  # fmt: skip
     return order, targets, notes
 
 

@@ -37,7 +37,7 @@ class WeightAverage:
     With `flat` (the default) the averaged floating-point tensors live in two vectors between reads of
     `module` (the parameters, then the float buffers): an update is then a handful of operations and two graph
     outputs whatever the number of tensors, where XLA traces every operation again at each step and pays per
-    operation and per output. The integer buffers (BatchNorm's batch counters) are copies, not averages: they
+    operation and per output (a loop over ~150 tensors cost more host time than the forward pass). The integer buffers (BatchNorm's batch counters) are copies, not averages: they
     are copied when `module` is read, not at every step (and so are the float buffers with
     `average_buffers=False`). Reading `module` writes the vectors back into the module's tensors (lazily on
     XLA: part of the next graph)."""
@@ -51,9 +51,8 @@ class WeightAverage:
         self.decay = 1.0 - 1.0 / max(1.0, float(horizon_steps))
         self.updates = 0
         self.flat = flat
-        # False: the float buffers (BatchNorm's running statistics) are copies of the live model's, like the
-        # integer ones, for a caller that recomputes them for the averaged weights before using them anyway
-        # (training's recompute_batchnorm): averaging them every step would be traced for nothing.
+        # False where the caller recomputes BatchNorm's statistics anyway (recompute_batchnorm): averaging them
+        # every step would be traced for nothing.
         self.average_buffers = average_buffers
         # (averaged floats, live floats, averaged others, live others); the floats list the parameters first
         # (model.parameters() order, `_n_params` of them), then the float buffers.
@@ -66,7 +65,7 @@ class WeightAverage:
 
     @property
     def module(self) -> torch.nn.Module:
-        if self._module_behind and self._vectors is not None and self._pairs is not None:
+        if self._module_behind:  # set by a flat update: the vectors and pairs exist
             with torch.no_grad():
                 for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
                     torch._foreach_copy_(averaged, unflatten(vector, averaged))
@@ -83,9 +82,8 @@ class WeightAverage:
         """Move the average towards `model`'s current weights (call after every optimizer step).
 
         `flat_parameters`: `model.parameters()` as one vector, when the caller has it (devices/flat_adam.py's
-        step leaves it): the flat average then need not flatten them again. One foreach operation for all
-        floating-point tensors (or, `flat`, a few on two vectors): on XLA every Python-level operation is
-        traced again at every step, and a loop over ~150 tensors cost more host time than the forward pass."""
+        step leaves it): the flat average then need not flatten them again. Without `flat`, one foreach
+        operation for all floating-point tensors."""
         self.updates += 1
         if self._pairs is None:  # the same tensors every step (moves and loads happen in place before)
             self._pair_up(model)
@@ -93,7 +91,7 @@ class WeightAverage:
         average_floats, live_floats, average_others, live_others = self._pairs
         device = average_floats[0].device if average_floats else torch.device("cpu")
         weight = torch.tensor(1.0 - self.current_decay(), device=device)
-        # avg += weight * (live - avg), the weight sent as a tensor: a new value never recompiles XLA's graph.
+        # avg += weight * (live - avg)
         if self.flat and average_floats:
             if self._vectors is None:
                 self._vectors = [flatten(averaged) for averaged, _ in self._float_groups()]
@@ -133,7 +131,7 @@ class WeightAverage:
         the host in one transfer each and split there (on XLA, reading each slice on the device would compile
         a graph per slice)."""
         weights = {k: v.detach().to("cpu") for k, v in self._module.state_dict().items()}
-        if self._module_behind and self._vectors is not None and self._pairs is not None:
+        if self._module_behind:
             names = iter(self._float_names)
             for vector, (averaged, _) in zip(self._vectors, self._float_groups(), strict=True):
                 for value in unflatten(vector.detach().to("cpu"), averaged):

@@ -23,11 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..core import metrics
 from ..core.config import MAX_WINDOWS_PER_FILE, TrainConfig
 from ..core.model import ModelConfig, SpeakerClassifier, embed_waveforms
 from ..devices.threads import available_cores
-from .batches import crops
+from .validation import chunk_scores, file_scores, sampled_crops, score_or_nan
 
 if TYPE_CHECKING:
     from .dataset import TrainingData
@@ -75,7 +74,9 @@ def export_for_artifact(
                               "max_abs_diff_vs_torch": exported.max_abs_diff}}  # fmt: skip
     started = time.perf_counter()
     try:
-        wavs, lens = calibration_windows(data, config)
+        # One training crop per file (real audio: random noise has other activation ranges).
+        wavs, lens = sampled_crops(data.store, data.items, data.train_idx or data.val_idx, CALIBRATION_WINDOWS,
+                                   config, salt=2039)  # fmt: skip
         int8_path = quantize_embedding_model(model, exported.path, folder / ONNX_INT8, wavs, lens)
         rule = int8_rule(model, data, config, metric, exported.path, int8_path)
     except Exception as error:  # noqa: BLE001 - onnxruntime.quantization raises many types; fp32 still ships
@@ -89,17 +90,6 @@ def export_for_artifact(
     return result
 
 
-def calibration_windows(data: TrainingData, config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Up to CALIBRATION_WINDOWS training crops, one per file, drawn with the run's seed: the audio int8's
-    activation ranges are set on (real audio: random noise has other ranges)."""
-    rng = np.random.default_rng([config.seed, 2039])
-    rows = np.asarray(data.train_idx or data.val_idx)
-    chosen = rng.choice(rows, size=min(CALIBRATION_WINDOWS, len(rows)), replace=False)
-    return crops(data.store, data.items[chosen], config.window_samples, rng, on_sound=config.crop_on_sound)[
-        :2
-    ]
-
-
 def int8_rule(
     model: SpeakerClassifier, data: TrainingData, config: TrainConfig, metric: str, fp32_path: Path,
     int8_path: Path,
@@ -107,7 +97,6 @@ def int8_rule(
     """fp32 and int8 ONNX Runtime scored on the validation split as validation scores it (the held-out files;
     labelled soundscape chunks too when there are), and whether int8 stays within the rule on each."""
     from ..core.onnx import OnnxEmbedder, int8_acceptable
-    from .validation import chunk_scores, file_scores
 
     name = "accuracy" if data.objective == "aam" else metric
     if not data.val_idx and data.soundscapes is None:
@@ -119,10 +108,12 @@ def int8_rule(
         embed = OnnxEmbedder(model, path, threads, precision)  # this process, all of the split, on the CPU
         if data.val_idx:
             scores = file_scores(model, data, config, embed).numpy()
-            found.setdefault("held_out", {})[precision] = _metric(name, data.truth(data.val_idx), scores)
+            found.setdefault("held_out", {})[precision] = score_or_nan(name, data.truth(data.val_idx), scores)
         if data.soundscapes is not None:
             scores = chunk_scores(model, data.soundscapes, config, embed).numpy()
-            found.setdefault("soundscapes", {})[precision] = _metric(name, data.soundscapes.truth, scores)
+            found.setdefault("soundscapes", {})[precision] = score_or_nan(
+                name, data.soundscapes.truth, scores
+            )
     judged = {k: v for k, v in found.items() if not np.isnan(v["fp32"])}
     passed = bool(judged) and all(int8_acceptable(v["fp32"], v["int8"]) for v in judged.values())
     return {
@@ -130,13 +121,6 @@ def int8_rule(
         "metric": name,
         **{k: {p: round(x, 5) for p, x in v.items()} for k, v in found.items()},
     }
-
-
-def _metric(name: str, truth: np.ndarray, scores: np.ndarray) -> float:
-    try:
-        return metrics.score(name, truth, scores)
-    except metrics.MetricError:  # e.g. no class with both positive and negative rows
-        return float("nan")
 
 
 def describe(rule: dict[str, Any]) -> str:
@@ -165,10 +149,8 @@ def reserve_seconds(
     lengths = data.store.lengths
     val_windows = sum(min(MAX_WINDOWS_PER_FILE, max(1, -(-int(lengths[int(data.items[i])]) // window)))
                       for i in data.val_idx)  # fmt: skip
-    if data.soundscapes is not None:
-        val_windows += 3 * len(
-            data.soundscapes.items
-        )  # a 5 s chunk: about 9 half-overlapping 1 s windows / 3
+    if data.soundscapes is not None:  # a 5 s chunk: about 9 half-overlapping 1 s windows / 3
+        val_windows += 3 * len(data.soundscapes.items)
     if per_window is None:
         per_window = cpu_seconds_per_window(model_config, window)
     return EXPORT_FIXED_SECONDS + 1.5 * per_window * (CALIBRATION_WINDOWS + 2 * val_windows)

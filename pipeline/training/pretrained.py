@@ -11,11 +11,7 @@ competition's labels. One of this project's own artifacts works too (its weights
 model.safetensors after the manifest check). Nothing is ever fetched: hub yaml files name the hub in
 `pretrained_path` and the Pretrainer's `paths`, so the yaml is read as data (hyperpyyaml resolves its `!ref`s,
 no object is instantiated) and the weights come from files in the directory, or a clear error says which file
-is missing.
-
-`freeze_encoder` trains the classifier alone on the pretrained embeddings: the encoder's parameters stop
-requiring gradients and it stays in eval mode (BatchNorm keeps its pretrained running statistics) whatever
-the training loop calls.
+is missing. `freeze_encoder` trains the classifier alone on the pretrained embeddings (FrozenECAPA).
 """
 
 from __future__ import annotations
@@ -30,6 +26,7 @@ import torch
 import yaml
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
 
+from ..core.artifact import MANIFEST, WEIGHTS, ArtifactError, verify_artifact
 from ..core.config import SAMPLE_RATE, ConfigError, TrainConfig
 from ..core.model import ModelConfig, SpeakerClassifier
 
@@ -146,8 +143,6 @@ def read_pretrained(init_from: str | Path) -> Pretrained:
     One of this project's artifacts describes itself in its (verified) manifest instead."""
     hyperparams = find_hyperparams(Path(init_from))
     root = hyperparams.parent
-    from ..core.artifact import MANIFEST, WEIGHTS, ArtifactError, verify_artifact
-
     if (root / MANIFEST).is_file():
         try:
             model_config = verify_artifact(root)["model_config"]
@@ -239,10 +234,7 @@ def ecapa_args(tree: dict[str, Any], path: Path) -> dict[str, Any]:
         raise PretrainedError(f"{path}: `{ENCODER}` is {found}, not {ECAPA_TAG}: only ECAPA-TDNN encoders "
                               "can initialise this model")  # fmt: skip
     given = node.value if isinstance(node.value, dict) else {}
-    defaults = {
-        name: p.default for name, p in inspect.signature(ECAPA_TDNN.__init__).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }  # fmt: skip
+    defaults = _defaults(ECAPA_TDNN)
     unknown = sorted(set(given) - set(defaults) - {"input_size"})
     if unknown:
         raise PretrainedError(f"{path}: `{ENCODER}` has argument(s) {unknown} that ECAPA_TDNN does not take")
@@ -276,7 +268,7 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
                               f"`{ENCODER}.input_size` is {n_mels}")  # fmt: skip
     from speechbrain.lobes.features import Fbank
 
-    fbank_defaults = {n: p.default for n, p in inspect.signature(Fbank.__init__).parameters.items()}
+    fbank_defaults = _defaults(Fbank)
     for name, value in fbank_args.items():
         if name in ("n_mels", "requires_grad"):
             continue
@@ -305,12 +297,8 @@ def encoder_weights_file(root: Path, tree: dict[str, Any]) -> Path:
     for name in (f"{ENCODER}.safetensors", f"{ENCODER}.ckpt"):
         if (root / name).is_file():
             return root / name
-    hint = ""
-    paths = (
-        (tree.get("pretrainer").value or {}).get("paths")
-        if isinstance(tree.get("pretrainer"), Tagged)
-        else None
-    )
+    hint, pretrainer = "", tree.get("pretrainer")
+    paths = (pretrainer.value or {}).get("paths") if isinstance(pretrainer, Tagged) else None
     if isinstance(paths, dict) and paths.get(ENCODER):
         hint = (f" hyperparams.yaml's pretrainer names {paths[ENCODER]!r}, which is never downloaded "
                 "(submission sessions are offline):")  # fmt: skip
@@ -358,14 +346,9 @@ def load_encoder_weights(model: SpeakerClassifier, weights: Path) -> None:
     unexpected = [k for k in state if k not in expected]
     wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
              if k in state and state[k].shape != v.shape]  # fmt: skip
-    if missing or unexpected or wrong:
-        problems = []
-        if missing:
-            problems.append(f"missing keys {missing[:3]}{' ...' if len(missing) > 3 else ''}")
-        if unexpected:
-            problems.append(f"unexpected keys {unexpected[:3]}{' ...' if len(unexpected) > 3 else ''}")
-        if wrong:
-            problems.append(f"shape mismatch {wrong[:3]}{' ...' if len(wrong) > 3 else ''}")
+    problems = [f"{what} {found[:3]}{' ...' if len(found) > 3 else ''}" for what, found in
+                (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatch", wrong)) if found]  # fmt: skip
+    if problems:
         raise PretrainedError(f"{weights}: does not fit the ECAPA-TDNN described by hyperparams.yaml: "
                               + "; ".join(problems))  # fmt: skip
     model.embedding_model.load_state_dict(state, strict=True)
@@ -399,6 +382,12 @@ def _as_ints(value: Any, where: str) -> Any:
     raise PretrainedError(f"{where} is {value!r}; expected an integer or a list of integers")
 
 
+def _defaults(cls: type) -> dict[str, Any]:
+    """The default of every argument of `cls`'s constructor that has one."""
+    parameters = inspect.signature(cls.__init__).parameters.items()
+    return {name: p.default for name, p in parameters if p.default is not inspect.Parameter.empty}
+
+
 def _same(value: Any, default: Any) -> bool:
     if isinstance(value, Tagged):  # e.g. activation: !name:torch.nn.ReLU against the class itself
         target = value.tag.split(":", 1)[-1]
@@ -416,4 +405,4 @@ def _show(value: Any) -> str:
 
 
 def _describe(node: Any) -> str:
-    return "nothing" if node is None else _show(node) if isinstance(node, Tagged) else repr(node)
+    return "nothing" if node is None else _show(node)

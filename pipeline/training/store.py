@@ -3,9 +3,9 @@
 Training revisits every clip every epoch, and a real competition has 100+ hours of it: held in RAM as float32
 that is 0.23 GB per hour per process. Instead each file is decoded and resampled once, by a process pool over
 all cores, into int16 shards at the model's sample rate (`shard-NNNNN.pcm`, 0.115 GB per hour at 16 kHz) that
-every reader memory-maps:
-a training step reads only its crops, the pages are file-backed (the kernel may drop them: they are not the
-process's private memory), and the DDP ranks and DataLoader workers of one machine share the same pages.
+every reader memory-maps: a training step reads only its crops, the pages are file-backed (the kernel may drop
+them: they are not the process's private memory), and the DDP ranks and DataLoader workers of one machine
+share the same pages.
 
 Why numpy memory maps rather than Lhotse, WebDataset or HF datasets: the access pattern is random crops of
 known-length clips, which a flat int16 file and an offset table serve with one slice and no decoding; the
@@ -163,8 +163,8 @@ def open_or_build(
 ) -> AudioStore:
     """The cache of `files` at `sample_rate`: found in `cache_dir`, or among the caches `search` names (read in
     place, e.g. in an attached Kaggle dataset), else built in `cache_dir` by `workers` processes (default: every
-    core). With
-    `stop_at_first_failure`, CacheBuildStopped is raised at the first unusable file and nothing is kept."""
+    core). With `stop_at_first_failure`, CacheBuildStopped is raised at the first unusable file and nothing is
+    kept."""
     from filelock import FileLock
 
     key, records = fingerprint(files, sample_rate)
@@ -225,18 +225,15 @@ def _explain_rebuild(root: Path, records: list[list], log: Callable[[str], objec
         return
 
 
-def _tasks(files: Sequence[SourceFile]) -> list[list[tuple[int, str]]]:
-    """Runs of consecutive decodable files of about TASK_BYTES each (file sizes stand in for durations)."""
+def _tasks(files: Sequence[SourceFile], records: list[list]) -> list[list[tuple[int, str]]]:
+    """Runs of consecutive decodable files of about TASK_BYTES each (file sizes, from the fingerprint's
+    `records`, stand in for durations)."""
     tasks, current, current_bytes = [], [], 0
     for index, source in enumerate(files):
         if source.path is None:
             continue
-        try:
-            size = source.path.stat().st_size
-        except OSError:
-            size = 0
         current.append((index, str(source.path)))
-        current_bytes += size
+        current_bytes += max(0, records[index][1])  # -1: the file could not be read
         if current_bytes >= TASK_BYTES or len(current) >= TASK_FILES:
             tasks.append(current)
             current, current_bytes = [], 0
@@ -274,12 +271,9 @@ def decode_task(
 
 def loudness(samples: np.ndarray, frame: int) -> np.ndarray:
     """RMS of every `frame` samples (the last frame may be shorter), float32."""
-    count = -(-len(samples) // frame)
-    padded = np.zeros(count * frame, dtype=np.float64)
-    padded[: len(samples)] = samples
-    sizes = np.full(count, frame, dtype=np.float64)
-    sizes[-1] = len(samples) - (count - 1) * frame
-    return np.sqrt((padded.reshape(count, frame) ** 2).sum(axis=1) / sizes).astype(np.float32)
+    starts = np.arange(0, len(samples), frame)
+    sums = np.add.reduceat(np.square(samples, dtype=np.float64), starts)
+    return np.sqrt(sums / np.diff(starts, append=len(samples))).astype(np.float32)
 
 
 def _build(
@@ -295,7 +289,7 @@ def _build(
     if stop_at_first_failure and failures:
         first = min(failures)
         raise CacheBuildStopped(first, failures[first])
-    tasks = _tasks(files)
+    tasks = _tasks(files, records)
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(tasks) or 1))
     total_gb = sum(r[1] for r in records if r[1] > 0) / 1e9
     log(f"audio cache: decoding {plural(n, 'file')} ({total_gb:.2f} GB) to {sample_rate / 1000:g} kHz with "

@@ -17,7 +17,9 @@ to save the best model.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -33,7 +35,7 @@ from ..core.config import TrainConfig
 from ..core.metrics import selection_metric
 from ..core.model import count_parameters, host_model
 from ..core.objectives import make_loss
-from ..core.progress import progress_bar
+from ..core.progress import first_line, progress_bar
 from ..core.report import save_training_figures
 from ..core.scaling import Schedule, plan_schedule
 from ..core.staging import check_output_dir
@@ -42,6 +44,7 @@ from ..devices import policy
 from ..devices.policy import HardwarePlan
 from ..devices.strategy import Strategy
 from . import checkpoint as ckpt
+from . import onnx_artifact
 from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
 from .dataset import TrainingData, load_training_data
@@ -96,7 +99,7 @@ def train(config: TrainConfig) -> TrainResult:
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
     plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.val_fraction)))
-    log = print if _rank() == 0 else _silent  # under torchrun every rank runs this
+    log = print if int(os.environ.get("RANK", "0")) == 0 else _silent  # under torchrun every rank runs this
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
     return policy.run(plan, fit, config, data, started,
@@ -171,7 +174,9 @@ def prepare(
     epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
     schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
     model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
-    export_reserve = _export_reserve(strategy, model, data, config)
+    # Rank 0 decides when to stop, and it writes the ONNX files after the last step: their time is kept back.
+    timed = strategy.is_main and config.time_budget_minutes
+    export_reserve = onnx_artifact.reserve_seconds(model.config, data, config) if timed else 0.0
     members = f" x {model.config.members} members" if model.config.members > 1 else ""
     log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}'{members}, {count_parameters(model) / 1e6:.2f}M "
         f"parameters, {model.config.frontend} features; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
@@ -280,11 +285,11 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
         losses.append(loss)  # stays on the device: reading it every step would stall XLA and the GPU
         state.global_step += 1
         state.step_in_epoch = step + 1
+        last = step + 1 == run.schedule.steps_per_epoch
         if bar is not None:
             bar.update(1)
-            if step % DECISION_EVERY_STEPS == 0 or step + 1 == run.schedule.steps_per_epoch:
+            if step % DECISION_EVERY_STEPS == 0 or last:
                 bar.set_postfix(loss=f"{float(loss):.3f}", epoch=epoch + 1, refresh=False)
-        last = step + 1 == run.schedule.steps_per_epoch
         if run.first_step_of_session or (step + 1) % DECISION_EVERY_STEPS == 0 or last:
             run.first_step_of_session = False
             checkpoint, stop = strategy.broadcast_flags(_checkpoint_due(run), _out_of_time(run))
@@ -298,10 +303,9 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
                 run.save_checkpoint()
     # Read each loss back on its own: stacking them would be one more XLA graph to compile.
     mean_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
-    steps = state.step_in_epoch - first
     return {
         "train_loss": mean_loss,
-        "steps": steps,
+        "steps": state.step_in_epoch - first,
         "data_wait_s": wait,
         "step_s": busy,
         "loader_start_s": startup,
@@ -385,16 +389,17 @@ def finish(run: Run) -> TrainResult:
     # Self-training and distillation: the teachers' scores, and their lineage.
     provenance["soundscape_targets"], provenance["focal_targets"] = data.targets_record, data.focal_record
     truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
-    with (
-        _figures(
-            state.history, truth, state.best_predictions, data.labels, state.best_epoch, run.metric
-        ) as figures,
-        _onnx_files(run, final) as onnx,
-    ):
-        provenance["onnx"] = result.onnx = onnx.record
-        result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
-                                            extra_files={**figures, **onnx.files},
-                                            fallback_label=data.labels[int(np.bincount(data.targets).argmax())])  # fmt: skip
+    predictions = state.best_predictions
+    if predictions is None:  # no validation split, or no epoch validated: curves only
+        truth = predictions = np.zeros(0, dtype=np.int64)
+    with tempfile.TemporaryDirectory() as folder:
+        figures = save_training_figures(state.history, truth, predictions, data.labels, Path(folder),
+                                        state.best_epoch, run.metric)  # fmt: skip
+        with _onnx_files(run, final) as onnx:
+            provenance["onnx"] = result.onnx = onnx.record
+            result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
+                                                extra_files={**figures, **onnx.files},
+                                                fallback_label=data.labels[int(np.bincount(data.targets).argmax())])  # fmt: skip
     if run.stopped_early:
         run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
                 "parameters to continue training")  # fmt: skip
@@ -408,50 +413,25 @@ def finish(run: Run) -> TrainResult:
 def _onnx_files(run: Run, final: torch.nn.Module):
     """The ONNX Runtime files of the kept weights (on the host CPU copy, so never on the training device) in a
     temporary folder, with their provenance record; none with export_onnx=False."""
-    import tempfile
-
-    from .onnx_artifact import OnnxFiles, export_for_artifact
-
     if not run.config.export_onnx:
-        yield OnnxFiles(record={"skipped": "export_onnx=False"})
+        yield onnx_artifact.OnnxFiles(record={"skipped": "export_onnx=False"})
         return
     with tempfile.TemporaryDirectory(prefix="onnx-export-") as folder:
         started, compiles = time.monotonic(), run.strategy.compile_count()
         try:
-            onnx = export_for_artifact(final, run.data, run.config, run.metric, Path(folder), run.log)
+            onnx = onnx_artifact.export_for_artifact(
+                final, run.data, run.config, run.metric, Path(folder), run.log
+            )
         except Exception as error:  # noqa: BLE001 - hours of training must not be lost to an optional file
             # export_for_artifact turns the failures it knows into a line of its own; this is for the rest
             # (seen on a GPU machine: an int8 failure whose message was empty broke the error report itself).
-            from ..core.progress import first_line
-
             run.log(f"ONNX files: none in the artifact ({type(error).__name__}: {first_line(error)}); "
                     "inference runs torch")  # fmt: skip
-            onnx = OnnxFiles(record={"error": f"{type(error).__name__}: {error}"[:500]})
+            onnx = onnx_artifact.OnnxFiles(record={"error": f"{type(error).__name__}: {error}"[:500]})
         onnx.record["seconds"] = round(time.monotonic() - started, 1)
         if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
             onnx.record["xla_compiles_during_export"] = run.strategy.compile_count() - compiles
         yield onnx
-
-
-def _export_reserve(
-    strategy: Strategy, model: torch.nn.Module, data: TrainingData, config: TrainConfig
-) -> float:
-    """Seconds the ONNX files will take after the last step (rank 0 decides when to stop; 0 without a budget)."""
-    if not (strategy.is_main and config.export_onnx and config.time_budget_minutes):
-        return 0.0
-    from .onnx_artifact import reserve_seconds as onnx_reserve
-
-    return onnx_reserve(model.config, data, config)
-
-
-@contextlib.contextmanager
-def _figures(history, truth, predictions, labels, best_epoch, metric):
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as folder:
-        if predictions is None:  # no validation split, or no epoch validated: curves only
-            truth = predictions = np.zeros(0, dtype=np.int64)
-        yield save_training_figures(history, truth, predictions, labels, Path(folder), best_epoch, metric)
 
 
 def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
@@ -531,12 +511,6 @@ def _value(name: str, record: dict[str, float], key: str) -> str:
     """`name value`, with the value's standard error where validation computed one (checkpoint.is_better)."""
     error = f" +-{record[f'{key}_se']:.4f}" if f"{key}_se" in record else ""
     return f"{name} {record[key]:.4f}{error}"
-
-
-def _rank() -> int:
-    import os
-
-    return int(os.environ.get("RANK", "0"))
 
 
 def _silent(*_: Any) -> None:

@@ -52,12 +52,19 @@ def calibration_windows(
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """A fixed sample of training crops for recompute_batchnorm: the same every epoch and on every rank.
     None with freeze_encoder: the pretrained encoder's weights and statistics are kept exactly as they are."""
-    count = min(config.bn_calibration_windows, len(train_idx))
-    if count == 0 or not recalibrates(config):
+    if not recalibrates(config) or not train_idx:
         return None
-    rng = np.random.default_rng([config.seed, 104729])
-    rows = rng.choice(np.asarray(train_idx), size=count, replace=False)
-    return crops(store, items[rows], config.window_samples, rng, on_sound=config.crop_on_sound)[:2]
+    return sampled_crops(store, items, train_idx, config.bn_calibration_windows, config, salt=104729)
+
+
+def sampled_crops(
+    store: AudioStore, items: np.ndarray, rows: list[int], count: int, config: TrainConfig, salt: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Crops (waveforms, relative lengths) of up to `count` of `rows`, one each, drawn with the run's seed and
+    `salt`: the same every time they are drawn."""
+    rng = np.random.default_rng([config.seed, salt])
+    chosen = rng.choice(np.asarray(rows), size=min(count, len(rows)), replace=False)
+    return crops(store, items[chosen], config.window_samples, rng, on_sound=config.crop_on_sound)[:2]
 
 
 def validation_model(
@@ -85,7 +92,7 @@ def evaluate(
     values: dict[str, float] = {}
     predicted = np.zeros(0, dtype=np.int64)
     if data.val_idx:
-        scores = score_files(model, strategy, data, config)
+        scores = _scores_of_all(file_scores, model, strategy, data, len(data.val_idx), config)
         truth = data.truth(data.val_idx)
         losses = validation_loss(
             data.objective, torch.from_numpy(scores), torch.from_numpy(truth), config.aam_scale
@@ -93,24 +100,26 @@ def evaluate(
         values["val_accuracy"] = metrics.score("accuracy", truth, scores)
         values["val_loss"] = float(losses.mean())
         if metric != "accuracy":
-            values[f"val_{metric}"] = _score(metric, truth, scores)
+            values[f"val_{metric}"] = score_or_nan(metric, truth, scores)
         values[f"val_{metric}_se"] = metrics.standard_error(metric, truth, scores)  # for is_better
         predicted = scores.argmax(axis=1)
     if data.soundscapes is not None:
-        chunks = score_chunks(model, strategy, data.soundscapes, config)
-        values[f"val_soundscape_{metric}"] = _score(metric, data.soundscapes.truth, chunks)
+        chunks = _scores_of_all(
+            chunk_scores, model, strategy, data.soundscapes, len(data.soundscapes.items), config
+        )
+        values[f"val_soundscape_{metric}"] = score_or_nan(metric, data.soundscapes.truth, chunks)
         values[f"val_soundscape_{metric}_se"] = metrics.standard_error(metric, data.soundscapes.truth, chunks)
     return Validation(values, predicted)
 
 
-def score_files(
-    model: torch.nn.Module, strategy: Strategy, data: TrainingData, config: TrainConfig
+def _scores_of_all(
+    score, model: torch.nn.Module, strategy: Strategy, source, count: int, config: TrainConfig
 ) -> np.ndarray:
-    """[validation files, classes] cosine scores of the held-out files, each process its share."""
-    mine = strategy.shard(list(range(len(data.val_idx))))  # positions in val_idx this process scores
+    """`score` (file_scores or chunk_scores) of all `count` rows of `source`: each process scores its share on
+    its device, and the shares are summed across processes (other processes' rows are zeros here)."""
+    mine = strategy.shard(list(range(count)))
     embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
-    scores = file_scores(model, data, config, embed, mine, strategy.device)
-    return strategy.sum_across(scores).numpy()  # other processes' rows were zeros here
+    return strategy.sum_across(score(model, source, config, embed, mine, strategy.device)).numpy()
 
 
 def file_scores(
@@ -142,24 +151,13 @@ def file_scores(
     return scores
 
 
-def score_chunks(
-    model: torch.nn.Module, strategy: Strategy, chunks: LabelledSoundscapes, config: TrainConfig
-) -> np.ndarray:
-    """[chunks, classes] cosine scores of labelled soundscape chunks, computed as the infer notebook's defaults
-    compute a chunk's (windows half a window apart, pooled by InferConfig's default chunk_pooling); each process
-    scores its share, summed across processes."""
-    mine = strategy.shard(list(range(len(chunks.items))))
-    embed = functools.partial(strategy.embeddings, model, pad_to=VALIDATION_BATCH)
-    scores = chunk_scores(model, chunks, config, embed, mine, strategy.device)
-    return strategy.sum_across(scores).numpy()
-
-
 def chunk_scores(
     model: torch.nn.Module, chunks: LabelledSoundscapes, config: TrainConfig, embed: Embed,
     positions: list[int] | None = None, device: torch.device = CPU,
 ) -> torch.Tensor:  # fmt: skip
-    """[chunks, classes] float64 cosine scores of the chunks at `positions` (default: all), their windows
-    embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
+    """[chunks, classes] float64 cosine scores of the labelled soundscape chunks at `positions` (default: all),
+    their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0. Computed as the infer
+    notebook's defaults compute a chunk's: windows half a window apart, pooled by the default chunk_pooling."""
     pooling = DEFAULT_CHUNK_POOLING
     hop = chunk_hop(config.window_samples, None, config.sample_rate)
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE, hop)
@@ -180,7 +178,7 @@ def chunk_scores(
     return scores
 
 
-def _score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
+def score_or_nan(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
     try:
         return metrics.score(metric, truth, scores)
     except metrics.MetricError:  # e.g. no class with both positive and negative held-out rows
