@@ -14,6 +14,7 @@ root for /dev and /sys), so tests can describe a Kaggle TPU VM or a T4 x2 box on
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -118,15 +119,8 @@ def parse_tpu_accelerator_type(value: str) -> tuple[str, int] | None:
     return kind, max(1, min(int(int(m.group(2)) * per_unit), per_host))
 
 
-@dataclass(frozen=True)
-class _TpuFiles:
-    devices: int
-    kind: str
-    source: str
-
-
 @functools.cache
-def _scan_tpu_files(root: str) -> _TpuFiles | None:
+def _scan_tpu_files(root: str) -> Topology | None:
     """Count TPU chips from PCI ids, else /dev/accel* (v2-v4), else /dev/vfio/<n> (v5e and later)."""
     chips: dict[str, int] = {}
     for vendor_path in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
@@ -143,17 +137,18 @@ def _scan_tpu_files(root: str) -> _TpuFiles | None:
     if chips:
         device_id, n = max(chips.items(), key=lambda kv: kv[1])
         kind, per_chip = _TPU_PCI_DEVICES[device_id]
-        return _TpuFiles(n * per_chip, kind, f"{n} TPU chip(s) on PCI (device id {device_id})")
+        return Topology("tpu", n * per_chip, kind, True, f"{n} TPU chip(s) on PCI (device id {device_id})")
 
     accel = glob.glob(os.path.join(root, "dev/accel[0-9]*"))
     if accel:
         # /dev/accel* is the v2/v3/v4 driver; Kaggle only ever had v3-8 there: 2 cores per chip file.
-        return _TpuFiles(
-            2 * len(accel), "TPU v3", f"{len(accel)} /dev/accel* files (2 cores each, v3 assumed)"
-        )
+        n = len(accel)
+        return Topology("tpu", 2 * n, "TPU v3", True, f"{n} /dev/accel* files (2 cores each, v3 assumed)")
     vfio = [p for p in glob.glob(os.path.join(root, "dev/vfio/*")) if os.path.basename(p).isdigit()]
     if vfio:
-        return _TpuFiles(len(vfio), "TPU v5e", f"{len(vfio)} /dev/vfio/<n> files (1 core per chip)")
+        return Topology(
+            "tpu", len(vfio), "TPU v5e", True, f"{len(vfio)} /dev/vfio/<n> files (1 core per chip)"
+        )
     return None
 
 
@@ -192,7 +187,7 @@ def _tpu_topology(e: Mapping[str, str], root: str) -> Topology:
         return Topology("tpu", n, kind, True, f"TPU_ACCELERATOR_TYPE={acc_type}")
     files = _scan_tpu_files(root)
     if files:
-        return Topology("tpu", files.devices, files.kind, True, files.source)
+        return files
     signals = [k for k in ("ISTPUVM", "PJRT_DEVICE") if e.get(k)]
     return Topology(
         "tpu",
@@ -248,6 +243,12 @@ def _int_or_none(text: str) -> int | None:
         return None  # "[N/A]" on some virtualised GPUs
 
 
+def _gpu(
+    index: int, uuid: str, name: str, memory_mib: int | None, cc: tuple[int, int] | None
+) -> dict[str, Any]:
+    return {"index": index, "uuid": uuid, "name": name, "memory_mib": memory_mib, "compute_capability": cc}
+
+
 def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
     """Physical GPUs from nvidia-smi (which ignores CUDA_VISIBLE_DEVICES), or None if it is unavailable."""
     for fields in ("index,uuid,name,memory.total,compute_cap", "index,uuid,name,memory.total"):
@@ -264,13 +265,9 @@ def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
             name = row[2].strip()
             cc = _parse_capability(row[4]) if len(row) > 4 else None
             gpus.append(
-                {
-                    "index": int(row[0]),
-                    "uuid": row[1].strip(),
-                    "name": name,
-                    "memory_mib": _int_or_none(row[3]),
-                    "compute_capability": cc or _capability_from_name(name),
-                }
+                _gpu(
+                    int(row[0]), row[1].strip(), name, _int_or_none(row[3]), cc or _capability_from_name(name)
+                )
             )
         return gpus
     return None
@@ -279,10 +276,8 @@ def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
 def _query_pynvml() -> list[dict[str, Any]] | None:
     """Physical GPUs through NVML's Python binding. NVML does not touch the CUDA runtime."""
     try:
-        if importlib.util.find_spec("pynvml") is None:
-            return None
         import pynvml
-    except (ImportError, ValueError):
+    except ImportError:
         return None
 
     try:
@@ -296,24 +291,15 @@ def _query_pynvml() -> list[dict[str, Any]] | None:
             name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
             name = name.decode() if isinstance(name, bytes) else name  # older pynvml returns bytes
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
-            gpus.append(
-                {
-                    "index": i,
-                    "uuid": uuid,
-                    "name": name,
-                    "memory_mib": int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20,
-                    "compute_capability": (int(cc[0]), int(cc[1])),
-                }
-            )
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20
+            gpus.append(_gpu(i, uuid, name, memory_mib, (int(major), int(minor))))
         return gpus
     except Exception:
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 @functools.cache
@@ -368,19 +354,12 @@ def gpu_info(env: Mapping[str, str] | None = None, runner: Runner | None = None)
     elif env is None and _cuda_initialized():
         import torch
 
-        physical = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            physical.append(
-                {
-                    "index": i,
-                    "uuid": str(getattr(p, "uuid", "")),
-                    "name": p.name,
-                    "memory_mib": p.total_memory // 2**20,
-                    "compute_capability": (p.major, p.minor),
-                }
-            )
-        return physical  # torch's ordinals are already the visible ones
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        # torch's ordinals are already the visible ones
+        return [
+            _gpu(i, str(getattr(p, "uuid", "")), p.name, p.total_memory // 2**20, (p.major, p.minor))
+            for i, p in enumerate(props)
+        ]
     else:
         physical = list(_physical_gpus_default())
     return _visible(physical, e.get("CUDA_VISIBLE_DEVICES"))
@@ -399,11 +378,8 @@ def _torch_nvml_count() -> int:
 
 
 def cuda_device_count(env: Mapping[str, str] | None = None, runner: Runner | None = None) -> int:
-    """Number of usable CUDA GPUs, respecting CUDA_VISIBLE_DEVICES, without initialising CUDA."""
-    if env is None and runner is None and _cuda_initialized():
-        import torch
-
-        return torch.cuda.device_count()
+    """Number of usable CUDA GPUs, respecting CUDA_VISIBLE_DEVICES, without initialising CUDA (torch's own
+    count once CUDA is initialised: see gpu_info)."""
     if not _torch_cuda_built():
         return 0
     gpus = gpu_info(env, runner)
@@ -463,15 +439,6 @@ def _positive_int_env(e: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _normalise_accelerator(accelerator: str) -> str:
-    acc = _ALIASES.get(str(accelerator).strip().lower(), str(accelerator).strip().lower())
-    if acc not in ACCELERATORS:
-        raise ValueError(
-            f"accelerator must be one of {', '.join(map(repr, ACCELERATORS))}; got {accelerator!r}"
-        )
-    return acc
-
-
 def detect_topology(
     accelerator: str = "auto",
     devices: int | None = None,
@@ -487,7 +454,12 @@ def detect_topology(
     ``devices`` caps the GPU count (at most what exists); on TPU it must equal the device count (SPMD uses
     them all); on cpu it is the number of gloo processes (up to 4 x os.cpu_count()). ``env``/``runner``/``root`` are for tests.
     """
-    acc = _normalise_accelerator(accelerator)
+    acc = str(accelerator).strip().lower()
+    acc = _ALIASES.get(acc, acc)
+    if acc not in ACCELERATORS:
+        raise ValueError(
+            f"accelerator must be one of {', '.join(map(repr, ACCELERATORS))}; got {accelerator!r}"
+        )
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise ValueError(f"devices must be a positive integer or None; got {devices!r}")
     e = _environ(env)
