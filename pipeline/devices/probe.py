@@ -337,7 +337,8 @@ def _visible(gpus: Sequence[dict[str, Any]], cvd: str | None) -> list[dict[str, 
 
 
 def _cuda_initialized() -> bool:
-    """True if this process already initialised CUDA (then asking torch costs nothing more)."""
+    """True if this process already initialised CUDA (then asking torch costs nothing more). Torch is only
+    asked if already imported: importing it to answer "no" would cost seconds."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
 
