@@ -22,7 +22,6 @@ never imports them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -71,8 +70,8 @@ class XLASpmdStrategy(SingleDevice):
         if self.num_devices != topology.num_devices:
             raise RuntimeError(f"torch_xla sees {self.num_devices} devices but the topology says "
                                f"{topology.num_devices}; check PJRT_DEVICE / TPU_* (or CPU_NUM_DEVICES for the CPU stand-in)")  # fmt: skip
+        # bf16 or fp32 (policy.resolve_precision refuses fp16 on TPU): no loss scaling.
         super().__init__(torch_xla.device(), precision)
-        self.scaler = None  # bf16 needs no loss scaling
         self.devices_per_process = self.num_devices
         self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
         self._frontend: torch.nn.Module | None = None  # host features for validation (training's come ready)
@@ -128,12 +127,6 @@ class XLASpmdStrategy(SingleDevice):
         # statistics; left pending, each buffer read later would compile a graph of its own.
         self._torch_xla.sync()
         return embedded.cpu()[:count]
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        # torch.autocast("xla") works on the CPU backend too; torch_xla.amp.autocast breaks there in 2.9.
-        if self.precision == "bf16":
-            return torch.autocast("xla", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def forward_backward(
         self,
