@@ -181,21 +181,13 @@ def _tpu_topology(e: Mapping[str, str], root: str) -> Topology:
             "device files); set PJRT_DEVICE=CPU (and CPU_NUM_DEVICES) to use torch_xla's CPU stand-in"
         )
     acc_type = e.get("TPU_ACCELERATOR_TYPE", "")
-    parsed = parse_tpu_accelerator_type(acc_type) if acc_type else None
-    if parsed:
-        kind, n = parsed
-        return Topology("tpu", n, kind, True, f"TPU_ACCELERATOR_TYPE={acc_type}")
-    files = _scan_tpu_files(root)
-    if files:
+    if parsed := parse_tpu_accelerator_type(acc_type):
+        return Topology("tpu", parsed[1], parsed[0], True, f"TPU_ACCELERATOR_TYPE={acc_type}")
+    if files := _scan_tpu_files(root):
         return files
-    signals = [k for k in ("ISTPUVM", "PJRT_DEVICE") if e.get(k)]
-    return Topology(
-        "tpu",
-        _DEFAULT_TPU_DEVICES,
-        "TPU",
-        True,
-        f"{', '.join(f'{k}={e[k]}' for k in signals)}; no type or device files, assuming 8 devices",
-    )
+    signals = ", ".join(f"{k}={e[k]}" for k in ("ISTPUVM", "PJRT_DEVICE") if e.get(k))
+    detail = f"{signals}; no type or device files, assuming {_DEFAULT_TPU_DEVICES} devices"
+    return Topology("tpu", _DEFAULT_TPU_DEVICES, "TPU", True, detail)
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
@@ -413,15 +405,10 @@ def _cuda_topology(e: Mapping[str, str] | None, runner: Runner | None, root: str
     bf16 = bool(caps) and len(caps) == n and all(c is not None and c >= (8, 0) for c in caps)
     cap_txt = ", ".join(f"{c[0]}.{c[1]}" if c else "?" for c in caps) or "unknown"
     source = "torch" if (e is None and runner is None and _cuda_initialized()) else "NVML/nvidia-smi"
-    cvd = _environ(e).get("CUDA_VISIBLE_DEVICES")
-    return Topology(
-        "cuda",
-        n,
-        " + ".join(names),
-        bf16,
-        f"{n} GPU(s) via {source}, compute capability {cap_txt}"
-        + (f", CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else ""),
-    )
+    detail = f"{n} GPU(s) via {source}, compute capability {cap_txt}"
+    if (cvd := _environ(e).get("CUDA_VISIBLE_DEVICES")) is not None:
+        detail += f", CUDA_VISIBLE_DEVICES={cvd}"
+    return Topology("cuda", n, " + ".join(names), bf16, detail)
 
 
 # ------------------------------------------------------------------------------------------ topology
@@ -453,7 +440,8 @@ def detect_topology(
     ``auto``: TPU if available, else CUDA if any GPU is visible, else CPU with one device.
     ``tpu`` with ``PJRT_DEVICE=CPU`` is torch_xla's CPU backend with CPU_NUM_DEVICES devices.
     ``devices`` caps the GPU count (at most what exists); on TPU it must equal the device count (SPMD uses
-    them all); on cpu it is the number of gloo processes (up to 4 x os.cpu_count()). ``env``/``runner``/``root`` are for tests.
+    them all); on cpu it is the number of gloo processes (up to 4 x os.cpu_count()).
+    ``env``/``runner``/``root`` are for tests.
     """
     acc = str(accelerator).strip().lower()
     acc = _ALIASES.get(acc, acc)
@@ -472,8 +460,7 @@ def detect_topology(
             acc = "cuda"
         else:
             acc = "cpu"
-            files = nvidia_device_files(root) if _torch_cuda_built() else []
-            if files:
+            if _torch_cuda_built() and (files := nvidia_device_files(root)):
                 warnings.warn(
                     f"GPU device files exist ({', '.join(files[:2])}) but no GPU could be counted: neither "
                     "pynvml, nvidia-smi nor libnvidia-ml answered, and asking CUDA itself would initialise it "
