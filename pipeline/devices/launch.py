@@ -21,6 +21,7 @@ Under torchrun the processes already exist: ``launch`` refuses to spawn again; c
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -119,26 +120,18 @@ def check_worker_importable(
         )
 
 
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """While a child is being started: no main script for spawn to re-import in it."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    if main is not None:
-        main.__dict__.pop("__file__", None)
-        main.__spec__ = None
-    try:
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.update(saved)
-
-
 class _SpawnProcessWithoutMain(multiprocessing.context.SpawnProcess):
     @staticmethod
     def _Popen(process_obj):  # noqa: N802 - multiprocessing's name
-        with _main_module_hidden():
+        # While the child is being started, __main__ has no file or spec: nothing for spawn to re-import.
+        main = sys.modules["__main__"]
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        try:
             return multiprocessing.context.SpawnProcess._Popen(process_obj)
+        finally:
+            main.__dict__.update(saved)
 
 
 class _SpawnWithoutMain(multiprocessing.context.SpawnContext):
@@ -307,6 +300,7 @@ def launch(
     ctx = multiprocessing.get_context(start_method)
     procs: list[multiprocessing.process.BaseProcess] = []
     deadline = None if timeout is None else time.monotonic() + timeout
+    stall_limit = math.inf if stall_timeout is None else stall_timeout
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
         paths = [os.path.join(tmp, f"rank{r}.pkl") for r in range(nprocs)]
         try:
@@ -337,8 +331,9 @@ def launch(
                 )
                 ready = multiprocessing.connection.wait(list(pending), timeout=wait_for)
                 relay.pump()
-                running = sorted(pending.values())
-                if not ready and (stalled := _stalled(running, beats, stall_timeout)):
+                running, now = sorted(pending.values()), time.time()
+                stalled = [r for r in running if now - os.path.getmtime(beats[r]) > stall_limit]
+                if not ready and stalled:
                     raise LaunchTimeout(f"rank(s) {stalled} made no progress for {stall_timeout} s (no heartbeat); "
                                         "all ranks killed")  # fmt: skip
                 if not ready and deadline is not None and time.monotonic() >= deadline:
@@ -353,13 +348,6 @@ def launch(
             return [results[rank] for rank in range(nprocs)]
         finally:
             _kill_all(procs)
-
-
-def _stalled(ranks: list[int], beats: list[str], stall_timeout: float | None) -> list[int]:
-    if stall_timeout is None:
-        return []
-    now = time.time()
-    return sorted(r for r in ranks if now - os.path.getmtime(beats[r]) > stall_timeout)
 
 
 class _OutputRelay:
@@ -381,8 +369,8 @@ class _OutputRelay:
             complete = text.rfind("\n") + 1  # relay whole lines only; the rest comes next time
             if not complete:
                 continue
-            self.offsets[rank] += len(text[:complete].encode("utf-8"))
             lines = text[:complete]
+            self.offsets[rank] += len(lines.encode("utf-8"))
             if rank:
                 lines = "".join(f"[rank {rank}] {line}" for line in lines.splitlines(keepends=True))
             sys.stdout.write(lines)
