@@ -48,8 +48,8 @@ class FlatAdam:
         params = group["params"]
         plain = not any(group.get(flag) for flag in ("amsgrad", "maximize", "differentiable", "fused",
                                                      "decoupled_weight_decay"))  # fmt: skip
-        scalars = not any(isinstance(group[k], torch.Tensor) for k in ("lr", "betas", "eps", "weight_decay"))
-        scalars = scalars and not any(isinstance(beta, torch.Tensor) for beta in group["betas"])
+        values = (group["lr"], *group["betas"], group["eps"], group["weight_decay"])
+        scalars = not any(isinstance(value, torch.Tensor) for value in values)
         uniform = len({(p.dtype, p.device) for p in params}) == 1 and params[0].dtype == torch.float32
         return bool(params) and plain and scalars and uniform
 

@@ -22,7 +22,6 @@ import glob
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import warnings
@@ -216,15 +215,8 @@ def _capability_from_name(name: str) -> tuple[int, int] | None:
     return None
 
 
-def _parse_capability(text: str) -> tuple[int, int] | None:
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def run_command(argv: Sequence[str]) -> str:
     """Default runner: run argv, return stdout (FileNotFoundError if the binary is missing)."""
-    if shutil.which(argv[0]) is None:
-        raise FileNotFoundError(argv[0])
     return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=20).stdout
 
 
@@ -255,7 +247,8 @@ def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
             if not row or not row[0].strip().isdigit():
                 continue
             name = row[2].strip()
-            cc = _parse_capability(row[4]) if len(row) > 4 else None
+            m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", row[4]) if len(row) > 4 else None
+            cc = (int(m.group(1)), int(m.group(2))) if m else None
             gpus.append(
                 _gpu(
                     int(row[0]), row[1].strip(), name, _int_or_none(row[3]), cc or _capability_from_name(name)

@@ -13,7 +13,7 @@ The host traces the step again at every step (lazy tensors) and pays per operati
 on a TPU the chips wait for it unless the per-device batch is large (benchmarks/xla_step.py). Three remedies
 keep that trace short without changing the arithmetic: the forward, loss and backward traced once per input
 shape into one XLA computation that each step calls (xla_traced.py), functionalization off
-(TRACE_ENVIRONMENT), and Adam with gradient clipping on one flat vector (flat_adam.py; the weight average does
+(XLASpmdStrategy.__init__), and Adam with gradient clipping on one flat vector (flat_adam.py; the weight average does
 the same in ema.py).
 
 This module and xla_traced.py (imported only from here) are the only ones that import torch_xla; inference
@@ -35,13 +35,6 @@ from .probe import Topology
 from .strategy import SingleDevice
 from .xla_traced import NotTraceable, TracedGradients
 
-# torch_xla wraps every XLA tensor for PyTorch's functionalization pass, which replays views and mutations
-# at each operation: about half of the host's trace of this training step (benchmarks/xla_step.py). Turning
-# it off is torch_xla's own switch (2.7-2.9 and after; upstream runs its operator tests with it, and its
-# TorchBench runs default to it). Read at each operation, so it must be in place before this process makes its
-# first XLA tensor; a value already set (to "0" to compare) is kept.
-TRACE_ENVIRONMENT = {"XLA_DISABLE_FUNCTIONALIZATION": "1"}
-
 
 class XLASpmdStrategy(SingleDevice):
     name = "xla-spmd"
@@ -57,8 +50,13 @@ class XLASpmdStrategy(SingleDevice):
     trace_once = True
 
     def __init__(self, topology: Topology, precision: str) -> None:
-        for name, value in TRACE_ENVIRONMENT.items():
-            os.environ.setdefault(name, value)
+        # torch_xla wraps every XLA tensor for PyTorch's functionalization pass, which replays views and
+        # mutations at each operation: about half of the host's trace of this training step
+        # (benchmarks/xla_step.py). Turning it off is torch_xla's own switch (2.7-2.9 and after; upstream runs
+        # its operator tests with it, and its TorchBench runs default to it). Read at each operation, so it must
+        # be in place before this process makes its first XLA tensor; a value already set (to "0" to compare)
+        # is kept.
+        os.environ.setdefault("XLA_DISABLE_FUNCTIONALIZATION", "1")
         import torch_xla  # TF_CPP_MIN_LOG_LEVEL was set when pipeline.devices was imported
         import torch_xla.debug.metrics as met
         import torch_xla.distributed.spmd as xs
@@ -229,16 +227,10 @@ class _ErrorKeeping:
         self.error: BaseException | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
         try:
-            return next(self._batches)
-        except StopIteration:
-            raise
+            yield from self._batches
         except BaseException as error:
             self.error = error
-            raise StopIteration from error
 
     def __len__(self) -> int:  # ParallelLoader asks; the count only sizes its progress, not correctness
         return 0
