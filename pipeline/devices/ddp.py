@@ -143,6 +143,3 @@ def _native_stdout_silenced():
     finally:
         os.dup2(saved, 1)
         os.close(saved)
-
-
-__all__ = ["DDPStrategy", "ddp_entry", "launch_ddp", "rank_device"]

@@ -49,7 +49,7 @@ class HardwarePlan:
 
     def describe(self) -> str:
         return (f"{describe_topology(self.topology)}. {self.batch.describe()}; {self.precision}; model "
-                f"'{self.model_size}'; input pipeline: {plural(self.loader_workers, 'worker process', 'worker processes')}"
+                f"'{self.model_size}'; input pipeline: {plural(self.loader_workers, 'worker process')}"
                 + (" per rank" if self.strategy == "ddp" else ""))  # fmt: skip
 
 
@@ -80,13 +80,12 @@ def session_topology(
 
 def describe_topology(topology: Topology) -> str:
     many = topology.num_devices > 1
-    how, *unit = {
-        "tpu": ("XLA SPMD" if many else "XLA", "XLA device", "XLA devices"),
-        "cuda": ("DDP" if many else "single GPU", "GPU", "GPUs"),
-        "cpu": ("gloo DDP" if many else "eager", "CPU process", "CPU processes"),
+    how, unit = {
+        "tpu": ("XLA SPMD" if many else "XLA", "XLA device"),
+        "cuda": ("DDP" if many else "single GPU", "GPU"),
+        "cpu": ("gloo DDP" if many else "eager", "CPU process"),
     }[topology.accelerator]
-    count = plural(topology.num_devices, *unit)
-    return f"{topology.accelerator.upper()}: {count} ({how}, {topology.device_kind})"
+    return f"{topology.accelerator.upper()}: {plural(topology.num_devices, unit)} ({how}, {topology.device_kind})"
 
 
 def resolve_precision(requested: str, topology: Topology) -> str:
