@@ -120,7 +120,7 @@ class FlatAdam:
         state.clear()  # one owner at a time: the flat vectors now
 
     def _per_parameter_state(self, device: torch.device | str) -> list[dict[str, torch.Tensor]]:
-        """The flat moments as torch's per-parameter state (a float step on the CPU), the moments on `device`."""
+        """The flat moments as torch's per-parameter state: moments on `device`, a float step on the CPU."""
         averages = unflatten(self.exp_avg.detach().to(device), self.params)
         squares = unflatten(self.exp_avg_sq.detach().to(device), self.params)
         return [

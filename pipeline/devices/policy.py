@@ -85,7 +85,8 @@ def describe_topology(topology: Topology) -> str:
         "cuda": ("DDP" if many else "single GPU", "GPU"),
         "cpu": ("gloo DDP" if many else "eager", "CPU process"),
     }[topology.accelerator]
-    return f"{topology.accelerator.upper()}: {plural(topology.num_devices, unit)} ({how}, {topology.device_kind})"
+    count = plural(topology.num_devices, unit)
+    return f"{topology.accelerator.upper()}: {count} ({how}, {topology.device_kind})"
 
 
 def resolve_precision(requested: str, topology: Topology) -> str:

@@ -83,8 +83,8 @@ def cgroup_cpu_limit(
 def available_cores(
     cgroup_root: str | Path = CGROUP_ROOT, self_cgroup: str | Path = SELF_CGROUP, affinity: int | None = None
 ) -> int:
-    """Cores this session can keep busy: the affinity mask (`affinity`, default this process's; os.cpu_count()
-    where there is none), capped by the cgroup CPU quota rounded down (a 1.5-CPU quota gives 1), at least 1."""
+    """Cores this session can keep busy: the affinity mask (`affinity`, default this process's; else
+    os.cpu_count()), capped by the cgroup CPU quota rounded down (a 1.5-CPU quota gives 1), at least 1."""
     cores = affinity
     if cores is None:
         try:

@@ -55,9 +55,8 @@ class TracedGradients:
         trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
         frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
         buffers = dict(model.named_buffers())
-        self.params = list(
-            trainable.values()
-        )  # the flat gradient's order: model.parameters(), trainable ones
+        # The flat gradient's order: model.parameters(), the trainable ones.
+        self.params = list(trainable.values())
         self.buffers = list(buffers.values())
         self._state = {**trainable, **frozen, **buffers}  # the step's inputs after the batch, by name
         self._traced: dict[tuple, _Traced] = {}
