@@ -334,7 +334,6 @@ def gpu_info(env: Mapping[str, str] | None = None, runner: Runner | None = None)
     Sources, none of which initialise CUDA: torch itself if CUDA is already initialised, else pynvml,
     else ``nvidia-smi``. ``runner`` replaces the nvidia-smi call (and skips the others) for tests.
     """
-    e = _environ(env)
     if runner is not None:
         physical = _query_nvidia_smi(runner) or []
     elif env is None and _cuda_initialized():
@@ -348,7 +347,7 @@ def gpu_info(env: Mapping[str, str] | None = None, runner: Runner | None = None)
         ]
     else:
         physical = list(_physical_gpus_default())
-    return _visible(physical, e.get("CUDA_VISIBLE_DEVICES"))
+    return _visible(physical, _environ(env).get("CUDA_VISIBLE_DEVICES"))
 
 
 def _torch_nvml_count() -> int:
