@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -133,8 +134,6 @@ def ddp_entry(
 def _native_stdout_silenced():
     """File descriptor 1 pointed at /dev/null for the duration (native code writes there, past sys.stdout);
     errors still arrive as exceptions and on stderr."""
-    import sys
-
     sys.stdout.flush()
     saved = os.dup(1)
     try:
@@ -144,6 +143,3 @@ def _native_stdout_silenced():
     finally:
         os.dup2(saved, 1)
         os.close(saved)
-
-
-__all__ = ["DDPStrategy", "ddp_entry", "launch_ddp", "rank_device"]

@@ -48,8 +48,8 @@ class FlatAdam:
         params = group["params"]
         plain = not any(group.get(flag) for flag in ("amsgrad", "maximize", "differentiable", "fused",
                                                      "decoupled_weight_decay"))  # fmt: skip
-        scalars = not any(isinstance(group[k], torch.Tensor) for k in ("lr", "betas", "eps", "weight_decay"))
-        scalars = scalars and not any(isinstance(beta, torch.Tensor) for beta in group["betas"])
+        values = (group["lr"], *group["betas"], group["eps"], group["weight_decay"])
+        scalars = not any(isinstance(value, torch.Tensor) for value in values)
         uniform = len({(p.dtype, p.device) for p in params}) == 1 and params[0].dtype == torch.float32
         return bool(params) and plain and scalars and uniform
 
@@ -119,27 +119,30 @@ class FlatAdam:
         self.steps = int(float(state[self.params[0]]["step"]))
         state.clear()  # one owner at a time: the flat vectors now
 
+    def _per_parameter_state(self, device: torch.device | str) -> list[dict[str, torch.Tensor]]:
+        """The flat moments as torch's per-parameter state: moments on `device`, a float step on the CPU."""
+        averages = unflatten(self.exp_avg.detach().to(device), self.params)
+        squares = unflatten(self.exp_avg_sq.detach().to(device), self.params)
+        return [
+            {"step": torch.tensor(float(self.steps)), "exp_avg": avg.clone(), "exp_avg_sq": sq.clone()}
+            for avg, sq in zip(averages, squares, strict=True)
+        ]
+
     def _hand_back(self) -> None:
-        """Give the moments back to torch's per-parameter state (torch's format: a float step on the CPU)."""
+        """Give the moments back to torch's per-parameter state."""
         if self.exp_avg is None or self.exp_avg_sq is None:
             return
-        averages, squares = unflatten(self.exp_avg, self.params), unflatten(self.exp_avg_sq, self.params)
-        for p, exp_avg, exp_avg_sq in zip(self.params, averages, squares, strict=True):
-            self.optimizer.state[p] = {"step": torch.tensor(float(self.steps)), "exp_avg": exp_avg.clone(),
-                                       "exp_avg_sq": exp_avg_sq.clone()}  # fmt: skip
+        self.optimizer.state.update(
+            zip(self.params, self._per_parameter_state(self.exp_avg.device), strict=True)
+        )
         self.exp_avg = self.exp_avg_sq = None
 
     def _complete_state_dict(self, optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
         """torch's state_dict() with the flat moments as its per-parameter state, read to the host in one
         transfer each and split there: reading each parameter's slice on the device would compile a graph
         per slice on XLA."""
-        if self.exp_avg is None or self.exp_avg_sq is None:
-            return state_dict
-        averages = unflatten(self.exp_avg.detach().to("cpu"), self.params)
-        squares = unflatten(self.exp_avg_sq.detach().to("cpu"), self.params)
-        for index, (exp_avg, exp_avg_sq) in enumerate(zip(averages, squares, strict=True)):
-            state_dict["state"][index] = {"step": torch.tensor(float(self.steps)), "exp_avg": exp_avg.clone(),
-                                          "exp_avg_sq": exp_avg_sq.clone()}  # fmt: skip
+        if self.exp_avg is not None and self.exp_avg_sq is not None:
+            state_dict["state"].update(enumerate(self._per_parameter_state("cpu")))
         return state_dict
 
 

@@ -21,6 +21,7 @@ Under torchrun the processes already exist: ``launch`` refuses to spawn again; c
 from __future__ import annotations
 
 import contextlib
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -38,8 +39,10 @@ from types import ModuleType
 from typing import Any
 
 from ..core.progress import HEARTBEAT_VARIABLE as _HEARTBEAT  # workers touch it through progress.heartbeat()
+from .probe import _cuda_initialized
 
 _KILL_GRACE_SECONDS = 3.0
+RELAY_INTERVAL = 0.5  # seconds between copies of the children's output to ours
 _TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _CHILD_MARKER = "PIPELINE_LAUNCH_CHILD"  # set in every child so a nested launch() is caught
 
@@ -73,12 +76,6 @@ def running_under_torchrun(env: Mapping[str, str] | None = None) -> bool:
     return all(e.get(k) not in (None, "") for k in _TORCHRUN_VARS)
 
 
-def _cuda_is_initialized() -> bool:
-    # Only ask torch if it is already imported: importing it just to answer "no" would waste seconds.
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
-
-
 def check_start_method(start_method: str, cuda_initialized: Callable[[], bool] | None = None) -> None:
     """Raise LaunchError for an unknown start method, or for ``fork`` once CUDA is initialised."""
     if start_method not in multiprocessing.get_all_start_methods():
@@ -86,7 +83,7 @@ def check_start_method(start_method: str, cuda_initialized: Callable[[], bool] |
             f"start_method={start_method!r} is not available here; "
             f"choose from {multiprocessing.get_all_start_methods()} (spawn is the default)"
         )
-    if start_method == "fork" and (cuda_initialized or _cuda_is_initialized)():
+    if start_method == "fork" and (cuda_initialized or _cuda_initialized)():
         raise LaunchError(
             "start_method='fork' after CUDA was initialised in this process: forked children fail with "
             "\"RuntimeError: Cannot re-initialize CUDA in forked subprocess\". Use start_method='spawn' "
@@ -123,26 +120,18 @@ def check_worker_importable(
         )
 
 
-@contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """While a child is being started: no main script for spawn to re-import in it."""
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if main is not None and k in main.__dict__}
-    if main is not None:
-        main.__dict__.pop("__file__", None)
-        main.__spec__ = None
-    try:
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.update(saved)
-
-
 class _SpawnProcessWithoutMain(multiprocessing.context.SpawnProcess):
     @staticmethod
     def _Popen(process_obj):  # noqa: N802 - multiprocessing's name
-        with _main_module_hidden():
+        # While the child is being started, __main__ has no file or spec: nothing for spawn to re-import.
+        main = sys.modules["__main__"]
+        saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+        main.__dict__.pop("__file__", None)
+        main.__spec__ = None
+        try:
             return multiprocessing.context.SpawnProcess._Popen(process_obj)
+        finally:
+            main.__dict__.update(saved)
 
 
 class _SpawnWithoutMain(multiprocessing.context.SpawnContext):
@@ -252,24 +241,6 @@ def _describe_exit(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _read_outcome(path: str) -> tuple[str, Any] | None:
-    try:
-        with open(path, "rb") as f:
-            return pickle.load(f)
-    except FileNotFoundError:
-        return None
-
-
-def _run_in_process(worker: Callable[..., Any], args: tuple, env_updates: dict[str, str]) -> list[Any]:
-    with _patched_environ(env_updates):
-        try:
-            return [worker(0, 1, *args)]
-        except Exception as exc:
-            raise WorkerFailed(
-                0, f"rank 0 failed: {type(exc).__name__}: {exc}", traceback.format_exc()
-            ) from exc
-
-
 def launch(
     worker: Callable[..., Any],
     nprocs: int,
@@ -285,8 +256,9 @@ def launch(
 
     ``env`` adds variables to every rank (e.g. CUDA_VISIBLE_DEVICES, PJRT_DEVICE). ``timeout`` (seconds)
     bounds the whole run; ``stall_timeout`` bounds the time between two ``heartbeat()`` calls of a rank (a
-    hung GPU stops one rank's progress long before any total time limit would notice). ``nprocs == 1`` runs in this process. ``cuda_initialized`` replaces the
-    ``torch.cuda.is_initialized`` check (tests). Raises LaunchError (refused), WorkerFailed, LaunchTimeout.
+    hung GPU stops one rank's progress long before any total time limit would notice). ``nprocs == 1`` runs
+    in this process. ``cuda_initialized`` replaces the ``torch.cuda.is_initialized`` check (tests).
+    Raises LaunchError (refused), WorkerFailed, LaunchTimeout.
     """
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise LaunchError(f"nprocs must be an integer >= 1; got {nprocs!r}")
@@ -313,7 +285,12 @@ def launch(
         **(env or {}),
     }
     if nprocs == 1:
-        return _run_in_process(worker, args, {**base_env, "RANK": "0", "LOCAL_RANK": "0"})
+        with _patched_environ({**base_env, "RANK": "0", "LOCAL_RANK": "0"}):
+            try:
+                return [worker(0, 1, *args)]
+            except Exception as exc:
+                summary = f"{type(exc).__name__}: {exc}"
+                raise WorkerFailed(0, f"rank 0 failed: {summary}", traceback.format_exc()) from exc
 
     try:
         payload = pickle.dumps((worker, tuple(args)))
@@ -323,6 +300,7 @@ def launch(
     ctx = multiprocessing.get_context(start_method)
     procs: list[multiprocessing.process.BaseProcess] = []
     deadline = None if timeout is None else time.monotonic() + timeout
+    stall_limit = math.inf if stall_timeout is None else stall_timeout
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
         paths = [os.path.join(tmp, f"rank{r}.pkl") for r in range(nprocs)]
         try:
@@ -353,14 +331,12 @@ def launch(
                 )
                 ready = multiprocessing.connection.wait(list(pending), timeout=wait_for)
                 relay.pump()
-                stalled = _stalled([r for r in pending.values()], beats, stall_timeout)
-                if stalled and not ready:
+                running, now = sorted(pending.values()), time.time()
+                stalled = [r for r in running if now - os.path.getmtime(beats[r]) > stall_limit]
+                if not ready and stalled:
                     raise LaunchTimeout(f"rank(s) {stalled} made no progress for {stall_timeout} s (no heartbeat); "
                                         "all ranks killed")  # fmt: skip
-                if not ready and (deadline is None or time.monotonic() < deadline):
-                    continue
-                if not ready:
-                    running = sorted(pending.values())
+                if not ready and deadline is not None and time.monotonic() >= deadline:
                     raise LaunchTimeout(
                         f"timeout after {timeout} s with rank(s) {running} still running; all ranks killed"
                     )
@@ -368,20 +344,10 @@ def launch(
                     rank = pending.pop(sentinel)
                     procs[rank].join()
                     relay.pump()
-                    results[rank] = _result_or_raise(rank, procs[rank].exitcode, _read_outcome(paths[rank]))
+                    results[rank] = _result_or_raise(rank, procs[rank].exitcode, paths[rank])
             return [results[rank] for rank in range(nprocs)]
         finally:
             _kill_all(procs)
-
-
-RELAY_INTERVAL = 0.5  # seconds between copies of the children's output to ours
-
-
-def _stalled(ranks: list[int], beats: list[str], stall_timeout: float | None) -> list[int]:
-    if stall_timeout is None:
-        return []
-    now = time.time()
-    return sorted(r for r in ranks if now - os.path.getmtime(beats[r]) > stall_timeout)
 
 
 class _OutputRelay:
@@ -403,15 +369,21 @@ class _OutputRelay:
             complete = text.rfind("\n") + 1  # relay whole lines only; the rest comes next time
             if not complete:
                 continue
-            self.offsets[rank] += len(text[:complete].encode("utf-8"))
             lines = text[:complete]
+            self.offsets[rank] += len(lines.encode("utf-8"))
             if rank:
                 lines = "".join(f"[rank {rank}] {line}" for line in lines.splitlines(keepends=True))
             sys.stdout.write(lines)
             sys.stdout.flush()
 
 
-def _result_or_raise(rank: int, exitcode: int | None, outcome: tuple[str, Any] | None) -> Any:
+def _result_or_raise(rank: int, exitcode: int | None, path: str) -> Any:
+    """The rank's return value from its result file, or WorkerFailed with its traceback or exit status."""
+    try:
+        with open(path, "rb") as f:
+            outcome = pickle.load(f)
+    except FileNotFoundError:
+        outcome = None
     if outcome is not None and outcome[0] == "error":
         summary, tb = outcome[1]
         raise WorkerFailed(

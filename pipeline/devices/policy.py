@@ -49,7 +49,7 @@ class HardwarePlan:
 
     def describe(self) -> str:
         return (f"{describe_topology(self.topology)}. {self.batch.describe()}; {self.precision}; model "
-                f"'{self.model_size}'; input pipeline: {plural(self.loader_workers, 'worker process', 'worker processes')}"
+                f"'{self.model_size}'; input pipeline: {plural(self.loader_workers, 'worker process')}"
                 + (" per rank" if self.strategy == "ddp" else ""))  # fmt: skip
 
 
@@ -68,9 +68,8 @@ def session_topology(
         raise ConfigError(f"parameter devices={config.devices} but torchrun started WORLD_SIZE={world} "
                           "processes; leave devices unset under torchrun")  # fmt: skip
     here = detect_topology(config.accelerator, None, env=env, runner=runner)
-    if here.accelerator == "cuda" and here.num_devices == 1:
-        pass  # the scheduler gave each process its own GPU (CUDA_VISIBLE_DEVICES per process, e.g. SLURM)
-    elif here.accelerator == "cuda" and here.num_devices < local:
+    # One visible GPU: the scheduler gave each process its own (CUDA_VISIBLE_DEVICES per process, e.g. SLURM).
+    if here.accelerator == "cuda" and 1 < here.num_devices < local:
         raise ConfigError(f"torchrun started {local} processes on this node (LOCAL_WORLD_SIZE) but only "
                           f"{here.num_devices} GPU(s) are visible ({here.detail}); use --nproc_per_node "
                           f"{here.num_devices}")  # fmt: skip
@@ -80,14 +79,13 @@ def session_topology(
 
 
 def describe_topology(topology: Topology) -> str:
-    how = {"tpu": "XLA SPMD" if topology.num_devices > 1 else "XLA", "cuda": "DDP" if topology.num_devices > 1
-           else "single GPU", "cpu": "gloo DDP" if topology.num_devices > 1 else "eager"}[topology.accelerator]  # fmt: skip
-    unit = {
-        "tpu": ("XLA device", "XLA devices"),
-        "cuda": ("GPU", "GPUs"),
-        "cpu": ("CPU process", "CPU processes"),
-    }
-    count = plural(topology.num_devices, *unit[topology.accelerator])
+    many = topology.num_devices > 1
+    how, unit = {
+        "tpu": ("XLA SPMD" if many else "XLA", "XLA device"),
+        "cuda": ("DDP" if many else "single GPU", "GPU"),
+        "cpu": ("gloo DDP" if many else "eager", "CPU process"),
+    }[topology.accelerator]
+    count = plural(topology.num_devices, unit)
     return f"{topology.accelerator.upper()}: {count} ({how}, {topology.device_kind})"
 
 
@@ -126,8 +124,7 @@ def loader_workers(requested: int | None, topology: Topology, cpus: int | None =
     cpus = cpus or len(os.sched_getaffinity(0))
     if topology.accelerator == "tpu":
         return max(1, min(MAX_TPU_WORKERS, cpus - 2))
-    processes = topology.num_devices
-    return max(1, min(4, cpus // processes - 1))
+    return max(1, min(4, cpus // topology.num_devices - 1))
 
 
 def auto_per_device_batch(topology: Topology, train_rows: int | None = None) -> int:

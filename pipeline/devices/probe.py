@@ -14,6 +14,7 @@ root for /dev and /sys), so tests can describe a Kaggle TPU VM or a T4 x2 box on
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import functools
@@ -21,7 +22,6 @@ import glob
 import importlib.util
 import os
 import re
-import shutil
 import subprocess
 import sys
 import warnings
@@ -118,15 +118,8 @@ def parse_tpu_accelerator_type(value: str) -> tuple[str, int] | None:
     return kind, max(1, min(int(int(m.group(2)) * per_unit), per_host))
 
 
-@dataclass(frozen=True)
-class _TpuFiles:
-    devices: int
-    kind: str
-    source: str
-
-
 @functools.cache
-def _scan_tpu_files(root: str) -> _TpuFiles | None:
+def _scan_tpu_files(root: str) -> Topology | None:
     """Count TPU chips from PCI ids, else /dev/accel* (v2-v4), else /dev/vfio/<n> (v5e and later)."""
     chips: dict[str, int] = {}
     for vendor_path in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
@@ -143,17 +136,18 @@ def _scan_tpu_files(root: str) -> _TpuFiles | None:
     if chips:
         device_id, n = max(chips.items(), key=lambda kv: kv[1])
         kind, per_chip = _TPU_PCI_DEVICES[device_id]
-        return _TpuFiles(n * per_chip, kind, f"{n} TPU chip(s) on PCI (device id {device_id})")
+        return Topology("tpu", n * per_chip, kind, True, f"{n} TPU chip(s) on PCI (device id {device_id})")
 
     accel = glob.glob(os.path.join(root, "dev/accel[0-9]*"))
     if accel:
         # /dev/accel* is the v2/v3/v4 driver; Kaggle only ever had v3-8 there: 2 cores per chip file.
-        return _TpuFiles(
-            2 * len(accel), "TPU v3", f"{len(accel)} /dev/accel* files (2 cores each, v3 assumed)"
-        )
+        n = len(accel)
+        return Topology("tpu", 2 * n, "TPU v3", True, f"{n} /dev/accel* files (2 cores each, v3 assumed)")
     vfio = [p for p in glob.glob(os.path.join(root, "dev/vfio/*")) if os.path.basename(p).isdigit()]
     if vfio:
-        return _TpuFiles(len(vfio), "TPU v5e", f"{len(vfio)} /dev/vfio/<n> files (1 core per chip)")
+        return Topology(
+            "tpu", len(vfio), "TPU v5e", True, f"{len(vfio)} /dev/vfio/<n> files (1 core per chip)"
+        )
     return None
 
 
@@ -186,21 +180,13 @@ def _tpu_topology(e: Mapping[str, str], root: str) -> Topology:
             "device files); set PJRT_DEVICE=CPU (and CPU_NUM_DEVICES) to use torch_xla's CPU stand-in"
         )
     acc_type = e.get("TPU_ACCELERATOR_TYPE", "")
-    parsed = parse_tpu_accelerator_type(acc_type) if acc_type else None
-    if parsed:
-        kind, n = parsed
-        return Topology("tpu", n, kind, True, f"TPU_ACCELERATOR_TYPE={acc_type}")
-    files = _scan_tpu_files(root)
-    if files:
-        return Topology("tpu", files.devices, files.kind, True, files.source)
-    signals = [k for k in ("ISTPUVM", "PJRT_DEVICE") if e.get(k)]
-    return Topology(
-        "tpu",
-        _DEFAULT_TPU_DEVICES,
-        "TPU",
-        True,
-        f"{', '.join(f'{k}={e[k]}' for k in signals)}; no type or device files, assuming 8 devices",
-    )
+    if parsed := parse_tpu_accelerator_type(acc_type):
+        return Topology("tpu", parsed[1], parsed[0], True, f"TPU_ACCELERATOR_TYPE={acc_type}")
+    if files := _scan_tpu_files(root):
+        return files
+    signals = ", ".join(f"{k}={e[k]}" for k in ("ISTPUVM", "PJRT_DEVICE") if e.get(k))
+    detail = f"{signals}; no type or device files, assuming {_DEFAULT_TPU_DEVICES} devices"
+    return Topology("tpu", _DEFAULT_TPU_DEVICES, "TPU", True, detail)
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
@@ -229,15 +215,8 @@ def _capability_from_name(name: str) -> tuple[int, int] | None:
     return None
 
 
-def _parse_capability(text: str) -> tuple[int, int] | None:
-    m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text)
-    return (int(m.group(1)), int(m.group(2))) if m else None
-
-
 def run_command(argv: Sequence[str]) -> str:
     """Default runner: run argv, return stdout (FileNotFoundError if the binary is missing)."""
-    if shutil.which(argv[0]) is None:
-        raise FileNotFoundError(argv[0])
     return subprocess.run(list(argv), capture_output=True, text=True, check=True, timeout=20).stdout
 
 
@@ -246,6 +225,12 @@ def _int_or_none(text: str) -> int | None:
         return int(float(text))
     except ValueError:
         return None  # "[N/A]" on some virtualised GPUs
+
+
+def _gpu(
+    index: int, uuid: str, name: str, memory_mib: int | None, cc: tuple[int, int] | None
+) -> dict[str, Any]:
+    return {"index": index, "uuid": uuid, "name": name, "memory_mib": memory_mib, "compute_capability": cc}
 
 
 def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
@@ -262,15 +247,12 @@ def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
             if not row or not row[0].strip().isdigit():
                 continue
             name = row[2].strip()
-            cc = _parse_capability(row[4]) if len(row) > 4 else None
+            m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", row[4]) if len(row) > 4 else None
+            cc = (int(m.group(1)), int(m.group(2))) if m else None
             gpus.append(
-                {
-                    "index": int(row[0]),
-                    "uuid": row[1].strip(),
-                    "name": name,
-                    "memory_mib": _int_or_none(row[3]),
-                    "compute_capability": cc or _capability_from_name(name),
-                }
+                _gpu(
+                    int(row[0]), row[1].strip(), name, _int_or_none(row[3]), cc or _capability_from_name(name)
+                )
             )
         return gpus
     return None
@@ -279,10 +261,8 @@ def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
 def _query_pynvml() -> list[dict[str, Any]] | None:
     """Physical GPUs through NVML's Python binding. NVML does not touch the CUDA runtime."""
     try:
-        if importlib.util.find_spec("pynvml") is None:
-            return None
         import pynvml
-    except (ImportError, ValueError):
+    except ImportError:
         return None
 
     try:
@@ -296,24 +276,15 @@ def _query_pynvml() -> list[dict[str, Any]] | None:
             name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
             name = name.decode() if isinstance(name, bytes) else name  # older pynvml returns bytes
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            cc = tuple(pynvml.nvmlDeviceGetCudaComputeCapability(h))
-            gpus.append(
-                {
-                    "index": i,
-                    "uuid": uuid,
-                    "name": name,
-                    "memory_mib": int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20,
-                    "compute_capability": (int(cc[0]), int(cc[1])),
-                }
-            )
+            major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
+            memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20
+            gpus.append(_gpu(i, uuid, name, memory_mib, (int(major), int(minor))))
         return gpus
     except Exception:
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 @functools.cache
@@ -351,7 +322,8 @@ def _visible(gpus: Sequence[dict[str, Any]], cvd: str | None) -> list[dict[str, 
 
 
 def _cuda_initialized() -> bool:
-    """True if this process already initialised CUDA (then asking torch costs nothing more)."""
+    """True if this process already initialised CUDA (then asking torch costs nothing more). Torch is only
+    asked if already imported: importing it to answer "no" would cost seconds."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
 
@@ -362,28 +334,20 @@ def gpu_info(env: Mapping[str, str] | None = None, runner: Runner | None = None)
     Sources, none of which initialise CUDA: torch itself if CUDA is already initialised, else pynvml,
     else ``nvidia-smi``. ``runner`` replaces the nvidia-smi call (and skips the others) for tests.
     """
-    e = _environ(env)
     if runner is not None:
         physical = _query_nvidia_smi(runner) or []
     elif env is None and _cuda_initialized():
         import torch
 
-        physical = []
-        for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            physical.append(
-                {
-                    "index": i,
-                    "uuid": str(getattr(p, "uuid", "")),
-                    "name": p.name,
-                    "memory_mib": p.total_memory // 2**20,
-                    "compute_capability": (p.major, p.minor),
-                }
-            )
-        return physical  # torch's ordinals are already the visible ones
+        props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
+        # torch's ordinals are already the visible ones
+        return [
+            _gpu(i, str(getattr(p, "uuid", "")), p.name, p.total_memory // 2**20, (p.major, p.minor))
+            for i, p in enumerate(props)
+        ]
     else:
         physical = list(_physical_gpus_default())
-    return _visible(physical, e.get("CUDA_VISIBLE_DEVICES"))
+    return _visible(physical, _environ(env).get("CUDA_VISIBLE_DEVICES"))
 
 
 def _torch_nvml_count() -> int:
@@ -399,11 +363,8 @@ def _torch_nvml_count() -> int:
 
 
 def cuda_device_count(env: Mapping[str, str] | None = None, runner: Runner | None = None) -> int:
-    """Number of usable CUDA GPUs, respecting CUDA_VISIBLE_DEVICES, without initialising CUDA."""
-    if env is None and runner is None and _cuda_initialized():
-        import torch
-
-        return torch.cuda.device_count()
+    """Number of usable CUDA GPUs, respecting CUDA_VISIBLE_DEVICES, without initialising CUDA (torch's own
+    count once CUDA is initialised: see gpu_info)."""
     if not _torch_cuda_built():
         return 0
     gpus = gpu_info(env, runner)
@@ -436,15 +397,10 @@ def _cuda_topology(e: Mapping[str, str] | None, runner: Runner | None, root: str
     bf16 = bool(caps) and len(caps) == n and all(c is not None and c >= (8, 0) for c in caps)
     cap_txt = ", ".join(f"{c[0]}.{c[1]}" if c else "?" for c in caps) or "unknown"
     source = "torch" if (e is None and runner is None and _cuda_initialized()) else "NVML/nvidia-smi"
-    cvd = _environ(e).get("CUDA_VISIBLE_DEVICES")
-    return Topology(
-        "cuda",
-        n,
-        " + ".join(names),
-        bf16,
-        f"{n} GPU(s) via {source}, compute capability {cap_txt}"
-        + (f", CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else ""),
-    )
+    detail = f"{n} GPU(s) via {source}, compute capability {cap_txt}"
+    if (cvd := _environ(e).get("CUDA_VISIBLE_DEVICES")) is not None:
+        detail += f", CUDA_VISIBLE_DEVICES={cvd}"
+    return Topology("cuda", n, " + ".join(names), bf16, detail)
 
 
 # ------------------------------------------------------------------------------------------ topology
@@ -463,15 +419,6 @@ def _positive_int_env(e: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _normalise_accelerator(accelerator: str) -> str:
-    acc = _ALIASES.get(str(accelerator).strip().lower(), str(accelerator).strip().lower())
-    if acc not in ACCELERATORS:
-        raise ValueError(
-            f"accelerator must be one of {', '.join(map(repr, ACCELERATORS))}; got {accelerator!r}"
-        )
-    return acc
-
-
 def detect_topology(
     accelerator: str = "auto",
     devices: int | None = None,
@@ -485,9 +432,15 @@ def detect_topology(
     ``auto``: TPU if available, else CUDA if any GPU is visible, else CPU with one device.
     ``tpu`` with ``PJRT_DEVICE=CPU`` is torch_xla's CPU backend with CPU_NUM_DEVICES devices.
     ``devices`` caps the GPU count (at most what exists); on TPU it must equal the device count (SPMD uses
-    them all); on cpu it is the number of gloo processes (up to 4 x os.cpu_count()). ``env``/``runner``/``root`` are for tests.
+    them all); on cpu it is the number of gloo processes (up to 4 x os.cpu_count()).
+    ``env``/``runner``/``root`` are for tests.
     """
-    acc = _normalise_accelerator(accelerator)
+    acc = str(accelerator).strip().lower()
+    acc = _ALIASES.get(acc, acc)
+    if acc not in ACCELERATORS:
+        raise ValueError(
+            f"accelerator must be one of {', '.join(map(repr, ACCELERATORS))}; got {accelerator!r}"
+        )
     if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int) or devices < 1):
         raise ValueError(f"devices must be a positive integer or None; got {devices!r}")
     e = _environ(env)
@@ -499,8 +452,7 @@ def detect_topology(
             acc = "cuda"
         else:
             acc = "cpu"
-            files = nvidia_device_files(root) if _torch_cuda_built() else []
-            if files:
+            if _torch_cuda_built() and (files := nvidia_device_files(root)):
                 warnings.warn(
                     f"GPU device files exist ({', '.join(files[:2])}) but no GPU could be counted: neither "
                     "pynvml, nvidia-smi nor libnvidia-ml answered, and asking CUDA itself would initialise it "

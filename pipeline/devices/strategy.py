@@ -91,6 +91,8 @@ class SingleDevice:
         return list(indices)
 
     def autocast(self) -> contextlib.AbstractContextManager:
+        # On XLA this is torch.autocast("xla"), which works on the CPU backend too; torch_xla.amp.autocast
+        # breaks there in 2.9.
         if self.precision == "bf16":
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         if self.precision == "fp16":

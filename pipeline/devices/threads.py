@@ -70,32 +70,27 @@ def cgroup_cpu_limit(
     """The CFS quota in CPUs (1.5 = one and a half cores' worth of time per period), the smallest found at the
     root and along this process's own cgroup path, for cgroup v2 and v1; None when there is no quota."""
     root = Path(cgroup_root)
-    folders = [root, *(root / d for d in V1_CPU_DIRS)]
+    bases = [root, *(root / d for d in V1_CPU_DIRS)]
+    folders = list(bases)
     for relative in _own_paths(Path(self_cgroup)):
         parts = Path(relative).parts
         for depth in range(1, len(parts) + 1):  # every ancestor: a parent's quota caps its children too
-            folders += [
-                root.joinpath(*parts[:depth]),
-                *(root.joinpath(d, *parts[:depth]) for d in V1_CPU_DIRS),
-            ]
+            folders += [base.joinpath(*parts[:depth]) for base in bases]
     limits = [limit for folder in folders for limit in (_v2_limit(folder), _v1_limit(folder)) if limit]
     return min(limits) if limits else None
-
-
-def affinity_count() -> int:
-    """CPUs this process may run on (its affinity mask), else os.cpu_count()."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
 
 
 def available_cores(
     cgroup_root: str | Path = CGROUP_ROOT, self_cgroup: str | Path = SELF_CGROUP, affinity: int | None = None
 ) -> int:
-    """Cores this session can keep busy: the affinity mask, capped by the cgroup CPU quota rounded down
-    (a 1.5-CPU quota gives 1), at least 1."""
-    cores = affinity if affinity is not None else affinity_count()
+    """Cores this session can keep busy: the affinity mask (`affinity`, default this process's; else
+    os.cpu_count()), capped by the cgroup CPU quota rounded down (a 1.5-CPU quota gives 1), at least 1."""
+    cores = affinity
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # not on Linux
+            cores = os.cpu_count() or 1
     limit = cgroup_cpu_limit(cgroup_root, self_cgroup)
     if limit is not None:
         cores = min(cores, max(1, math.floor(limit + 1e-9)))

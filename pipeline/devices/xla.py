@@ -13,8 +13,8 @@ The host traces the step again at every step (lazy tensors) and pays per operati
 on a TPU the chips wait for it unless the per-device batch is large (benchmarks/xla_step.py). Three remedies
 keep that trace short without changing the arithmetic: the forward, loss and backward traced once per input
 shape into one XLA computation that each step calls (xla_traced.py), functionalization off
-(TRACE_ENVIRONMENT), and Adam with gradient clipping on one flat vector (flat_adam.py; the weight average does
-the same in ema.py).
+(XLASpmdStrategy.__init__), and Adam with gradient clipping on one flat vector (flat_adam.py; the weight
+average does the same in ema.py).
 
 This module and xla_traced.py (imported only from here) are the only ones that import torch_xla; inference
 never imports them.
@@ -22,29 +22,23 @@ never imports them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
-from ..core.model import Frontend, SpeakerClassifier
+from ..core.model import Frontend
 from .flat_adam import FlatAdam, add_to_grads
 from .probe import Topology
 from .strategy import SingleDevice
 from .xla_traced import NotTraceable, TracedGradients
 
-# torch_xla wraps every XLA tensor for PyTorch's functionalization pass, which replays views and mutations
-# at each operation: about half of the host's trace of this training step (benchmarks/xla_step.py). Turning
-# it off is torch_xla's own switch (2.7-2.9 and after; upstream runs its operator tests with it, and its
-# TorchBench runs default to it). Read at each operation, so it must be in place before this process makes its
-# first XLA tensor; a value already set (to "0" to compare) is kept.
-TRACE_ENVIRONMENT = {"XLA_DISABLE_FUNCTIONALIZATION": "1"}
-
 
 class XLASpmdStrategy(SingleDevice):
+    # SingleDevice's setup_model and shard: parameters replicated (no sharding annotation), one process reads
+    # every row; only each batch is split across the devices (device_batches).
     name = "xla-spmd"
     features_on_host = True
     # The step's trace remedies (module docstring), all on. benchmarks/xla_step.py and the tests switch them off
@@ -58,8 +52,12 @@ class XLASpmdStrategy(SingleDevice):
     trace_once = True
 
     def __init__(self, topology: Topology, precision: str) -> None:
-        for name, value in TRACE_ENVIRONMENT.items():
-            os.environ.setdefault(name, value)
+        # PyTorch's functionalization pass, for which torch_xla wraps every XLA tensor, replays views and
+        # mutations at each operation: about half of the host's trace of this step (benchmarks/xla_step.py).
+        # This is torch_xla's own switch to turn it off (2.7-2.9 and after; upstream runs its operator tests
+        # with it, its TorchBench runs default to it), read at each operation: set before the first XLA
+        # tensor. A value already set (to "0" to compare) is kept.
+        os.environ.setdefault("XLA_DISABLE_FUNCTIONALIZATION", "1")
         import torch_xla  # TF_CPP_MIN_LOG_LEVEL was set when pipeline.devices was imported
         import torch_xla.debug.metrics as met
         import torch_xla.distributed.spmd as xs
@@ -71,8 +69,8 @@ class XLASpmdStrategy(SingleDevice):
         if self.num_devices != topology.num_devices:
             raise RuntimeError(f"torch_xla sees {self.num_devices} devices but the topology says "
                                f"{topology.num_devices}; check PJRT_DEVICE / TPU_* (or CPU_NUM_DEVICES for the CPU stand-in)")  # fmt: skip
+        # bf16 or fp32 (policy.resolve_precision refuses fp16 on TPU): no loss scaling.
         super().__init__(torch_xla.device(), precision)
-        self.scaler = None  # bf16 needs no loss scaling
         self.devices_per_process = self.num_devices
         self.mesh = xs.Mesh(np.arange(self.num_devices), (self.num_devices,), ("data",))
         self._frontend: torch.nn.Module | None = None  # host features for validation (training's come ready)
@@ -81,13 +79,6 @@ class XLASpmdStrategy(SingleDevice):
         self._order_checked: tuple[FlatAdam, bool] | None = None
         self._traced: TracedGradients | None = None
         self._gradient: torch.Tensor | None = None  # trace_once: the step's flat gradient, for optimizer_step
-
-    def setup_model(self, model: SpeakerClassifier) -> torch.nn.Module:
-        # Parameters are replicated (no sharding annotation); only the batch is split across devices.
-        return model.to(self.device)
-
-    def shard(self, indices: Sequence[int]) -> list[int]:
-        return list(indices)  # one process sees every row; the devices split each global batch
 
     def device_batches(self, batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
         """torch_xla's background loader: host->device transfer overlaps the step, each tensor split along
@@ -128,12 +119,6 @@ class XLASpmdStrategy(SingleDevice):
         # statistics; left pending, each buffer read later would compile a graph of its own.
         self._torch_xla.sync()
         return embedded.cpu()[:count]
-
-    def autocast(self) -> contextlib.AbstractContextManager:
-        # torch.autocast("xla") works on the CPU backend too; torch_xla.amp.autocast breaks there in 2.9.
-        if self.precision == "bf16":
-            return torch.autocast("xla", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def forward_backward(
         self,
@@ -236,16 +221,10 @@ class _ErrorKeeping:
         self.error: BaseException | None = None
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        return self
-
-    def __next__(self) -> dict[str, torch.Tensor]:
         try:
-            return next(self._batches)
-        except StopIteration:
-            raise
+            yield from self._batches
         except BaseException as error:
             self.error = error
-            raise StopIteration from error
 
     def __len__(self) -> int:  # ParallelLoader asks; the count only sizes its progress, not correctness
         return 0

@@ -52,13 +52,13 @@ class TracedGradients:
 
         self._torch_xla, self._xb = torch_xla, xb
         self.model = model
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        self.params = [p for _, p in named]  # the flat gradient's order: model.parameters(), trainable ones
-        self._param_names = [n for n, _ in named]
-        self._frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
-        buffers = list(model.named_buffers())
-        self._buffer_names = [n for n, _ in buffers]
-        self.buffers = [b for _, b in buffers]
+        trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        frozen = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+        buffers = dict(model.named_buffers())
+        # The flat gradient's order: model.parameters(), the trainable ones.
+        self.params = list(trainable.values())
+        self.buffers = list(buffers.values())
+        self._state = {**trainable, **frozen, **buffers}  # the step's inputs after the batch, by name
         self._traced: dict[tuple, _Traced] = {}
 
     @property
@@ -73,7 +73,7 @@ class TracedGradients:
         labels: torch.Tensor,
         autocast: Callable,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        step_inputs = [inputs, lens, labels, *self.params, *self._frozen.values(), *self.buffers]
+        step_inputs = [inputs, lens, labels, *self._state.values()]
         with autocast():
             cast = (torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"))
         key = (*((tuple(t.shape), t.dtype) for t in step_inputs[:3]), self.model.training, cast, loss_fn)
@@ -94,18 +94,13 @@ class TracedGradients:
     def _trace(self, loss_fn: Loss, step_inputs: list[torch.Tensor], autocast: Callable) -> _Traced:
         xb, xlac = self._xb, self._torch_xla._XLAC
         placeholders = [xb.create_placeholder_tensor(t.shape, t.dtype) for t in step_inputs]
-        inputs, lens, labels = placeholders[:3]
-        n_params, n_frozen = len(self.params), len(self._frozen)
-        params = [p.requires_grad_(True) for p in placeholders[3 : 3 + n_params]]
-        frozen = placeholders[3 + n_params : 3 + n_params + n_frozen]
+        inputs, lens, labels, *tensors = placeholders
+        params = [p.requires_grad_(True) for p in tensors[: len(self.params)]]
         # BatchNorm updates its running statistics in place: on copies, so that the placeholders themselves stay
         # the computation's parameters (a placeholder written in place would be captured as a constant).
-        buffers = [b.clone() for b in placeholders[3 + n_params + n_frozen :]]
-        state = {
-            **dict(zip(self._param_names, params, strict=True)),
-            **dict(zip(self._frozen, frozen, strict=True)),
-            **dict(zip(self._buffer_names, buffers, strict=True)),
-        }
+        n_weights = len(tensors) - len(self.buffers)
+        buffers = [b.clone() for b in tensors[n_weights:]]
+        state = dict(zip(self._state, [*tensors[:n_weights], *buffers], strict=True))
         before = [xlac._get_graph_hash([b]) for b in buffers]
         with torch.enable_grad():
             with autocast():

@@ -102,6 +102,16 @@ def test_timeout_kills_every_rank(tmp_path: Path) -> None:
     assert _children() == set()
 
 
+@pytest.mark.timeout(120)
+def test_stall_timeout_kills_ranks_that_stop_calling_heartbeat(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(LaunchTimeout, match=r"rank\(s\) \[0, 1\] made no progress for 3.0 s"):
+        launch(workers.hang, 2, args=(str(tmp_path),), timeout=100, stall_timeout=3.0)
+    assert time.monotonic() - start < 60  # the stall check fired, long before the total timeout
+    _assert_dead([int(p.read_text()) for p in sorted(tmp_path.glob("rank*.pid"))])
+    assert _children() == set()
+
+
 @pytest.mark.timeout(60)
 def test_single_process_runs_in_process_with_rank_env() -> None:
     [(rank, world, var, pid)] = launch(workers.env_and_pid, 1, env={"LAUNCH_TEST_VAR": "one"})
