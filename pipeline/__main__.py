@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         except (FSDDError, FileExistsError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        kind = {"fsdd": f"FSDD {args.task}", "soundscapes": "soundscape"}.get(args.source, args.source)
+        kind = {"synthetic": "synthetic", "soundscapes": "soundscape"}.get(args.source) or f"FSDD {args.task}"
         print(f"wrote {kind} competition folder {out}")
     elif args.command == "score":
         from .core.tables import DataError
