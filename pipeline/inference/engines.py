@@ -110,7 +110,7 @@ class FirstBatchRace:
 
     @property
     def engine(self) -> str:
-        return str(getattr(self.winner, "engine", "torch")) if self.winner is not None else "torch"
+        return str(getattr(self.winner, "engine", "torch"))  # torch until the race is decided
 
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self.winner is not None:
