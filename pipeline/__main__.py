@@ -83,49 +83,41 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("doctor", help="this session's hardware, the precision and batch training will use")
 
     args = parser.parse_args(argv)
-    if args.command == "data" and args.source == "synthetic":
-        from .demo_data.synthetic import folder_of_hours, make_synthetic_competition
+    if args.command == "data":
+        from .demo_data.fsdd import FSDDError, make_fsdd_competition
 
         try:
-            if args.hours:
+            if args.source == "fsdd":
+                out = make_fsdd_competition(args.recordings, args.out, task=args.task, seed=args.seed,
+                                            test_fraction=args.test_fraction, max_per_cell=args.max_per_cell,
+                                            overwrite=args.overwrite)  # fmt: skip
+            elif args.source == "soundscapes":
+                from .demo_data.soundscapes import (
+                    make_soundscape_competition,
+                    species_from_fsdd,
+                    species_from_synthetic,
+                )
+
+                species = (species_from_fsdd(args.recordings, args.species) if args.recordings
+                           else species_from_synthetic(args.species, seed=args.seed))  # fmt: skip
+                out = make_soundscape_competition(args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
+                                                  test_soundscapes=args.test_soundscapes, public=args.public,
+                                                  labelled_soundscapes=args.labelled_soundscapes, overwrite=args.overwrite)  # fmt: skip
+            elif args.hours:
+                from .demo_data.synthetic import folder_of_hours
+
                 out = folder_of_hours(args.out, args.hours, args.clip_seconds, args.speakers,
                                       tuple(int(r) for r in args.rates.split(",")), tuple(args.formats.split(",")),
                                       seed=args.seed, overwrite=args.overwrite)  # fmt: skip
             else:
+                from .demo_data.synthetic import make_synthetic_competition
+
                 out = make_synthetic_competition(args.out, seed=args.seed, overwrite=args.overwrite)
-        except (FileExistsError, ValueError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        print(f"wrote synthetic competition folder {out}")
-    elif args.command == "data" and args.source == "fsdd":
-        from .demo_data.fsdd import FSDDError, make_fsdd_competition
-
-        try:
-            out = make_fsdd_competition(args.recordings, args.out, task=args.task, seed=args.seed,
-                                        test_fraction=args.test_fraction, max_per_cell=args.max_per_cell,
-                                        overwrite=args.overwrite)  # fmt: skip
         except (FSDDError, FileExistsError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        print(f"wrote FSDD {args.task} competition folder {out}")
-    elif args.command == "data" and args.source == "soundscapes":
-        from .demo_data.fsdd import FSDDError
-        from .demo_data.soundscapes import (
-            make_soundscape_competition,
-            species_from_fsdd,
-            species_from_synthetic,
-        )
-
-        try:
-            species = (species_from_fsdd(args.recordings, args.species) if args.recordings
-                       else species_from_synthetic(args.species, seed=args.seed))  # fmt: skip
-            out = make_soundscape_competition(args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
-                                              test_soundscapes=args.test_soundscapes, public=args.public,
-                                              labelled_soundscapes=args.labelled_soundscapes, overwrite=args.overwrite)  # fmt: skip
-        except (FSDDError, FileExistsError, ValueError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        print(f"wrote soundscape competition folder {out}")
+        kind = {"synthetic": "synthetic", "soundscapes": "soundscape"}.get(args.source) or f"FSDD {args.task}"
+        print(f"wrote {kind} competition folder {out}")
     elif args.command == "score":
         from .core.tables import DataError
         from .tooling.scoring import score_submission

@@ -61,10 +61,8 @@ class GuardedEmbedder:
     """`primary` until a batch fails (an exception, a wrong shape, a non-finite value); then `fallback`
     computes that batch and every later one, after one printed line. No batch, so no row, is lost."""
 
-    def __init__(
-        self, primary: Embed, fallback: Embed, dim: int, reason: str, log: Callable[[str], None]
-    ) -> None:
-        self.primary, self.fallback, self.dim, self.reason, self.log = primary, fallback, dim, reason, log
+    def __init__(self, primary: Embed, fallback: Embed, dim: int, log: Callable[[str], None]) -> None:
+        self.primary, self.fallback, self.dim, self.log = primary, fallback, dim, log
         self.name = str(getattr(primary, "engine", "primary"))
         self.failure: str | None = None
 
@@ -112,7 +110,7 @@ class FirstBatchRace:
 
     @property
     def engine(self) -> str:
-        return str(getattr(self.winner, "engine", "torch")) if self.winner is not None else "torch"
+        return str(getattr(self.winner, "engine", "torch"))  # torch until the race is decided
 
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
         if self.winner is not None:
@@ -140,11 +138,9 @@ class FirstBatchRace:
 
     def _raced_enough(self) -> bool:
         onnx_s, torch_s = self.per_sample[self.name], self.per_sample["torch"]
-        if min(len(onnx_s), len(torch_s)) >= self.race_batches:
-            return True
-        return min(len(onnx_s), len(torch_s)) >= 2 and (
-            max(onnx_s) < min(torch_s) or max(torch_s) < min(onnx_s)
-        )
+        raced = min(len(onnx_s), len(torch_s))
+        separated = raced >= 2 and (max(onnx_s) < min(torch_s) or max(torch_s) < min(onnx_s))
+        return raced >= self.race_batches or separated
 
     def _candidate(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
         try:
@@ -163,18 +159,11 @@ class FirstBatchRace:
         raced = len(self.per_sample["torch"])
         timing = f"{onnx_s * 1e9:.0f} vs torch {torch_s * 1e9:.0f} ns per input sample, median of {raced} runs each"
         if onnx_s < torch_s:
-            reason = f"{self.name}, {torch_s / onnx_s:.2f}x torch ({timing})"
-            self.winner = GuardedEmbedder(self.candidate, self.torch_embed, self.dim, reason, self.log)
-            self.log(f"inference engine: {reason}")
+            self.winner = GuardedEmbedder(self.candidate, self.torch_embed, self.dim, self.log)
+            self.log(f"inference engine: {self.name}, {torch_s / onnx_s:.2f}x torch ({timing})")
         else:
             self.winner = self.torch_embed
             self.log(f"inference engine: torch, {onnx_s / torch_s:.2f}x faster than {self.name} ({timing})")
-
-
-def probe_windows(model: SpeakerClassifier, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """`count` full windows of quiet noise: a batch shaped as inference shapes it, for a check."""
-    generator = torch.Generator().manual_seed(seed)
-    return 0.05 * torch.randn(count, model.config.window_samples, generator=generator), torch.ones(count)
 
 
 def _agreement(precision: str, found: torch.Tensor, expected: torch.Tensor) -> str | None:
@@ -192,12 +181,9 @@ def _agreement(precision: str, found: torch.Tensor, expected: torch.Tensor) -> s
 
 
 def make_embedder(model: SpeakerClassifier, runtime: Runtime, log: Callable[[str], None] = print) -> Embed:
-    """The `embed(wavs, lens)` of the run, as `runtime.engine` says, announced in a printed line. Prepares
-    `model` for inference: on the runtime's device, in eval mode, with the fast reflect padding.
-
-    Never raises for an engine problem: a session that does not load, or ONNX output that disagrees with
-    torch on the probe batch (mode "onnx") or the first batch (mode "race"), falls back to torch with one
-    line, and so does a batch that fails later (GuardedEmbedder)."""
+    """The `embed(wavs, lens)` of the run, as `runtime.engine` says, announced in a printed line; never raises
+    for an engine problem (torch takes over: see the module docstring). Prepares `model` for inference: on the
+    runtime's device, in eval mode, with the fast reflect padding."""
     model = model.to(runtime.device).eval()
     use_fast_reflect_padding(model)
     choice = runtime.engine
@@ -210,7 +196,10 @@ def make_embedder(model: SpeakerClassifier, runtime: Runtime, log: Callable[[str
             model, choice.onnx_path, runtime.threads or available_cores(), choice.precision
         )
         if choice.mode == "onnx":
-            wavs, lens = probe_windows(model, runtime.windows.batch_windows)
+            # a probe batch: full windows of quiet noise, shaped as inference shapes it
+            count, generator = runtime.windows.batch_windows, torch.Generator().manual_seed(0)
+            wavs = 0.05 * torch.randn(count, model.config.window_samples, generator=generator)
+            lens = torch.ones(count)
             disagreement = _agreement(choice.precision, candidate(wavs, lens), torch_embed(wavs, lens))
             if disagreement:
                 raise ExportError(f"{candidate.path.name}: {disagreement} on the probe batch")
@@ -223,14 +212,8 @@ def make_embedder(model: SpeakerClassifier, runtime: Runtime, log: Callable[[str
     if choice.mode == "race":
         log(f"inference engine: torch and {candidate.engine} race on the first batch [{choice.why}]")
         return FirstBatchRace(candidate, torch_embed, dim, choice.precision, log)
-    reason = f"{candidate.engine}, agrees with torch on a probe batch [{choice.why}]"
-    log(f"inference engine: {reason}")
-    return GuardedEmbedder(candidate, torch_embed, dim, reason, log)
-
-
-def engine_label(embed: Embed) -> str:
-    """What computed the batches: the engine's name (engines' embedders also say when torch took over)."""
-    return str(getattr(embed, "engine", "torch"))
+    log(f"inference engine: {candidate.engine}, agrees with torch on a probe batch [{choice.why}]")
+    return GuardedEmbedder(candidate, torch_embed, dim, log)
 
 
 def use_fast_reflect_padding(model: torch.nn.Module) -> int:
@@ -258,9 +241,8 @@ def _reflect_pad_by_copies(
     left, right = get_padding_elem(self.in_channels, stride, kernel_size, dilation)
     if x.shape[-1] <= max(left, right):  # too short to reflect: let torch raise its own error
         return torch.nn.functional.pad(x, (left, right), mode="reflect")
-    parts = [x]
-    if left:
-        parts.insert(0, x[..., 1 : left + 1].flip(-1))
-    if right:
-        parts.append(x[..., -right - 1 : -1].flip(-1))
-    return torch.cat(parts, dim=-1) if len(parts) > 1 else x
+    if not left and not right:  # 1x1 convolutions: no copy
+        return x
+    return torch.cat(
+        [x[..., 1 : left + 1].flip(-1), x, x[..., x.shape[-1] - right - 1 : -1].flip(-1)], dim=-1
+    )

@@ -27,8 +27,11 @@ def post_process(
     """`scores` [n_spans, n_classes] after smoothing, then file-max boosting, of every file's chunks."""
     if not plan.chunked or (not smoothing and not file_max_weight):
         return scores
+    by_file: dict[int, list[int]] = {}  # each file's spans in time order
+    for index in sorted(range(len(plan.spans)), key=lambda i: plan.spans[i].start):
+        by_file.setdefault(plan.spans[index].file, []).append(index)
     out = scores.copy()
-    for spans in chunks_in_time_order(plan):
+    for spans in by_file.values():
         block = scores[spans]
         if smoothing:
             block = smooth(block, np.asarray(smoothing, dtype=np.float64))
@@ -36,14 +39,6 @@ def post_process(
             block = boost_towards_file_max(block, file_max_weight)
         out[spans] = block
     return out
-
-
-def chunks_in_time_order(plan: RowPlan) -> list[np.ndarray]:
-    """For each file with chunks, its span indices sorted by start."""
-    by_file: dict[int, list[int]] = {}
-    for index, span in enumerate(plan.spans):
-        by_file.setdefault(span.file, []).append(index)
-    return [np.array(sorted(spans, key=lambda i: plan.spans[i].start)) for spans in by_file.values()]
 
 
 def smooth(block: np.ndarray, kernel: np.ndarray) -> np.ndarray:

@@ -3,13 +3,8 @@
 This module knows files and spans, nothing of tables or submissions (rows.py plans which span every row
 needs; submission.py writes them). How a span becomes scores: decode its file (DataLoader workers,
 overlapped with compute) -> mono at the model's rate -> fixed-length windows exactly like the training crops
--> batches of windows from any files -> window embeddings (engines.py) -> pooled per span. The windows,
-batches and pooling are pipeline/core/windows.py's, which training's validation shares:
-
-    mean      the valid-length-weighted mean of the windows' unit embeddings, scored by the cosine classifier
-              (a file's prediction: it is what SpeechBrain's EncoderClassifier computes from an artifact)
-    max       the highest cosine score of each class over the span's windows (a call anywhere in the chunk)
-    mean_max  the average of the windows' mean cosine score and their maximum, per class
+-> batches of windows from any files -> window embeddings (engines.py) -> pooled per span (mean, max or
+mean_max). The windows, batches and pooling are pipeline/core/windows.py's, which training's validation shares.
 
 Feeding whole variable-length files instead of windows cost a measured 40 accuracy points on FSDD digits
 (../shared/NOTES.md): the model only knows windows. A file that cannot be read leaves its spans without scores
@@ -22,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from operator import itemgetter
 from pathlib import Path
 
 import numpy as np
@@ -31,8 +27,8 @@ from torch.utils.data import DataLoader, Dataset
 from ..core.data import AudioError, load_audio
 from ..core.model import SpeakerClassifier
 from ..core.tables import DataError, resolve_inside
-from ..core.windows import FileWindows, Span, SpanPredictions, WindowPlan, run_windows, span_windows
-from .engines import Embed, engine_label, make_embedder
+from ..core.windows import FileWindows, SpanPredictions, WindowPlan, run_windows, span_windows
+from .engines import Embed, make_embedder
 from .rows import RowPlan
 from .runtime import Runtime
 
@@ -62,7 +58,7 @@ class Predictions:
     spans: SpanPredictions
     device: str
     files: int  # files the device was given
-    engine: str  # what computed the batches (engines.engine_label)
+    engine: str  # what computed the batches
     engine_notes: tuple[str, ...]  # the engine's printed lines, for the report
     threads: int | None  # compute threads (CPU)
     rate: Rate
@@ -85,13 +81,13 @@ def predict(
         log(line)
 
     embed = make_embedder(model, runtime, note)
-    dataset = SpanWindows(plan.root, plan.files, spans_by_file(plan.spans, len(plan.files)), runtime.windows)
+    dataset = SpanWindows(plan, runtime.windows)
     wanted = [i for i in file_order(plan.root, plan.files, plan.seconds) if dataset.spans_of[i]]
     loader = DataLoader(
         dataset,
         batch_size=1,
         sampler=wanted,  # a file with no span to predict is not decoded
-        collate_fn=_first,
+        collate_fn=itemgetter(0),  # batches of one file
         num_workers=runtime.num_workers,
         prefetch_factor=8 if runtime.num_workers > 0 else None,
         pin_memory=False,  # the assembled batch is what is pinned (run_windows' staging buffer)
@@ -106,8 +102,9 @@ def predict(
     rate = Rate(result.audio_seconds, result.seconds, "the test files")
     if rate.audio_seconds < RATE_PROBE_SECONDS:
         rate = probe_rate(model, embed, runtime, plan.segment)
-    return Predictions(result, str(runtime.device), len(wanted), engine_label(embed), tuple(notes),
-                       torch.get_num_threads() if runtime.device.type == "cpu" else None, rate)  # fmt: skip
+    engine = str(getattr(embed, "engine", "torch"))  # make_embedder's embedders say when torch took over
+    threads = torch.get_num_threads() if runtime.device.type == "cpu" else None
+    return Predictions(result, str(runtime.device), len(wanted), engine, tuple(notes), threads, rate)
 
 
 def probe_rate(model: SpeakerClassifier, embed: Embed, runtime: Runtime, segment: float | None) -> Rate:
@@ -116,27 +113,25 @@ def probe_rate(model: SpeakerClassifier, embed: Embed, runtime: Runtime, segment
     noise = np.random.default_rng(0).standard_normal(int(RATE_PROBE_SECONDS * windows.sample_rate))
     noise = (0.05 * noise).astype(np.float32)
     if segment:
-        count = int(RATE_PROBE_SECONDS // segment)
-        spans = [(k, k * segment, (k + 1) * segment) for k in range(count)]
+        spans = [(k, k * segment, (k + 1) * segment) for k in range(int(RATE_PROBE_SECONDS // segment))]
     else:
-        spans, count = [(0, 0.0, None)], 1
+        spans = [(0, 0.0, None)]
     started = time.perf_counter()
     item = FileWindows(0, *span_windows(noise, spans, windows))
-    run_windows(model, iter([item]), count, windows.batch_windows, runtime.device, embed=embed,
+    run_windows(model, iter([item]), len(spans), windows.batch_windows, runtime.device, embed=embed,
                 buckets=windows.buckets())  # fmt: skip
-    seconds = time.perf_counter() - started
-    return Rate(
-        RATE_PROBE_SECONDS, seconds, f"{RATE_PROBE_SECONDS:.0f} s of generated audio (the test set has less)"
-    )
+    measured_on = f"{RATE_PROBE_SECONDS:.0f} s of generated audio (the test set has less)"
+    return Rate(RATE_PROBE_SECONDS, time.perf_counter() - started, measured_on)
 
 
 class SpanWindows(Dataset):
     """Decodes test files into their spans' windows in DataLoader workers; never raises for a bad file."""
 
-    def __init__(
-        self, root: Path, files: Sequence[str], spans_of: Sequence[list[tuple]], plan: WindowPlan
-    ) -> None:
-        self.root, self.files, self.spans_of, self.plan = root, files, spans_of, plan
+    def __init__(self, rows: RowPlan, plan: WindowPlan) -> None:
+        self.root, self.files, self.plan = rows.root, rows.files, plan
+        self.spans_of: list[list[tuple[int, float, float | None]]] = [[] for _ in rows.files]
+        for index, span in enumerate(rows.spans):  # each file's spans as (span index, start, end)
+            self.spans_of[span.file].append((index, span.start, span.end))
 
     def __len__(self) -> int:
         return len(self.files)
@@ -150,21 +145,17 @@ class SpanWindows(Dataset):
             path = resolve_inside(self.root, rel_path)
             samples, repairs = load_audio(path, sample_rate=self.plan.sample_rate, max_seconds=max_seconds)
         except AudioError as error:  # the report names the file as the test table does
-            return FileWindows(index, None, None, None, problem=f"{rel_path}: {error.detail}")
+            problem = f"{rel_path}: {error.detail}"
         except DataError as error:
-            return FileWindows(index, None, None, None, problem=str(error))
+            problem = str(error)
         except Exception as error:  # noqa: BLE001 - a bad file must cost its rows' scores, never the run
+            problem = f"{rel_path}: {type(error).__name__}: {error}"
+        else:
+            wavs, lens, owner = span_windows(samples, spans, self.plan)
             return FileWindows(
-                index, None, None, None, problem=f"{rel_path}: {type(error).__name__}: {error}"
+                index, wavs, lens, owner, repairs=repairs, seconds=len(samples) / self.plan.sample_rate
             )
-        wavs, lens, owner = span_windows(samples, spans, self.plan)
-        return FileWindows(
-            index, wavs, lens, owner, repairs=repairs, seconds=len(samples) / self.plan.sample_rate
-        )
-
-
-def _first(batch: list[FileWindows]) -> FileWindows:
-    return batch[0]
+        return FileWindows(index, None, None, None, problem=problem)
 
 
 def file_order(root: Path, files: Sequence[str], seconds: Sequence[float | None]) -> list[int]:
@@ -181,11 +172,3 @@ def file_order(root: Path, files: Sequence[str], seconds: Sequence[float | None]
             return -1.0
 
     return sorted(range(len(files)), key=lambda i: -size(i))
-
-
-def spans_by_file(spans: Sequence[Span], n_files: int) -> list[list[tuple[int, float, float | None]]]:
-    """For each file, its spans as (span index, start, end)."""
-    grouped: list[list[tuple[int, float, float | None]]] = [[] for _ in range(n_files)]
-    for index, span in enumerate(spans):
-        grouped[span.file].append((index, span.start, span.end))
-    return grouped

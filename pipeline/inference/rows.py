@@ -116,18 +116,18 @@ def read_chunk_ids(sample_ids: Sequence[str], item_ids: Collection[str]) -> Chun
     by_file: dict[str, list[float]] = {}
     for match in matches:
         by_file.setdefault(match["prefix"], []).append(float(match["seconds"]))
-    steps = {round(b - a, 6) for values in by_file.values() for a, b in pairwise(sorted(values))}
+    values = [float(match["seconds"]) for match in matches]
+    steps = {round(b - a, 6) for seconds in by_file.values() for a, b in pairwise(sorted(seconds))}
     if len(steps) > 1 or 0.0 in steps:
         return ChunkIds(None, False, f"the seconds of one file's sample_submission ids are not evenly spaced "
                                      f"(steps {sorted(steps)[:4]})")  # fmt: skip
     of_test_files = any(prefix in items for prefix in by_file)
     if steps:
         segment = steps.pop()
-    elif of_test_files and len({v for values in by_file.values() for v in values}) == 1:
-        segment = next(iter(by_file.values()))[0]  # one id per file, `<file>_<end>` of its only chunk
+    elif of_test_files and len(set(values)) == 1:
+        segment = values[0]  # one id per file, `<file>_<end>` of its only chunk
     else:
         return ChunkIds(None, False, "each file has a single sample_submission id: no chunk length to read")
-    values = [v for vs in by_file.values() for v in vs]
     if segment <= 0 or any(abs(v / segment - round(v / segment)) > 1e-6 for v in values):
         return ChunkIds(
             None, False, f"sample_submission's seconds are not multiples of their step {segment:g}"
@@ -205,8 +205,8 @@ def plan_file_rows(
 ) -> RowPlan:
     """One row per test item, each the prediction of its whole file."""
     files = [row.rel_path for row in items.rows]
-    planned = {row.id: k for k, row in enumerate(items.rows)}
-    rows = _choose(sample, planned, items.source, where, "test file", by_file=sorted(planned))
+    planned = dict(sorted({row.id: k for k, row in enumerate(items.rows)}.items()))
+    rows = _choose(sample, planned, items.source, where, "test file")
     return RowPlan(root, rows.ids, rows.span_of, [Span(k) for k in range(len(files))], files,
                    list(seconds) if seconds is not None else [None] * len(files), rows.rule,
                    [row.id for row in items.rows], items.source, [*items.notes, *rows.notes], rows.missing,
@@ -234,7 +234,6 @@ def plan_chunk_rows(
     usual, why_usual = usual_chunks(seconds, segment, usual_seconds)
     spans: list[Span] = []
     planned: dict[str, int] = {}
-    by_file: list[str] = []
     guessed, short, trailing, repeated = [], [], 0, []
     for k in sorted(range(len(items.rows)), key=lambda i: items.rows[i].id):
         row = items.rows[k]
@@ -257,7 +256,6 @@ def plan_chunk_rows(
                 repeated.append(row_id)
                 continue
             planned[row_id] = len(spans)
-            by_file.append(row_id)
             spans.append(Span(k, start, end))
     if guessed:
         notes.append(f"{plural(len(guessed), 'file')} with no readable header get {plural(usual or 1, 'chunk')} "
@@ -271,7 +269,7 @@ def plan_chunk_rows(
     if repeated:
         notes.append(f"{plural(len(repeated), 'chunk id')} repeat an earlier file's (the first is kept): "
                      f"{_some(repeated)}")  # fmt: skip
-    rows = _choose(sample, planned, items.source, where, f"{segment:g}-second chunk", by_file=by_file)
+    rows = _choose(sample, planned, items.source, where, f"{segment:g}-second chunk")
     return RowPlan(root, rows.ids, rows.span_of, spans, [row.rel_path for row in items.rows], list(seconds),
                    rows.rule, [row.id for row in items.rows], items.source, [*items.notes, *notes, *rows.notes],
                    rows.missing, segment, segment_rule, template)  # fmt: skip
@@ -303,11 +301,9 @@ class _Rows(NamedTuple):
     missing: dict[int, str]
 
 
-def _choose(
-    sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str, by_file: list[str]
-) -> _Rows:
-    """The rule both kinds of rows share (see the module docstring). `planned`: id -> span; `by_file`: the
-    planned ids in file order (sorted by id), chunks in time."""
+def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str) -> _Rows:
+    """The rule both kinds of rows share (see the module docstring). `planned`: id -> span, in file order
+    (sorted by id), chunks in time."""
     placeholders = [i for i in sample.ids if i not in planned]
     notes = []
     if not placeholders or source == "table":
@@ -315,7 +311,7 @@ def _choose(
                 + (f" ({len(placeholders)} of them not among the test items' {unit}s: fallback rows)"
                    if placeholders else ""))  # fmt: skip
         listed = set(sample.ids)
-        unlisted = [i for i in by_file if i not in listed]
+        unlisted = [i for i in planned if i not in listed]
         if unlisted:
             notes.append(
                 f"{plural(len(unlisted), unit)} not in {sample.path.name} get no row: {_some(unlisted)}"
@@ -325,10 +321,10 @@ def _choose(
             r: f"id of {sample.path.name} is not in {where}" for r, i in enumerate(ids) if i not in planned
         }
     else:
-        rule = (f"rows: one per {unit} ({len(by_file)}), test files sorted by id, because {len(placeholders)} of "
+        rule = (f"rows: one per {unit} ({len(planned)}), test files sorted by id, because {len(placeholders)} of "
                 f"the {len(sample.ids)} ids of {sample.path.name} name no {unit} (placeholders, as in the public "
                 "copy of a competition whose test audio appears only in the scoring rerun)")  # fmt: skip
-        ids, missing = list(by_file), {}
+        ids, missing = list(planned), {}
     return _Rows(ids, [planned.get(i) for i in ids], rule, notes, missing)
 
 

@@ -48,10 +48,6 @@ class Hardware:
     gpus: int
     cores: int
 
-    @classmethod
-    def probe(cls) -> Hardware:
-        return cls(cuda_device_count(), available_cores())
-
 
 @dataclass(frozen=True)
 class EngineChoice:
@@ -81,21 +77,18 @@ class Runtime:
 
     def describe(self) -> str:
         threads = f", {plural(self.threads, 'compute thread')}" if self.threads else ""
+        engine = f"torch {self.engine.precision}" if self.engine.mode == "torch" else self.engine.label
+        if self.engine.mode == "race":
+            engine += " or torch, whichever is faster on the first batch"
         return (f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
                 f"{self.windows.batch_windows} windows ({plural(self.windows.length_buckets, 'length')}); engine: "
-                f"{_engine_text(self.engine)} ({self.engine.why})")  # fmt: skip
-
-
-def _engine_text(engine: EngineChoice) -> str:
-    if engine.mode == "race":
-        return f"{engine.label} or torch, whichever is faster on the first batch"
-    return f"torch {engine.precision}" if engine.mode == "torch" else engine.label
+                f"{engine} ({self.engine.why})")  # fmt: skip
 
 
 def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware | None = None) -> Runtime:
     """Every hardware choice of the run, from `config` (None / auto: decided here for `hardware`, default
     the session's)."""
-    hardware = hardware or Hardware.probe()
+    hardware = hardware or Hardware(cuda_device_count(), available_cores())
     device = choose_device(config.device, hardware)
     model = artifact.model.config
     batch, workers = batching_for(config.batch_windows, config.num_workers, model, device, hardware.cores)
@@ -160,24 +153,19 @@ def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device)
     fp32, int8 = artifact.listed_file(ONNX_FP32), artifact.listed_file(ONNX_INT8)
     asked = config.onnx_precision
     if int8 and (asked == "int8" or (asked == "auto" and int8_passed)):
-        path, precision = int8, "int8"
-        why = (
-            "onnx_precision='int8'"
-            if asked == "int8"
-            else "auto: its int8 passed its accuracy rule at training"
-        )
+        path, precision, why = int8, "int8", "onnx_precision='int8'"
+        if asked == "auto":
+            why = "auto: its int8 passed its accuracy rule at training"
     elif asked == "fp32" or config.engine == "onnx":
-        path, precision = fp32, "fp32"
-        why = f"engine={config.engine!r}, onnx_precision={asked!r}" + (
-            ": no int8 file" if asked == "int8" else ""
-        )
+        path, precision, why = fp32, "fp32", f"engine={config.engine!r}, onnx_precision={asked!r}"
+        if asked == "int8":
+            why += ": no int8 file"
     elif asked == "int8":
         return EngineChoice("torch", "fp32", "onnx_precision='int8', but the artifact has no int8 file")
-    else:  # auto without a passing int8 file: fp32 ONNX Runtime is no faster than torch here
-        why = (
-            "the artifact's int8 did not pass its accuracy rule" if int8 else "the artifact has no int8 file"
-        )
-        return EngineChoice("torch", "fp32", f"auto: {why}")
+    elif int8:  # auto without a passing int8 file: fp32 ONNX Runtime is no faster than torch here
+        return EngineChoice("torch", "fp32", "auto: the artifact's int8 did not pass its accuracy rule")
+    else:
+        return EngineChoice("torch", "fp32", "auto: the artifact has no int8 file")
     if path is None:
         return EngineChoice("torch", "fp32", f"{why}, but the artifact has no {precision} ONNX file "
                                              "(training writes them: export_onnx)")  # fmt: skip

@@ -138,7 +138,10 @@ def write_submission(
     scoring = Scoring.of(config, artifact, plan)
     spans = predictions.spans
     scores = post_process(spans.pooled[scoring.pooling], plan, config.chunk_smoothing, config.file_max_weight)
-    path = _submission_file(Path(config.submission_path))
+    path = Path(config.submission_path)
+    if path.is_dir():  # submission_path names a file, or an existing folder to write submission.csv in
+        print(f"submission_path {path} is a folder: writing {path / 'submission.csv'}")
+        path = path / "submission.csv"
     if sample.probabilities:
         prior = training_prior(artifact, scoring.independent)
         header, rows, written, notes = probability_rows(sample, plan, scores, spans.ok, scoring, prior)
@@ -150,28 +153,24 @@ def write_submission(
     fallbacks = fallback_rows(plan, spans)
     speed = speed_report(config, predictions)
     print(speed.pop("line"))
+    probabilities_kind = "independent" if scoring.independent else "softmax"
+    chunks = {
+        "segment_seconds": plan.segment,
+        "template": plan.template,
+        "pooling": scoring.pooling,
+        "window_hop_seconds": runtime.windows.hop / runtime.windows.sample_rate,
+        "smoothing": config.chunk_smoothing,
+        "file_max_weight": config.file_max_weight,
+    }
     report = {
         "rows": len(plan.ids),
         "row_rule": plan.rule,
         "segment_rule": plan.segment_rule,
         "format": "probabilities" if sample.probabilities else "label",
         "clip_pooling": None if plan.chunked else scoring.pooling,
-        "probabilities": None
-        if not sample.probabilities
-        else "independent"
-        if scoring.independent
-        else "softmax",
+        "probabilities": probabilities_kind if sample.probabilities else None,
         "test_items": {"source": plan.source, "count": len(plan.files)},
-        "chunks": None
-        if not plan.chunked
-        else {
-            "segment_seconds": plan.segment,
-            "template": plan.template,
-            "pooling": scoring.pooling,
-            "window_hop_seconds": runtime.windows.hop / runtime.windows.sample_rate,
-            "smoothing": config.chunk_smoothing,
-            "file_max_weight": config.file_max_weight,
-        },
+        "chunks": chunks if plan.chunked else None,
         "notes": [*plan.notes, plan.segment_rule, plan.rule, *notes],
         "fallback_label": scoring.fallback,
         "fallbacks": fallbacks,
@@ -218,23 +217,20 @@ def probability_rows(
     labels = scoring.labels
     shared = np.array([labels.index(c) if c in labels else -1 for c in sample.value_columns])
     known = shared[shared >= 0]
+    fallback = prior[known]  # a softmax's share of the classes the header lacks goes to the others
+    if not scoring.independent:
+        total = fallback.sum()
+        fallback = fallback / total if total > 0 else np.full(len(known), 1.0 / max(1, len(known)))
     rows, written = [], []
     for row_id, span in zip(plan.ids, plan.span_of, strict=True):
         probs = np.zeros(len(shared))
         if len(known):
             usable = span is not None and ok[span]
             row = probabilities(scores[span][known], scoring.scale, scoring.independent) if usable else None
-            probs[shared >= 0] = row if row is not None else _renormalised(prior[known], scoring.independent)
+            probs[shared >= 0] = row if row is not None else fallback
         rows.append([row_id, *(f"{p:.6g}" for p in probs)])
         written.append(sample.value_columns[int(np.argmax(probs))])
     return [sample.id_column, *sample.value_columns], rows, written, class_notes(sample, labels, shared)
-
-
-def _renormalised(prior: np.ndarray, independent: bool) -> np.ndarray:
-    """The prior over the classes the header keeps: a softmax's share of the missing ones goes to the others."""
-    if independent:
-        return prior
-    return prior / prior.sum() if prior.sum() > 0 else np.full(len(prior), 1.0 / len(prior))
 
 
 def probabilities(cosines: np.ndarray, scale: float, independent: bool) -> np.ndarray:
@@ -311,14 +307,6 @@ def _rows_with_audio(plan: RowPlan) -> tuple[np.ndarray, np.ndarray]:
     return np.array([r for r, _ in rows]), np.array([s for _, s in rows], dtype=np.int64)
 
 
-def _submission_file(path: Path) -> Path:
-    """`submission_path` names a file, or an existing folder to write submission.csv in."""
-    if path.is_dir():
-        print(f"submission_path {path} is a folder: writing {path / 'submission.csv'}")
-        return path / "submission.csv"
-    return path
-
-
 # ---------------------------------------------------------------------------------------- the report
 
 
@@ -349,11 +337,7 @@ def engine_report(
     ran = predictions.engine
     return {
         "asked": {"engine": config.engine, "onnx_precision": config.onnx_precision},
-        "chosen": {
-            "mode": runtime.engine.mode,
-            "precision": runtime.engine.precision,
-            "why": runtime.engine.why,
-        },
+        "chosen": {key: getattr(runtime.engine, key) for key in ("mode", "precision", "why")},
         "ran": ran,
         "precision": "int8" if "int8" in ran.split(",")[0] else "fp16" if "fp16" in ran else "fp32",
         "threads": predictions.threads,

@@ -305,7 +305,7 @@ def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(mode
     mismatched = export_embedding_model(wider, tmp_path / "wider.onnx").path
     lines: list[str] = []
     guarded = GuardedEmbedder(OnnxEmbedder(model, mismatched, threads=1, precision="fp32"), TorchEmbedder(model),
-                              model.config.lin_neurons, "test", lines.append)  # fmt: skip
+                              model.config.lin_neurons, lines.append)  # fmt: skip
     clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:6]]
     window, cpu = model.config.window_samples, torch.device("cpu")
     found = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu, embed=guarded)
