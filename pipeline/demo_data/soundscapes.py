@@ -32,6 +32,7 @@ download: what the tests use). Deterministic in `seed`.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -123,7 +124,7 @@ def make_soundscape_competition(
     unlabelled_calls = {k: v[1::2] for k, v in calls.items()} if field else {}
     if field:
         calls = {k: v[0::2] for k, v in calls.items()}
-    scape = _field_soundscape if field else _soundscape
+    scape = functools.partial(_soundscape, field=field)
     with new_competition_folder(out, overwrite) as root:
         rng = np.random.default_rng([seed, 1])
         rows = []
@@ -244,24 +245,41 @@ def _background(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarr
 
 def _soundscape(
     rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
-    background_db: float = 0.0,
+    background_db: float = 0.0, field: bool = False,
 ) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
-    """Background with 0-2 calls of distinct classes per chunk, each wholly inside its chunk, at -6 to +12 dB
-    to the background (turned by `background_db` after the calls' levels are set). Returns the audio, each
-    chunk's classes, and each chunk's (class, SNR in dB against the background as written)."""
+    """Background with calls, each wholly inside its chunk: 0-2 calls of distinct classes per chunk at -6 to +12 dB
+    to the background, or with `field` as BirdCLEF's sound (the module docstring): residents calling in bouts, a
+    rare visitor, every call distant, at -9 to +9 dB. `background_db` turns the background after the calls'
+    levels are set. Returns the audio, each chunk's classes, and each chunk's (class, SNR in dB against the
+    background as written)."""
     audio = _background(rng, seconds, rate)
     noise_rms = float(np.sqrt(np.mean(audio**2)))
     audio *= _db(background_db)
     labels = sorted(calls)
+    if field:
+        count = min(len(labels), 1 + int(rng.choice(len(RESIDENTS), p=RESIDENTS)))
+        residents = rng.choice(labels, size=count, replace=False).tolist()
+        calling = {label: rng.random() < BOUT_START for label in residents}
     truth, levels = [], []
     for c in range(int(math.floor(seconds / segment))):
-        count = min(len(labels), int(rng.choice(len(CALLS_PER_CHUNK), p=CALLS_PER_CHUNK)))
-        present = sorted(rng.choice(labels, size=count, replace=False).tolist()) if count else []
+        if not field:
+            count = min(len(labels), int(rng.choice(len(CALLS_PER_CHUNK), p=CALLS_PER_CHUNK)))
+            present = sorted(rng.choice(labels, size=count, replace=False).tolist()) if count else []
+        else:
+            if c:
+                calling = {
+                    label: rng.random() < (BOUT_STAY if on else BOUT_BEGIN) for label, on in calling.items()
+                }
+            chosen = {label for label, on in calling.items() if on}
+            if rng.random() < VISITOR_PER_CHUNK:
+                chosen.add(str(rng.choice(labels)))
+            present = sorted(chosen)
         start, size = int(c * segment * rate), int(segment * rate)
         chunk = []
         for label in present:
-            call = calls[label][int(rng.integers(len(calls[label])))][:size]
-            snr_db = rng.uniform(-6, 12)
+            call = calls[label][int(rng.integers(len(calls[label])))]
+            call = (_distant(rng, call, rate) if field else call)[:size]
+            snr_db = rng.uniform(-9, 9) if field else rng.uniform(-6, 12)
             level = noise_rms * _db(snr_db) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
             at = start + int(rng.integers(0, size - len(call) + 1))
             audio[at : at + len(call)] += call * level
@@ -275,42 +293,6 @@ def _chunk_rows(filename: str, truth: list[list[str]], segment: float) -> list[l
     """The labelled table's rows (filename, start, end, "a;b") of a soundscape's chunks that hold calls."""
     return [[filename, f"{c * segment:g}", f"{(c + 1) * segment:g}", ";".join(present)]
             for c, present in enumerate(truth) if present]  # fmt: skip
-
-
-def _field_soundscape(
-    rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
-    background_db: float = 0.0,
-) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
-    """A soundscape as BirdCLEF's sound (the module docstring): residents calling in bouts, a rare visitor, every
-    call distant. Returns what _soundscape returns."""
-    audio = _background(rng, seconds, rate)
-    noise_rms = float(np.sqrt(np.mean(audio**2)))
-    audio *= _db(background_db)
-    labels = sorted(calls)
-    count = min(len(labels), 1 + int(rng.choice(len(RESIDENTS), p=RESIDENTS)))
-    residents = rng.choice(labels, size=count, replace=False).tolist()
-    calling = {label: rng.random() < BOUT_START for label in residents}
-    truth, levels = [], []
-    for c in range(int(math.floor(seconds / segment))):
-        if c:
-            calling = {
-                label: rng.random() < (BOUT_STAY if on else BOUT_BEGIN) for label, on in calling.items()
-            }
-        present = {label for label, on in calling.items() if on}
-        if rng.random() < VISITOR_PER_CHUNK:
-            present.add(str(rng.choice(labels)))
-        start, size = int(c * segment * rate), int(segment * rate)
-        chunk = []
-        for label in sorted(present):
-            call = _distant(rng, calls[label][int(rng.integers(len(calls[label])))], rate)[:size]
-            snr_db = rng.uniform(-9, 9)
-            level = noise_rms * _db(snr_db) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
-            at = start + int(rng.integers(0, size - len(call) + 1))
-            audio[at : at + len(call)] += call * level
-            chunk.append((label, snr_db - background_db))
-        truth.append(sorted(present))
-        levels.append(chunk)
-    return audio, truth, levels
 
 
 def _distant(rng: np.random.Generator, call: np.ndarray, rate: int) -> np.ndarray:

@@ -9,6 +9,7 @@ speaker, so a model can only win by listening to the voice.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -93,25 +94,23 @@ def _draw_speakers(rng: np.random.Generator, n: int) -> list[_Speaker]:
     tilts = strata(1200.0, 4000.0)
     breaths = strata(0.02, 0.25)
     nasals = strata(600.0, 2800.0)
-    speakers = []
-    for i, (u, v) in enumerate(points):
-        speakers.append(
-            _Speaker(
-                f0=math.exp(lo_f0 + u * (hi_f0 - lo_f0)),
-                vtl=_VTL_RANGE[0] + v * (_VTL_RANGE[1] - _VTL_RANGE[0]),
-                formant_quirk=1.0 + rng.uniform(-0.1, 0.1, size=5),
-                bw_scale=float(rng.uniform(0.8, 1.4)),
-                rate=float(rng.uniform(0.8, 1.3)),
-                breathiness=float(breaths[i]),
-                open_quotient=float(rng.uniform(0.4, 0.75)),
-                tilt_hz=float(tilts[i]),
-                jitter=float(rng.uniform(0.005, 0.02)),
-                shimmer=float(rng.uniform(0.02, 0.08)),
-                intonation_st=float(rng.uniform(1.0, 4.0)),
-                nasal_hz=float(nasals[i]),
-            )
+    return [
+        _Speaker(
+            f0=math.exp(lo_f0 + u * (hi_f0 - lo_f0)),
+            vtl=_VTL_RANGE[0] + v * (_VTL_RANGE[1] - _VTL_RANGE[0]),
+            formant_quirk=1.0 + rng.uniform(-0.1, 0.1, size=5),
+            bw_scale=float(rng.uniform(0.8, 1.4)),
+            rate=float(rng.uniform(0.8, 1.3)),
+            breathiness=float(breaths[i]),
+            open_quotient=float(rng.uniform(0.4, 0.75)),
+            tilt_hz=float(tilts[i]),
+            jitter=float(rng.uniform(0.005, 0.02)),
+            shimmer=float(rng.uniform(0.02, 0.08)),
+            intonation_st=float(rng.uniform(1.0, 4.0)),
+            nasal_hz=float(nasals[i]),
         )
-    return speakers
+        for i, (u, v) in enumerate(points)
+    ]
 
 
 def _resonator_sos(freqs: np.ndarray, bws: np.ndarray, sr: int) -> np.ndarray:
@@ -349,26 +348,24 @@ def _render_file(root: Path, spec: _File, speakers: list[_Speaker], rates: tuple
     _write_audio(root / spec.rel, audio, sr)
 
 
+def _render_chunk(root: Path, files: list[_File], speakers, rates, clip_seconds) -> None:
+    for spec in files:
+        _render_file(root, spec, speakers, rates, clip_seconds)
+
+
 def _render_many(root: Path, files: list[_File], speakers, rates, clip_seconds, workers: int) -> None:
     if workers <= 1 or len(files) < 200:
-        for spec in files:
-            _render_file(root, spec, speakers, rates, clip_seconds)
-        return
+        return _render_chunk(root, files, speakers, rates, clip_seconds)
     import concurrent.futures
 
     from ..devices.launch import helper_spawn_context
 
     chunks = [files[k :: workers * 4] for k in range(workers * 4)]
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
-        for done in [
-            pool.submit(_render_chunk, root, chunk, speakers, rates, clip_seconds) for chunk in chunks
-        ]:
-            done.result()
-
-
-def _render_chunk(root: Path, files: list[_File], speakers, rates, clip_seconds) -> None:
-    for spec in files:
-        _render_file(root, spec, speakers, rates, clip_seconds)
+        render = functools.partial(
+            _render_chunk, root, speakers=speakers, rates=rates, clip_seconds=clip_seconds
+        )
+        list(pool.map(render, chunks))  # raises a worker's error
 
 
 def _build(
