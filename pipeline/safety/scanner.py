@@ -69,52 +69,24 @@ def aliases_of(trees: Sequence[ast.AST]) -> dict[str, str]:
 
 
 _SHELL_CALLS = {
-    "subprocess.run",
-    "subprocess.call",
-    "subprocess.check_call",
-    "subprocess.check_output",
-    "subprocess.Popen",
-    "subprocess.getoutput",
-    "subprocess.getstatusoutput",
-    "os.system",
-    "os.popen",
-    "get_ipython().system",
-    "get_ipython().system_raw",
-    "get_ipython().getoutput",
-}
+    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output", "subprocess.Popen",
+    "subprocess.getoutput", "subprocess.getstatusoutput", "os.system", "os.popen",
+    "get_ipython().system", "get_ipython().system_raw", "get_ipython().getoutput",
+}  # fmt: skip
 _DYNAMIC_IMPORTS = {"importlib.import_module", "importlib.__import__", "__import__"}
-# Distinctive function names that download whatever module they come from.
+# Distinctive function names that download whatever module they come from (download_file: speechbrain's
+# data_utils; download_asset: torchaudio.utils).
 _DOWNLOAD_NAMES = {
-    "urlopen",
-    "urlretrieve",
-    "hf_hub_download",
-    "snapshot_download",
-    "cached_download",
-    "load_state_dict_from_url",
-    "download_url_to_file",
-    "download_file",  # speechbrain.utils.data_utils
-    "download_asset",  # torchaudio.utils
-}
+    "urlopen", "urlretrieve", "hf_hub_download", "snapshot_download", "cached_download", "load_state_dict_from_url",
+    "download_url_to_file", "download_file", "download_asset",
+}  # fmt: skip
 _DOWNLOAD_QUALNAMES = {
-    "torch.hub.load",
-    "torch.hub.list",
-    "torch.hub.help",
-    "torch.utils.model_zoo.load_url",
-    "wget.download",
-    "gdown.download",
-    "gdown.download_folder",
-    "pooch.retrieve",
-    "http.client.HTTPConnection",
-    "http.client.HTTPSConnection",
-    "aiohttp.ClientSession",
-    "urllib3.PoolManager",
-    "urllib3.request",
-    "socket.create_connection",
-    "socket.socket().connect",
-    "socket.socket().connect_ex",
-    "ftplib.FTP",
+    "torch.hub.load", "torch.hub.list", "torch.hub.help", "torch.utils.model_zoo.load_url", "wget.download",
+    "gdown.download", "gdown.download_folder", "pooch.retrieve", "http.client.HTTPConnection",
+    "http.client.HTTPSConnection", "aiohttp.ClientSession", "urllib3.PoolManager", "urllib3.request",
+    "socket.create_connection", "socket.socket().connect", "socket.socket().connect_ex", "ftplib.FTP",
     "ftplib.FTP_TLS",
-}
+}  # fmt: skip
 # pip's Python entry points: `pip.main(["install", ...])` is a pip install like any other.
 _PIP_API = {"pip.main", "pip._internal.main", "pip._internal.main.main", "pip._internal.cli.main.main"}
 _REQUESTS_FUNCS = set("get post put patch delete head options request Session session".split())
