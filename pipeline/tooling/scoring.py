@@ -43,9 +43,7 @@ def score_submission(
     if classes is None:  # id,label
         classes = sorted({truth_rows[i][solution_sample.value_columns[0]] for i in ids})
     submission_sample = read_sample_submission(Path(submission_path))
-    if _labels_only(
-        submission_sample, classes
-    ):  # a submitted label the solution never uses is a class of its own
+    if _labels_only(submission_sample, classes):  # a submitted label the solution lacks: a class of its own
         column = submission_sample.value_columns[0]
         classes = classes + sorted({submitted[i][column] for i in ids} - set(classes))
     truth = _matrix(truth_rows, ids, classes, solution_sample, solution_path, absent_ok=True)

@@ -107,8 +107,8 @@ def read_wheel(path: Path) -> Wheel:
     """Name, version and tags from the file name (as pip reads them), requirements from its METADATA."""
     name, version, _build, wheel_tags = parse_wheel_filename(path.name)
     with zipfile.ZipFile(path) as archive:
-        dist_info = {n.split("/", 1)[0] for n in archive.namelist() if n.count("/") == 1 and "/" in n}
-        dist_info = sorted(d for d in dist_info if d.endswith(".dist-info"))
+        top = {n.split("/")[0] for n in archive.namelist() if n.count("/") == 1}
+        dist_info = sorted(d for d in top if d.endswith(".dist-info"))
         if len(dist_info) != 1:
             raise ValueError(f"{len(dist_info)} .dist-info folders (a wheel has one)")
         metadata = HeaderParser().parsestr(archive.read(f"{dist_info[0]}/METADATA").decode("utf-8"))
@@ -220,10 +220,6 @@ def _resolve(requirement: Requirement, wheel: Wheel, image: Image, preinstalled:
     return None, None
 
 
-def check_images(code_dir: str | Path, images: Iterable[Image | str] | None = None) -> list[BundleCheck]:
-    return [check_bundle(code_dir, image) for image in (images or IMAGES.values())]
-
-
 def require_installable(
     code_dir: str | Path,
     images: Iterable[Image | str] | None = None,
@@ -236,7 +232,7 @@ def require_installable(
     bundle cannot install offline anyway and is not checked."""
     if list(missing):
         return []
-    checks = check_images(code_dir, images)
+    checks = [check_bundle(code_dir, image) for image in (images or IMAGES.values())]
     failed = [check for check in checks if not check.ok]
     if failed:
         raise error(
