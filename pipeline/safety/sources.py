@@ -84,6 +84,7 @@ _COMMENTED_MAGIC = re.compile(
     r"^(?P<indent>[ \t]*)#[ \t]?(?:[A-Za-z_][\w, \t]*=[ \t]*)?(?P<bang>!!?|%)(?P<body>\S.*)$"
 )
 _TIMEIT_OPTS = re.compile(r"^(?:-\w+(?:[ \t]+\d+)?[ \t]+)*")
+_UNCOMMENT = re.compile(r"^[ \t]*#[ \t]?")  # jupytext's comment before a magic or a shell cell's line
 
 
 def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[ShellCommand]]:
@@ -100,22 +101,16 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
         head = lines[first].strip()
         if commented and head.startswith("#"):
             head = head[1:].lstrip()
-        if head.startswith("%%"):
-            match = re.match(r"^%%(\w+)(.*)$", head)
-            if match:
-                name, args = match.group(1), match.group(2).split()
-                body = lines[first + 1 :]
-                if commented:
-                    body = [re.sub(r"^[ \t]*#[ \t]?", "", line) for line in body]
-                lines[first] = ""
-                if name in _SHELL_CELL_MAGICS and not (
-                    name == "script" and args and Path(args[0]).name.startswith("python")
-                ):
-                    shells += _shell_lines(body, first + 2)
-                    return "\n" * (len(lines) - 1), shells
-                if name in _INERT_CELL_MAGICS:
-                    return "\n" * (len(lines) - 1), shells
-                # Python-bodied (and unknown) cell magics: analyse the body as Python.
+        match = re.match(r"^%%(\w+)(.*)$", head)
+        if match:
+            name, args = match.group(1), match.group(2).split()
+            shell = name in _SHELL_CELL_MAGICS and not (
+                name == "script" and args and Path(args[0]).name.startswith("python")
+            )
+            if shell or name in _INERT_CELL_MAGICS:
+                body = [_UNCOMMENT.sub("", line) if commented else line for line in lines[first + 1 :]]
+                return "\n" * (len(lines) - 1), _shell_lines(body, first + 2) if shell else []
+            lines[first] = ""  # Python-bodied (and unknown) cell magics: analyse the body as Python.
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -130,9 +125,7 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
         # A trailing backslash continues a shell command onto the next line.
         while body.endswith("\\") and i + 1 < len(lines):
             i += 1
-            nxt = lines[i]
-            if commented:
-                nxt = re.sub(r"^[ \t]*#[ \t]?", "", nxt)
+            nxt = _UNCOMMENT.sub("", lines[i]) if commented else lines[i]
             body = body[:-1] + " " + nxt.strip()
             lines[i] = ""
         replacement = indent + "pass"
@@ -179,7 +172,7 @@ def parse_unit(unit: Unit, filename: str) -> tuple[ast.Module, list[ShellCommand
     shells: list[ShellCommand] = []
     source = unit.source
     if unit.shell:
-        body = [re.sub(r"^[ \t]*#[ \t]?", "", line) for line in source.split("\n")[1:]]
+        body = [_UNCOMMENT.sub("", line) for line in source.split("\n")[1:]]
         return ast.Module(body=[], type_ignores=[]), _shell_lines(body, 2)
     if unit.commented_magics:
         source, shells = _strip_magics(source, commented=True, raw=False)
