@@ -32,7 +32,6 @@ download: what the tests use). Deterministic in `seed`.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
 from dataclasses import dataclass
@@ -46,6 +45,12 @@ from ..core.data import resample
 from ..core.tables import new_competition_folder, write_csv
 
 PLACEHOLDER_ROWS = 3
+CHUNK_COLUMNS = [
+    "filename",
+    "start",
+    "end",
+    "primary_label",
+]  # the labelled soundscapes' table (and its truth)
 CALLS_PER_CHUNK = (0.3, 0.45, 0.25)  # probability of 0, 1 and 2 calls in a chunk of a test soundscape
 # field soundscapes: residents per soundscape (1, 2 or 3), and each resident's bouts as a two-state chain over
 # chunks: calling in the first chunk, staying on, switching on; a visitor (any other class) per chunk.
@@ -124,7 +129,10 @@ def make_soundscape_competition(
     unlabelled_calls = {k: v[1::2] for k, v in calls.items()} if field else {}
     if field:
         calls = {k: v[0::2] for k, v in calls.items()}
-    scape = functools.partial(_soundscape, field=field)
+
+    def scape(rng: np.random.Generator, takes: dict[str, list[np.ndarray]], background: float = 0.0):
+        return _soundscape(rng, takes, soundscape_seconds, segment_seconds, sample_rate, background, field)
+
     with new_competition_folder(out, overwrite) as root:
         rng = np.random.default_rng([seed, 1])
         rows = []
@@ -147,33 +155,27 @@ def make_soundscape_competition(
         for n in range(train_soundscapes):
             name = f"unlabelled_{n:04d}.ogg"
             if field:
-                audio, truth, _ = scape(
-                    scape_rng, unlabelled_calls, soundscape_seconds, segment_seconds, sample_rate
-                )
+                audio, truth, _ = scape(scape_rng, unlabelled_calls)
                 hidden_truth += _chunk_rows(name, truth, segment_seconds)
             else:
                 audio = _background(scape_rng, soundscape_seconds, sample_rate)
             _write(root / "train_soundscapes" / name, audio, sample_rate)
         if field:
-            write_csv(root / "train_soundscapes_truth.csv", ["filename", "start", "end", "primary_label"],
-                      hidden_truth)  # fmt: skip
+            write_csv(root / "train_soundscapes_truth.csv", CHUNK_COLUMNS, hidden_truth)
         labelled = []
         for n in range(labelled_soundscapes):
             stem = f"labelled_{n:04d}"
-            audio, truth, _ = scape(scape_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
+            audio, truth, _ = scape(scape_rng, calls)
             _write(root / "train_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             labelled += _chunk_rows(f"{stem}.ogg", truth, segment_seconds)
         if labelled_soundscapes:
-            write_csv(
-                root / "train_soundscapes_labels.csv", ["filename", "start", "end", "primary_label"], labelled
-            )
+            write_csv(root / "train_soundscapes_labels.csv", CHUNK_COLUMNS, labelled)
         (root / "test_soundscapes").mkdir()
         test_rng = np.random.default_rng([seed, 3])
         solution, snr = [], []
         for _ in range(test_soundscapes):
             stem = f"soundscape_{int(test_rng.integers(10**6, 10**7))}"
-            audio, truth, levels = scape(test_rng, calls, soundscape_seconds, segment_seconds, sample_rate,
-                                         background_db)  # fmt: skip
+            audio, truth, levels = scape(test_rng, calls, background_db)
             if not public:
                 _write(root / "test_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             row_ids = [f"{stem}_{(c + 1) * segment_seconds:g}" for c in range(len(truth))]
