@@ -39,15 +39,12 @@ def notebook_units(path: Path) -> list[Unit]:
         raise SafetyError(f"{path}: not a valid .ipynb (JSON) file: {exc}") from exc
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise SafetyError(f"{path}: not an nbformat 4 notebook (no 'cells' list)")
-    units = []
-    for index, cell in enumerate(nb["cells"], start=1):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        src = cell.get("source", "")
-        if isinstance(src, list):
-            src = "".join(src)
-        units.append(Unit(src, index, 0, False))
-    return units
+    # nbformat stores a cell's source as one string or a list of lines: "".join reads either.
+    return [
+        Unit("".join(cell.get("source", "")), index, 0, False)
+        for index, cell in enumerate(nb["cells"], start=1)
+        if isinstance(cell, dict) and cell.get("cell_type") == "code"
+    ]
 
 
 def script_units(text: str) -> list[Unit]:

@@ -81,12 +81,8 @@ def supported_tags(image: Image) -> frozenset[tags.Tag]:
     version = tuple(int(part) for part in image.python.split("."))[:2]
     cp = f"cp{version[0]}{version[1]}"
     plats = platforms(image)
-    return frozenset(
-        [
-            *tags.cpython_tags(version, abis=[cp], platforms=plats),
-            *tags.compatible_tags(version, interpreter=cp, platforms=plats),
-        ]
-    )
+    cpython = tags.cpython_tags(version, abis=[cp], platforms=plats)
+    return frozenset([*cpython, *tags.compatible_tags(version, interpreter=cp, platforms=plats)])
 
 
 def marker_environment(image: Image) -> dict[str, str]:
