@@ -78,11 +78,11 @@ def scan_recordings(source: str | os.PathLike) -> list[Recording]:
         raise FSDDError(f"{root}: no .wav files found. Pass --source the FSDD 'recordings' folder "
                         "(files named {digit}_{speaker}_{index}.wav).")  # fmt: skip
     recordings = [parse_name(p) for p in files]
-    seen: dict[str, Path] = {}
-    for rec in recordings:  # the name is the identity of a recording: two copies would leak across the split
-        if rec.path.name in seen:
-            raise FSDDError(f"{rec.path}: duplicate recording name (also {seen[rec.path.name]})")
-        seen[rec.path.name] = rec.path
+    for first, second in itertools.pairwise(files):  # sorted by name: a copy follows its original
+        if (
+            first.name == second.name
+        ):  # the name is a recording's identity: copies would leak across the split
+            raise FSDDError(f"{second}: duplicate recording name (also {first})")
     return recordings
 
 

@@ -184,10 +184,8 @@ def check_bundle(code_dir: str | Path, image: Image | str) -> BundleCheck:
 
 
 def _admits(requires_python: str | None, python: str) -> bool:
-    if not requires_python:
-        return True
     try:
-        return SpecifierSet(requires_python).contains(python, prereleases=True)
+        return not requires_python or SpecifierSet(requires_python).contains(python, prereleases=True)
     except InvalidSpecifier:
         return True  # pip ignores an invalid Requires-Python too
 
