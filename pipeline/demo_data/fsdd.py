@@ -78,10 +78,9 @@ def scan_recordings(source: str | os.PathLike) -> list[Recording]:
         raise FSDDError(f"{root}: no .wav files found. Pass --source the FSDD 'recordings' folder "
                         "(files named {digit}_{speaker}_{index}.wav).")  # fmt: skip
     recordings = [parse_name(p) for p in files]
-    for first, second in itertools.pairwise(files):  # sorted by name: a copy follows its original
-        if (
-            first.name == second.name
-        ):  # the name is a recording's identity: copies would leak across the split
+    # The name is a recording's identity: copies would leak across the split. Sorted, a copy follows its original.
+    for first, second in itertools.pairwise(files):
+        if first.name == second.name:
             raise FSDDError(f"{second}: duplicate recording name (also {first})")
     return recordings
 
