@@ -32,10 +32,8 @@ def _display(path: Path) -> str:
 
 
 def _default_root(target: Path, packages: Sequence[str]) -> Path:
-    for parent in target.resolve().parents:
-        if any((parent / name / "__init__.py").is_file() for name in packages):
-            return parent
-    return Path.cwd()
+    holds = (p for p in target.resolve().parents if any((p / n / "__init__.py").is_file() for n in packages))
+    return next(holds, Path.cwd())
 
 
 def analyse(
@@ -169,11 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.root is not None and not Path(args.root).is_dir():
         print(f"check-safety: error: --root {args.root}: not a directory", file=sys.stderr)
         return 2
-    packages = tuple(args.packages) if args.packages else DEFAULT_PACKAGES
     status = 0
     for target in args.targets:
         try:
-            report = analyse(target, args.root, packages)
+            report = analyse(target, args.root, args.packages or DEFAULT_PACKAGES)
         except (FileNotFoundError, SafetyError, IsADirectoryError) as exc:
             print(f"check-safety: error: {exc}", file=sys.stderr)
             status = 2

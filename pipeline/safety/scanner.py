@@ -49,12 +49,9 @@ def aliases_of(trees: Sequence[ast.AST]) -> dict[str, str]:
     for tree in trees:
         for node in _walk(tree):
             if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        table[alias.asname] = alias.name
-                    else:
-                        top = alias.name.split(".")[0]
-                        table[top] = top
+                for alias in node.names:  # `import a.b` binds a; `import a.b as c` binds c to a.b
+                    top = alias.name.split(".")[0]
+                    table[alias.asname or top] = alias.name if alias.asname else top
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 for alias in node.names:
                     if alias.name != "*":

@@ -148,9 +148,7 @@ def package(
             )
         # Every bundled wheel must install on Kaggle's Python 3.12 images without replacing their torch.
         wheelcheck.require_installable(staging / "code", missing=missing, error=PackagingError)
-        (staging / "README.md").write_text(
-            push_readme(out, slugs, train_accelerator)
-        )  # names the final paths
+        (staging / "README.md").write_text(push_readme(out, slugs, train_accelerator))  # with the final paths
         mark(staging, PACKAGE_KIND)
     return PackageResult(out, out / "train", out / "infer", out / "code", wheels, missing)
 
