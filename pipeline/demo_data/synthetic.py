@@ -341,24 +341,19 @@ def _render_file(root: Path, spec: _File, speakers: list[_Speaker], rates: tuple
     _write_audio(root / spec.rel, audio, sr)
 
 
-def _render_chunk(root: Path, files: list[_File], speakers, rates, clip_seconds) -> None:
-    for spec in files:
-        _render_file(root, spec, speakers, rates, clip_seconds)
-
-
 def _render_many(root: Path, files: list[_File], speakers, rates, clip_seconds, workers: int) -> None:
+    render = functools.partial(_render_file, root, speakers=speakers, rates=rates, clip_seconds=clip_seconds)
     if workers <= 1 or len(files) < 200:
-        return _render_chunk(root, files, speakers, rates, clip_seconds)
+        for spec in files:
+            render(spec)
+        return
     import concurrent.futures
 
     from ..devices.launch import helper_spawn_context
 
-    chunks = [files[k :: workers * 4] for k in range(workers * 4)]
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
-        render = functools.partial(
-            _render_chunk, root, speakers=speakers, rates=rates, clip_seconds=clip_seconds
-        )
-        list(pool.map(render, chunks))  # raises a worker's error
+        # Four chunks per worker; list() raises a worker's error.
+        list(pool.map(render, files, chunksize=-(-len(files) // (workers * 4))))
 
 
 def _build(
