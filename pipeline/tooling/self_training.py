@@ -100,12 +100,11 @@ def score_windows(
     model = artifact.model.config
     window = model.window_samples / model.sample_rate
     hop = hop_seconds or window / 2
-    spans, written = [], []
+    spans = []
     for k, rel in enumerate(files):
         seconds = float(audio_seconds(Path(data_dir) / rel) or 0.0)
         for start in np.arange(0.0, max(seconds - window, 0.0) + 1e-6, hop):
             spans.append(Span(k, float(start), float(start) + window))
-            written.append(names[k])
     plan = RowPlan(Path(data_dir), [str(i) for i in range(len(spans))], list(range(len(spans))), spans, files,
                    [None] * len(files), "teacher windows", segment=window)  # fmt: skip
     runtime = resolve_runtime(InferConfig(engine="torch", progress=False), artifact)
@@ -116,8 +115,8 @@ def score_windows(
     ).numpy()  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = ([name, f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
-            for name, span, row, ok in zip(written, spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
+    rows = ([names[span.file], f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
+            for span, row, ok in zip(spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
     write_csv(out, ["filename", "start", "end", *artifact.labels], rows)
     # What the teacher learned from: its own targets' lineage (None for a focal-only model).
     taught = (artifact.manifest.get("provenance") or {}).get("soundscape_targets")
