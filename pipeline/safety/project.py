@@ -93,8 +93,7 @@ class Project:
             if context is None:
                 return []
             parts = context.split(".") if self.is_package(context) else context.split(".")[:-1]
-            if event.level > 1:
-                parts = parts[: len(parts) - (event.level - 1)]
+            parts = parts[: len(parts) - (event.level - 1)]  # each dot beyond the first goes up a package
             if not parts:
                 return []
             base = ".".join([*parts, event.module] if event.module else parts)

@@ -234,7 +234,7 @@ class Scanner:
                 return
             level = len(name) - len(name.lstrip("."))
             parts = package.split(".")
-            parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+            parts = parts[: len(parts) - (level - 1)]
             name = ".".join([*parts, name.lstrip(".")]).rstrip(".")
         self.imports.append(ImportEvent(node.lineno, name))
 

@@ -268,12 +268,10 @@ def copy_wheels(wheels_dir: Path, target_dir: Path) -> list[str]:
     """Copy every wheel of `wheels_dir` except another build of this project."""
     if not wheels_dir.is_dir():
         raise PackagingError(f"--wheels-dir {wheels_dir} is not a directory")
-    copied = []
-    for wheel in sorted(wheels_dir.glob("*.whl")):
-        if not wheel.name.startswith(WHEEL_PREFIX):
-            shutil.copy2(wheel, target_dir / wheel.name)
-            copied.append(wheel.name)
-    return copied
+    copied = [wheel for wheel in sorted(wheels_dir.glob("*.whl")) if not wheel.name.startswith(WHEEL_PREFIX)]
+    for wheel in copied:
+        shutil.copy2(wheel, target_dir / wheel.name)
+    return [wheel.name for wheel in copied]
 
 
 def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], names: list[str]) -> list[str]:
