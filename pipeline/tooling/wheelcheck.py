@@ -198,10 +198,8 @@ def _resolve(requirement: Requirement, wheel: Wheel, image: Image, preinstalled:
     bundled = chosen.get(name)
     if name in preinstalled:
         have = preinstalled[name]
-        if have is None:
-            return None, None  # present in the image, version not published: assumed to fit
-        if spec.contains(have, prereleases=True):
-            return None, None  # pip keeps the image's
+        if have is None or spec.contains(have, prereleases=True):
+            return None, None  # pip keeps the image's (one whose version is not published is assumed to fit)
         if name in protected:
             return (f"{who}, but {image.name} has {name} {have}: pip would replace the image's {name}"), None
         if bundled and spec.contains(bundled.version, prereleases=True):
