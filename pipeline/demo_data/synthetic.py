@@ -356,11 +356,8 @@ def _render_many(root: Path, files: list[_File], speakers, rates, clip_seconds, 
         list(pool.map(render, files, chunksize=-(-len(files) // (workers * 4))))
 
 
-def _build(
-    root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int,
-    clip_seconds: float | None = None, rates: tuple[int, ...] = SAMPLE_RATES, formats: tuple[str, ...] = ("wav",),
-    workers: int = 1,
-) -> None:  # fmt: skip
+def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int,
+           clip_seconds: float | None, rates: tuple[int, ...], formats: tuple[str, ...], workers: int) -> None:  # fmt: skip
     speakers = _draw_speakers(np.random.default_rng([seed, 0]), n_speakers)
     width = max(2, len(str(n_speakers - 1)))
     labels = [f"spk{i:0{width}d}" for i in range(n_speakers)]
