@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 
@@ -22,13 +23,8 @@ def _split_segments(command: str) -> list[list[str]]:
         tokens = list(lexer)
     except ValueError:  # unbalanced quotes: fall back to a rough split
         tokens = [t.strip("'\"") for t in re.split(r"\s+|(&&|\|\||;|\|)", command) if t]
-    segments: list[list[str]] = [[]]
-    for token in tokens:
-        if token in _SEPARATORS:
-            segments.append([])
-        else:
-            segments[-1].append(token)
-    return [s for s in segments if s]
+    runs = itertools.groupby(tokens, key=lambda token: token in _SEPARATORS)
+    return [list(segment) for separators, segment in runs if not separators]
 
 
 def analyse_shell(command: str | list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:

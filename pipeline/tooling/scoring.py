@@ -19,11 +19,9 @@ from ..core.tables import DataError, SampleSubmission, read_csv, read_sample_sub
 def score_submission(
     submission_path: str | Path, solution_path: str | Path, metric: str = "auto"
 ) -> tuple[str, float]:
-    """(metric, value) of a submission against a solution with the same ids, compared exactly as written.
-
-    A solution is `id,label` (one true class per row) or `id` + one 0/1 column per class (several per row, as
-    BirdCLEF's). `metric` auto: accuracy for the first, macro_roc_auc for the second. A label submission is
-    scored as one-hot rows; a probability submission by its columns (accuracy: its most probable class)."""
+    """(metric, value) of a submission against a solution (the module docstring; `metric` auto picks as it says).
+    A label submission is scored as one-hot rows; a probability submission by its columns (accuracy: its most
+    probable class)."""
     solution_sample = read_sample_submission(Path(solution_path))
     classes = solution_sample.value_columns if solution_sample.probabilities else None
     if metric == "auto":
