@@ -57,8 +57,7 @@ def script_units(text: str) -> list[Unit]:
     units = []
     if markers[0] > 0:  # jupytext treats text before the first marker (its header) as a cell
         units.append(Unit("".join(lines[: markers[0]]), None, 0, True))
-    for k, start in enumerate(markers):
-        end = markers[k + 1] if k + 1 < len(markers) else len(lines)
+    for start, end in zip(markers, [*markers[1:], len(lines)], strict=True):
         if _PERCENT_NON_CODE.search(lines[start]):
             continue
         language = _PERCENT_LANGUAGE.search(lines[start])
@@ -186,9 +185,7 @@ def parse_unit(unit: Unit, filename: str) -> tuple[ast.Module, list[ShellCommand
     # Last resort: IPython's own transformer (line numbers may drift for multi-line magics).
     try:
         from IPython.core.inputtransformer2 import TransformerManager
-    except ImportError:
-        raise error from None
-    try:
+
         return ast.parse(TransformerManager().transform_cell(source), filename), shells
-    except (SyntaxError, ValueError):
+    except (ImportError, SyntaxError, ValueError):
         raise error from None
