@@ -201,10 +201,9 @@ def _trim(clip: np.ndarray, floor_db: float = -35.0) -> np.ndarray:
 
 
 def _at_rate(clip: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """`clip` at `target` Hz and at full scale: levels come later."""
     out = resample(clip, rate, target) if rate != target else clip
-    return (out / (np.abs(out).max() + 1e-9)).astype(
-        np.float32
-    )  # every call at full scale: levels come later
+    return (out / (np.abs(out).max() + 1e-9)).astype(np.float32)
 
 
 def _db(value: float) -> float:
