@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from packaging.utils import canonicalize_name
 
 from ..core.staging import check_output_dir, mark, marked_as, staged_directory
 from . import wheelcheck
+from .versions import installed_version
 
 REPO = Path(__file__).resolve().parents[2]  # pipeline/tooling/packaging.py -> the checkout
 DIST_NAME = "kaggle-ecapa-pipeline"  # pyproject.toml [project] name; the bootstrap cells install it
@@ -294,10 +294,8 @@ def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], na
 
 
 def _requirement(name: str) -> str:
-    try:
-        return f"{name}=={metadata.version(name)}"  # what this project is tested with
-    except metadata.PackageNotFoundError:
-        return name
+    version = installed_version(name)  # what this project is tested with
+    return f"{name}=={version}" if version else name
 
 
 def missing_wheels(code_dir: Path) -> list[str]:
