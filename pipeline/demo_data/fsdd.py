@@ -16,6 +16,7 @@ DOI 10.5281/zenodo.1342401, licensed CC BY-SA 4.0. The folder written here carri
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import re
 import shutil
@@ -77,11 +78,10 @@ def scan_recordings(source: str | os.PathLike) -> list[Recording]:
         raise FSDDError(f"{root}: no .wav files found. Pass --source the FSDD 'recordings' folder "
                         "(files named {digit}_{speaker}_{index}.wav).")  # fmt: skip
     recordings = [parse_name(p) for p in files]
-    seen: dict[str, Path] = {}
-    for rec in recordings:  # the name is the identity of a recording: two copies would leak across the split
-        if rec.path.name in seen:
-            raise FSDDError(f"{rec.path}: duplicate recording name (also {seen[rec.path.name]})")
-        seen[rec.path.name] = rec.path
+    # The name is a recording's identity: copies would leak across the split. Sorted, a copy follows its original.
+    for first, second in itertools.pairwise(files):
+        if first.name == second.name:
+            raise FSDDError(f"{second}: duplicate recording name (also {first})")
     return recordings
 
 
@@ -131,13 +131,9 @@ def make_fsdd_competition(
         raise ValueError(f"max_per_cell={max_per_cell!r}: need at least 2 (one train, one test file)")
     recordings = scan_recordings(source)
     if max_per_cell is not None:
-        kept: Counter[tuple[str, str]] = Counter()
-        small = []
-        for rec in sorted(recordings, key=lambda r: (r.digit, r.speaker, r.index)):
-            if kept[(rec.digit, rec.speaker)] < max_per_cell:
-                kept[(rec.digit, rec.speaker)] += 1
-                small.append(rec)
-        recordings = small
+        ordered = sorted(recordings, key=lambda r: (r.digit, r.speaker, r.index))
+        cells = itertools.groupby(ordered, key=lambda r: (r.digit, r.speaker))
+        recordings = [rec for _, cell in cells for rec in itertools.islice(cell, max_per_cell)]
     train, test = split_recordings(recordings, test_fraction, seed)
     if not test:
         raise FSDDError(f"{source}: too few recordings per (digit, speaker) for a test split "

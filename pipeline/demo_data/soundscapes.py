@@ -45,6 +45,12 @@ from ..core.data import resample
 from ..core.tables import new_competition_folder, write_csv
 
 PLACEHOLDER_ROWS = 3
+CHUNK_COLUMNS = [
+    "filename",
+    "start",
+    "end",
+    "primary_label",
+]  # the labelled soundscapes' table (and its truth)
 CALLS_PER_CHUNK = (0.3, 0.45, 0.25)  # probability of 0, 1 and 2 calls in a chunk of a test soundscape
 # field soundscapes: residents per soundscape (1, 2 or 3), and each resident's bouts as a two-state chain over
 # chunks: calling in the first chunk, staying on, switching on; a visitor (any other class) per chunk.
@@ -123,7 +129,10 @@ def make_soundscape_competition(
     unlabelled_calls = {k: v[1::2] for k, v in calls.items()} if field else {}
     if field:
         calls = {k: v[0::2] for k, v in calls.items()}
-    scape = _field_soundscape if field else _soundscape
+
+    def scape(rng: np.random.Generator, takes: dict[str, list[np.ndarray]], background: float = 0.0):
+        return _soundscape(rng, takes, soundscape_seconds, segment_seconds, sample_rate, background, field)
+
     with new_competition_folder(out, overwrite) as root:
         rng = np.random.default_rng([seed, 1])
         rows = []
@@ -146,33 +155,27 @@ def make_soundscape_competition(
         for n in range(train_soundscapes):
             name = f"unlabelled_{n:04d}.ogg"
             if field:
-                audio, truth, _ = scape(
-                    scape_rng, unlabelled_calls, soundscape_seconds, segment_seconds, sample_rate
-                )
+                audio, truth, _ = scape(scape_rng, unlabelled_calls)
                 hidden_truth += _chunk_rows(name, truth, segment_seconds)
             else:
                 audio = _background(scape_rng, soundscape_seconds, sample_rate)
             _write(root / "train_soundscapes" / name, audio, sample_rate)
         if field:
-            write_csv(root / "train_soundscapes_truth.csv", ["filename", "start", "end", "primary_label"],
-                      hidden_truth)  # fmt: skip
+            write_csv(root / "train_soundscapes_truth.csv", CHUNK_COLUMNS, hidden_truth)
         labelled = []
         for n in range(labelled_soundscapes):
             stem = f"labelled_{n:04d}"
-            audio, truth, _ = scape(scape_rng, calls, soundscape_seconds, segment_seconds, sample_rate)
+            audio, truth, _ = scape(scape_rng, calls)
             _write(root / "train_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             labelled += _chunk_rows(f"{stem}.ogg", truth, segment_seconds)
         if labelled_soundscapes:
-            write_csv(
-                root / "train_soundscapes_labels.csv", ["filename", "start", "end", "primary_label"], labelled
-            )
+            write_csv(root / "train_soundscapes_labels.csv", CHUNK_COLUMNS, labelled)
         (root / "test_soundscapes").mkdir()
         test_rng = np.random.default_rng([seed, 3])
         solution, snr = [], []
         for _ in range(test_soundscapes):
             stem = f"soundscape_{int(test_rng.integers(10**6, 10**7))}"
-            audio, truth, levels = scape(test_rng, calls, soundscape_seconds, segment_seconds, sample_rate,
-                                         background_db)  # fmt: skip
+            audio, truth, levels = scape(test_rng, calls, background_db)
             if not public:
                 _write(root / "test_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             row_ids = [f"{stem}_{(c + 1) * segment_seconds:g}" for c in range(len(truth))]
@@ -198,10 +201,9 @@ def _trim(clip: np.ndarray, floor_db: float = -35.0) -> np.ndarray:
 
 
 def _at_rate(clip: np.ndarray, rate: int, target: int) -> np.ndarray:
+    """`clip` at `target` Hz and at full scale: levels come later."""
     out = resample(clip, rate, target) if rate != target else clip
-    return (out / (np.abs(out).max() + 1e-9)).astype(
-        np.float32
-    )  # every call at full scale: levels come later
+    return (out / (np.abs(out).max() + 1e-9)).astype(np.float32)
 
 
 def _db(value: float) -> float:
@@ -244,24 +246,41 @@ def _background(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarr
 
 def _soundscape(
     rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
-    background_db: float = 0.0,
+    background_db: float = 0.0, field: bool = False,
 ) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
-    """Background with 0-2 calls of distinct classes per chunk, each wholly inside its chunk, at -6 to +12 dB
-    to the background (turned by `background_db` after the calls' levels are set). Returns the audio, each
-    chunk's classes, and each chunk's (class, SNR in dB against the background as written)."""
+    """Background with calls, each wholly inside its chunk: 0-2 calls of distinct classes per chunk at -6 to +12 dB
+    to the background, or with `field` as BirdCLEF's sound (the module docstring): residents calling in bouts, a
+    rare visitor, every call distant, at -9 to +9 dB. `background_db` turns the background after the calls'
+    levels are set. Returns the audio, each chunk's classes, and each chunk's (class, SNR in dB against the
+    background as written)."""
     audio = _background(rng, seconds, rate)
     noise_rms = float(np.sqrt(np.mean(audio**2)))
     audio *= _db(background_db)
     labels = sorted(calls)
+    if field:
+        count = min(len(labels), 1 + int(rng.choice(len(RESIDENTS), p=RESIDENTS)))
+        residents = rng.choice(labels, size=count, replace=False).tolist()
+        calling = {label: rng.random() < BOUT_START for label in residents}
     truth, levels = [], []
     for c in range(int(math.floor(seconds / segment))):
-        count = min(len(labels), int(rng.choice(len(CALLS_PER_CHUNK), p=CALLS_PER_CHUNK)))
-        present = sorted(rng.choice(labels, size=count, replace=False).tolist()) if count else []
+        if not field:
+            count = min(len(labels), int(rng.choice(len(CALLS_PER_CHUNK), p=CALLS_PER_CHUNK)))
+            present = sorted(rng.choice(labels, size=count, replace=False).tolist()) if count else []
+        else:
+            if c:
+                calling = {
+                    label: rng.random() < (BOUT_STAY if on else BOUT_BEGIN) for label, on in calling.items()
+                }
+            chosen = {label for label, on in calling.items() if on}
+            if rng.random() < VISITOR_PER_CHUNK:
+                chosen.add(str(rng.choice(labels)))
+            present = sorted(chosen)
         start, size = int(c * segment * rate), int(segment * rate)
         chunk = []
         for label in present:
-            call = calls[label][int(rng.integers(len(calls[label])))][:size]
-            snr_db = rng.uniform(-6, 12)
+            call = calls[label][int(rng.integers(len(calls[label])))]
+            call = (_distant(rng, call, rate) if field else call)[:size]
+            snr_db = rng.uniform(-9, 9) if field else rng.uniform(-6, 12)
             level = noise_rms * _db(snr_db) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
             at = start + int(rng.integers(0, size - len(call) + 1))
             audio[at : at + len(call)] += call * level
@@ -275,42 +294,6 @@ def _chunk_rows(filename: str, truth: list[list[str]], segment: float) -> list[l
     """The labelled table's rows (filename, start, end, "a;b") of a soundscape's chunks that hold calls."""
     return [[filename, f"{c * segment:g}", f"{(c + 1) * segment:g}", ";".join(present)]
             for c, present in enumerate(truth) if present]  # fmt: skip
-
-
-def _field_soundscape(
-    rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
-    background_db: float = 0.0,
-) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
-    """A soundscape as BirdCLEF's sound (the module docstring): residents calling in bouts, a rare visitor, every
-    call distant. Returns what _soundscape returns."""
-    audio = _background(rng, seconds, rate)
-    noise_rms = float(np.sqrt(np.mean(audio**2)))
-    audio *= _db(background_db)
-    labels = sorted(calls)
-    count = min(len(labels), 1 + int(rng.choice(len(RESIDENTS), p=RESIDENTS)))
-    residents = rng.choice(labels, size=count, replace=False).tolist()
-    calling = {label: rng.random() < BOUT_START for label in residents}
-    truth, levels = [], []
-    for c in range(int(math.floor(seconds / segment))):
-        if c:
-            calling = {
-                label: rng.random() < (BOUT_STAY if on else BOUT_BEGIN) for label, on in calling.items()
-            }
-        present = {label for label, on in calling.items() if on}
-        if rng.random() < VISITOR_PER_CHUNK:
-            present.add(str(rng.choice(labels)))
-        start, size = int(c * segment * rate), int(segment * rate)
-        chunk = []
-        for label in sorted(present):
-            call = _distant(rng, calls[label][int(rng.integers(len(calls[label])))], rate)[:size]
-            snr_db = rng.uniform(-9, 9)
-            level = noise_rms * _db(snr_db) / (float(np.sqrt(np.mean(call**2))) + 1e-9)
-            at = start + int(rng.integers(0, size - len(call) + 1))
-            audio[at : at + len(call)] += call * level
-            chunk.append((label, snr_db - background_db))
-        truth.append(sorted(present))
-        levels.append(chunk)
-    return audio, truth, levels
 
 
 def _distant(rng: np.random.Generator, call: np.ndarray, rate: int) -> np.ndarray:

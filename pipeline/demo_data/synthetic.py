@@ -9,6 +9,7 @@ speaker, so a model can only win by listening to the voice.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -93,25 +94,23 @@ def _draw_speakers(rng: np.random.Generator, n: int) -> list[_Speaker]:
     tilts = strata(1200.0, 4000.0)
     breaths = strata(0.02, 0.25)
     nasals = strata(600.0, 2800.0)
-    speakers = []
-    for i, (u, v) in enumerate(points):
-        speakers.append(
-            _Speaker(
-                f0=math.exp(lo_f0 + u * (hi_f0 - lo_f0)),
-                vtl=_VTL_RANGE[0] + v * (_VTL_RANGE[1] - _VTL_RANGE[0]),
-                formant_quirk=1.0 + rng.uniform(-0.1, 0.1, size=5),
-                bw_scale=float(rng.uniform(0.8, 1.4)),
-                rate=float(rng.uniform(0.8, 1.3)),
-                breathiness=float(breaths[i]),
-                open_quotient=float(rng.uniform(0.4, 0.75)),
-                tilt_hz=float(tilts[i]),
-                jitter=float(rng.uniform(0.005, 0.02)),
-                shimmer=float(rng.uniform(0.02, 0.08)),
-                intonation_st=float(rng.uniform(1.0, 4.0)),
-                nasal_hz=float(nasals[i]),
-            )
+    return [
+        _Speaker(
+            f0=math.exp(lo_f0 + u * (hi_f0 - lo_f0)),
+            vtl=_VTL_RANGE[0] + v * (_VTL_RANGE[1] - _VTL_RANGE[0]),
+            formant_quirk=1.0 + rng.uniform(-0.1, 0.1, size=5),
+            bw_scale=float(rng.uniform(0.8, 1.4)),
+            rate=float(rng.uniform(0.8, 1.3)),
+            breathiness=float(breaths[i]),
+            open_quotient=float(rng.uniform(0.4, 0.75)),
+            tilt_hz=float(tilts[i]),
+            jitter=float(rng.uniform(0.005, 0.02)),
+            shimmer=float(rng.uniform(0.02, 0.08)),
+            intonation_st=float(rng.uniform(1.0, 4.0)),
+            nasal_hz=float(nasals[i]),
         )
-    return speakers
+        for i, (u, v) in enumerate(points)
+    ]
 
 
 def _resonator_sos(freqs: np.ndarray, bws: np.ndarray, sr: int) -> np.ndarray:
@@ -206,8 +205,7 @@ def _vocal_tract(excitation: np.ndarray, track: tuple, spk: _Speaker, sr: int) -
     zi = np.zeros((formants.shape[1], 2))
     # Coefficients change every block while the formants move; the steady part is one call.
     starts = list(range(0, glide_end, block)) + [max(glide_end, 0)]
-    for i, b0 in enumerate(starts):
-        b1 = starts[i + 1] if i + 1 < len(starts) else len(excitation)
+    for b0, b1 in zip(starts, [*starts[1:], len(excitation)], strict=True):
         if b1 <= b0:
             continue
         j = min(int(np.searchsorted(times, b0, side="right")) - 1, len(times) - 2)
@@ -229,18 +227,19 @@ def _render_utterance(spk: _Speaker, rng: np.random.Generator, sr: int) -> np.nd
     # so the duration itself carries (almost) no information about the speaker.
     n_syl = int(np.clip(round(0.8 * target_s * spk.rate / _SYLLABLE_S), 2, 6))
 
-    # Plan each syllable as segments (kind, n_samples, params).
+    # Plan each syllable as segments (kind, n_samples, params): a vowel's formant track, a consonant's band.
     syllables: list[list[tuple[str, int, tuple]]] = []
     prev = _vowel_formants(None)
     for _ in range(n_syl):
         plan: list[tuple[str, int, tuple]] = []
         if rng.random() < 0.75:
             if rng.random() < 0.6:
-                centre = rng.uniform(2500.0, 6000.0) / spk.vtl
-                plan.append(("fric", int(rng.uniform(0.04, 0.12) / spk.rate * fs), (centre,)))
+                centre = min(rng.uniform(2500.0, 6000.0) / spk.vtl, 0.4 * fs)
+                band = (centre * 0.7, min(centre * 1.3, 0.45 * fs))
+                plan.append(("fric", int(rng.uniform(0.04, 0.12) / spk.rate * fs), band))
             else:
                 plan.append(("gap", int(rng.uniform(0.03, 0.06) / spk.rate * fs), ()))
-                plan.append(("burst", int(rng.uniform(0.01, 0.02) * fs), ()))
+                plan.append(("burst", int(rng.uniform(0.01, 0.02) * fs), (1500.0, 6000.0)))
         n_vowel = int(rng.uniform(0.10, 0.26) / spk.rate * fs)
         v1 = _vowel_formants(int(rng.integers(len(_VOWELS))))
         # Formants start 40% of the way from the previous vowel (coarticulation) and settle on the
@@ -278,18 +277,11 @@ def _render_utterance(spk: _Speaker, rng: np.random.Generator, sr: int) -> np.nd
             end = min(pos + n + ring, n_speech)
             speech[pos:end] += out[: end - pos]
             voiced[pos : pos + n] = True
-        elif kind == "fric":
-            (centre,) = params
-            centre = min(centre, 0.4 * fs)
-            band = [centre * 0.7, min(centre * 1.3, 0.45 * fs)]
-            sos = signal.butter(2, band, btype="bandpass", fs=fs, output="sos")
+        elif kind != "gap":  # a fricative or a burst: band-passed noise, ramped or decaying
+            sos = signal.butter(2, params, btype="bandpass", fs=fs, output="sos")
             noise = signal.sosfilt(sos, rng.standard_normal(n))
-            consonants[pos : pos + n] = noise / (np.std(noise) + 1e-12) * fric_level * _ramp(n, fs, 0.01)
-        elif kind == "burst":
-            sos = signal.butter(2, [1500.0, 6000.0], btype="bandpass", fs=fs, output="sos")
-            noise = signal.sosfilt(sos, rng.standard_normal(n))
-            decay = np.exp(-np.arange(n) / (0.3 * n))
-            consonants[pos : pos + n] = noise / (np.std(noise) + 1e-12) * fric_level * 2.0 * decay
+            shape = _ramp(n, fs, 0.01) if kind == "fric" else 2.0 * np.exp(-np.arange(n) / (0.3 * n))
+            consonants[pos : pos + n] = noise / (np.std(noise) + 1e-12) * fric_level * shape
         pos += n
 
     speech = signal.sosfilt(_pole_zero_sos(spk.nasal_hz, fs), speech)
@@ -350,32 +342,22 @@ def _render_file(root: Path, spec: _File, speakers: list[_Speaker], rates: tuple
 
 
 def _render_many(root: Path, files: list[_File], speakers, rates, clip_seconds, workers: int) -> None:
+    render = functools.partial(_render_file, root, speakers=speakers, rates=rates, clip_seconds=clip_seconds)
     if workers <= 1 or len(files) < 200:
         for spec in files:
-            _render_file(root, spec, speakers, rates, clip_seconds)
+            render(spec)
         return
     import concurrent.futures
 
     from ..devices.launch import helper_spawn_context
 
-    chunks = [files[k :: workers * 4] for k in range(workers * 4)]
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
-        for done in [
-            pool.submit(_render_chunk, root, chunk, speakers, rates, clip_seconds) for chunk in chunks
-        ]:
-            done.result()
+        # Four chunks per worker; list() raises a worker's error.
+        list(pool.map(render, files, chunksize=-(-len(files) // (workers * 4))))
 
 
-def _render_chunk(root: Path, files: list[_File], speakers, rates, clip_seconds) -> None:
-    for spec in files:
-        _render_file(root, spec, speakers, rates, clip_seconds)
-
-
-def _build(
-    root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int,
-    clip_seconds: float | None = None, rates: tuple[int, ...] = SAMPLE_RATES, formats: tuple[str, ...] = ("wav",),
-    workers: int = 1,
-) -> None:  # fmt: skip
+def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int,
+           clip_seconds: float | None, rates: tuple[int, ...], formats: tuple[str, ...], workers: int) -> None:  # fmt: skip
     speakers = _draw_speakers(np.random.default_rng([seed, 0]), n_speakers)
     width = max(2, len(str(n_speakers - 1)))
     labels = [f"spk{i:0{width}d}" for i in range(n_speakers)]

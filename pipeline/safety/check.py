@@ -6,7 +6,7 @@ import argparse
 import ast
 import sys
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from .findings import (
@@ -17,6 +17,7 @@ from .findings import (
     Finding,
     SafetyError,
     SafetyReport,
+    location,
 )
 from .project import Project
 from .scanner import ImportEvent, Scanner, aliases_of, socket_names
@@ -31,10 +32,8 @@ def _display(path: Path) -> str:
 
 
 def _default_root(target: Path, packages: Sequence[str]) -> Path:
-    for parent in target.resolve().parents:
-        if any((parent / name / "__init__.py").is_file() for name in packages):
-            return parent
-    return Path.cwd()
+    holds = (p for p in target.resolve().parents if any((p / n / "__init__.py").is_file() for n in packages))
+    return next(holds, Path.cwd())
 
 
 def analyse(
@@ -51,9 +50,9 @@ def analyse(
     report = SafetyReport(shown)
     local_dirs = (Path.cwd(), root_dir, target.resolve().parent)
 
+    context = None
     if target.suffix == ".ipynb":
         units = notebook_units(target)
-        context = None
     else:
         try:
             units = script_units(target.read_text(encoding="utf-8"))
@@ -67,15 +66,9 @@ def analyse(
         try:
             tree, shells = parse_unit(unit, shown)
         except SyntaxError as exc:
-            report.findings.append(
-                Finding(
-                    shown,
-                    (exc.lineno or 1) + unit.line_offset,
-                    RULE_SYNTAX,
-                    f"cannot parse ({exc.msg}); the checker cannot verify this code",
-                    unit.cell,
-                )
-            )
+            message = f"cannot parse ({exc.msg}); the checker cannot verify this code"
+            line = (exc.lineno or 1) + unit.line_offset
+            report.findings.append(Finding(shown, line, RULE_SYNTAX, message, unit.cell))
             continue
         parsed.append((unit, tree, shells))
     aliases = aliases_of([tree for _, tree, _ in parsed])
@@ -86,50 +79,30 @@ def analyse(
     queue: deque[tuple[str, tuple[str, ...]]] = deque()
     seen: set[str] = {context} if context is not None else set()
 
-    def follow(
-        events: list[ImportEvent],
-        ctx: str | None,
-        site: Callable[[int], str],
-        prefix: tuple[str, ...],
-        locate: Callable[[int], tuple[str, int, int | None]],
-    ) -> None:
+    def follow(events: list[ImportEvent], module: str | None, file: str, offset: int = 0,
+               cell: int | None = None, chain: tuple[str, ...] = ()) -> None:  # fmt: skip
+        """Queue the project modules that the imports `events` of the target (`module` None) or of `module`
+        execute; report those that must exist but are not found."""
         for event in events:
-            for module, must_exist in project.resolve(event, ctx):
-                if module in seen:
+            line = event.line + offset
+            site = f"{module} line {line}" if module else location(file, line, cell)
+            for name, must_exist in project.resolve(event, module or context):
+                if name in seen:
                     continue
-                seen.add(module)
-                chain = (*prefix, site(event.line))
-                if project.file(module) is not None:
-                    queue.append((module, chain))
-                elif must_exist and not project.exists(module):
-                    path, line, cell = locate(event.line)
-                    report.findings.append(
-                        Finding(
-                            path,
-                            line,
-                            RULE_UNRESOLVED,
-                            f"project module `{module}` is imported but not found under "
-                            f"{project.root} (pass --root); it could not be checked",
-                            cell,
-                            chain if prefix else (),
-                        )
-                    )
-                # else: a namespace package directory, nothing to read
+                seen.add(name)
+                if project.file(name) is not None:
+                    queue.append((name, (*chain, site)))
+                elif must_exist and not project.exists(name):  # else a namespace package: nothing to read
+                    message = (f"project module `{name}` is imported but not found under {project.root} "
+                               "(pass --root); it could not be checked")  # fmt: skip
+                    report.findings.append(Finding(file, line, RULE_UNRESOLVED, message, cell,
+                                                   (*chain, site) if module else ()))  # fmt: skip
 
     for unit, tree, shells in parsed:
         scan = Scanner(aliases, local_dirs, sockets).run(tree, shells)
-
-        def locate(line: int, unit: Unit = unit) -> tuple[str, int, int | None]:
-            return shown, line + unit.line_offset, unit.cell
-
-        def site(line: int, unit: Unit = unit) -> str:
-            if unit.cell is not None:
-                return f"{shown}:cell {unit.cell} line {line}"
-            return f"{shown}:{line + unit.line_offset}"
-
         for line, rule, message in scan.problems:
             report.findings.append(Finding(shown, line + unit.line_offset, rule, message, unit.cell))
-        follow(scan.imports, context, site, (), locate)
+        follow(scan.imports, None, shown, unit.line_offset, unit.cell)
 
     while queue:
         module, chain = queue.popleft()
@@ -137,25 +110,13 @@ def analyse(
         assert file is not None  # only modules with a file are queued
         shown_file = _display(file)
         report.modules.append(module)
-
-        def module_locate(line: int, shown_file: str = shown_file) -> tuple[str, int, int | None]:
-            return shown_file, line, None
-
-        def module_site(line: int, module: str = module) -> str:
-            return f"{module} line {line}"
-
         try:
             tree = ast.parse(file.read_bytes(), shown_file)
         except (SyntaxError, ValueError) as exc:  # ValueError: null bytes on older Pythons
             line = getattr(exc, "lineno", None) or 1
+            message = f"cannot parse {module} ({getattr(exc, 'msg', exc)}); the checker cannot verify it"
             report.findings.append(
-                Finding(
-                    shown_file,
-                    line,
-                    RULE_SYNTAX,
-                    f"cannot parse {module} ({getattr(exc, 'msg', exc)}); the checker cannot verify it",
-                    chain=(*chain, module_site(line)),
-                )
+                Finding(shown_file, line, RULE_SYNTAX, message, chain=(*chain, f"{module} line {line}"))
             )
             continue
         scan = Scanner(aliases_of([tree]), local_dirs).run(tree)
@@ -163,9 +124,9 @@ def analyse(
             if rule == RULE_XLA:  # guarded or not, the import is in the notebook's import graph
                 message += f"; the notebook imports {module}, so move this out of its import graph"
             report.findings.append(
-                Finding(shown_file, line, rule, message, chain=(*chain, module_site(line)))
+                Finding(shown_file, line, rule, message, chain=(*chain, f"{module} line {line}"))
             )
-        follow(scan.imports, module, module_site, chain, module_locate)
+        follow(scan.imports, module, shown_file, chain=chain)
 
     report.findings.sort(key=lambda f: (f.path != shown, f.path, f.cell or 0, f.line))
     return report
@@ -206,11 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.root is not None and not Path(args.root).is_dir():
         print(f"check-safety: error: --root {args.root}: not a directory", file=sys.stderr)
         return 2
-    packages = tuple(args.packages) if args.packages else DEFAULT_PACKAGES
     status = 0
     for target in args.targets:
         try:
-            report = analyse(target, args.root, packages)
+            report = analyse(target, args.root, args.packages or DEFAULT_PACKAGES)
         except (FileNotFoundError, SafetyError, IsADirectoryError) as exc:
             print(f"check-safety: error: {exc}", file=sys.stderr)
             status = 2

@@ -13,6 +13,11 @@ RULE_UNRESOLVED = "unresolved"
 DEFAULT_PACKAGES: tuple[str, ...] = ("pipeline",)
 
 
+def location(path: str, line: int, cell: int | None = None) -> str:
+    """``path:cell C line L`` for notebook cells, ``path:L`` for files."""
+    return f"{path}:cell {cell} line {line}" if cell is not None else f"{path}:{line}"
+
+
 @dataclass(frozen=True)
 class Finding:
     """One problem: where it is, which rule, and (for package modules) how the notebook reaches it."""
@@ -26,10 +31,7 @@ class Finding:
 
     @property
     def location(self) -> str:
-        """``path:cell C line L`` for notebook cells, ``path:L`` for files."""
-        if self.cell is not None:
-            return f"{self.path}:cell {self.cell} line {self.line}"
-        return f"{self.path}:{self.line}"
+        return location(self.path, self.line, self.cell)
 
     def format(self) -> str:
         """The one-line form printed by the CLI: ``location: rule: message [via ...]``."""

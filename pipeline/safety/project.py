@@ -15,11 +15,8 @@ class Project:
     def __init__(self, root: Path, packages: Sequence[str]) -> None:
         self.root = root
         self.packages = tuple(packages)
-        self.dirs: dict[str, Path] = {}
-        for name in self.packages:
-            found = self._locate(name)
-            if found is not None:
-                self.dirs[name] = found
+        found = {name: self._locate(name) for name in self.packages}
+        self.dirs: dict[str, Path] = {name: path for name, path in found.items() if path is not None}
 
     def _locate(self, name: str) -> Path | None:
         for base in (self.root, self.root / "src"):
@@ -49,9 +46,7 @@ class Project:
         return None
 
     def exists(self, module: str) -> bool:
-        parts = module.split(".")
-        top = self.dirs.get(parts[0])
-        return top is not None and (self.file(module) is not None or top.joinpath(*parts[1:]).is_dir())
+        return self.file(module) is not None or self.is_package(module)
 
     def is_package(self, module: str) -> bool:
         parts = module.split(".")
@@ -98,8 +93,7 @@ class Project:
             if context is None:
                 return []
             parts = context.split(".") if self.is_package(context) else context.split(".")[:-1]
-            if event.level > 1:
-                parts = parts[: len(parts) - (event.level - 1)]
+            parts = parts[: len(parts) - (event.level - 1)]  # each dot beyond the first goes up a package
             if not parts:
                 return []
             base = ".".join([*parts, event.module] if event.module else parts)

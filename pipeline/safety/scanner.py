@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from .findings import RULE_DOWNLOAD, RULE_XLA
@@ -19,12 +19,6 @@ class ImportEvent:
     module: str  # absolute, or the part after the dots for relative imports
     level: int = 0
     names: tuple[str, ...] = ()  # names of `from module import a, b`; ("*",) for star imports
-
-
-@dataclass
-class _Scan:
-    imports: list[ImportEvent] = field(default_factory=list)
-    problems: list[tuple[int, str, str]] = field(default_factory=list)  # (line, rule, message)
 
 
 def _is_xla(name: str | None) -> bool:
@@ -55,12 +49,9 @@ def aliases_of(trees: Sequence[ast.AST]) -> dict[str, str]:
     for tree in trees:
         for node in _walk(tree):
             if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        table[alias.asname] = alias.name
-                    else:
-                        top = alias.name.split(".")[0]
-                        table[top] = top
+                for alias in node.names:  # `import a.b` binds a; `import a.b as c` binds c to a.b
+                    top = alias.name.split(".")[0]
+                    table[alias.asname or top] = alias.name if alias.asname else top
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 for alias in node.names:
                     if alias.name != "*":
@@ -69,52 +60,24 @@ def aliases_of(trees: Sequence[ast.AST]) -> dict[str, str]:
 
 
 _SHELL_CALLS = {
-    "subprocess.run",
-    "subprocess.call",
-    "subprocess.check_call",
-    "subprocess.check_output",
-    "subprocess.Popen",
-    "subprocess.getoutput",
-    "subprocess.getstatusoutput",
-    "os.system",
-    "os.popen",
-    "get_ipython().system",
-    "get_ipython().system_raw",
-    "get_ipython().getoutput",
-}
+    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output", "subprocess.Popen",
+    "subprocess.getoutput", "subprocess.getstatusoutput", "os.system", "os.popen",
+    "get_ipython().system", "get_ipython().system_raw", "get_ipython().getoutput",
+}  # fmt: skip
 _DYNAMIC_IMPORTS = {"importlib.import_module", "importlib.__import__", "__import__"}
-# Distinctive function names that download whatever module they come from.
+# Distinctive function names that download whatever module they come from (download_file: speechbrain's
+# data_utils; download_asset: torchaudio.utils).
 _DOWNLOAD_NAMES = {
-    "urlopen",
-    "urlretrieve",
-    "hf_hub_download",
-    "snapshot_download",
-    "cached_download",
-    "load_state_dict_from_url",
-    "download_url_to_file",
-    "download_file",  # speechbrain.utils.data_utils
-    "download_asset",  # torchaudio.utils
-}
+    "urlopen", "urlretrieve", "hf_hub_download", "snapshot_download", "cached_download", "load_state_dict_from_url",
+    "download_url_to_file", "download_file", "download_asset",
+}  # fmt: skip
 _DOWNLOAD_QUALNAMES = {
-    "torch.hub.load",
-    "torch.hub.list",
-    "torch.hub.help",
-    "torch.utils.model_zoo.load_url",
-    "wget.download",
-    "gdown.download",
-    "gdown.download_folder",
-    "pooch.retrieve",
-    "http.client.HTTPConnection",
-    "http.client.HTTPSConnection",
-    "aiohttp.ClientSession",
-    "urllib3.PoolManager",
-    "urllib3.request",
-    "socket.create_connection",
-    "socket.socket().connect",
-    "socket.socket().connect_ex",
-    "ftplib.FTP",
+    "torch.hub.load", "torch.hub.list", "torch.hub.help", "torch.utils.model_zoo.load_url", "wget.download",
+    "gdown.download", "gdown.download_folder", "pooch.retrieve", "http.client.HTTPConnection",
+    "http.client.HTTPSConnection", "aiohttp.ClientSession", "urllib3.PoolManager", "urllib3.request",
+    "socket.create_connection", "socket.socket().connect", "socket.socket().connect_ex", "ftplib.FTP",
     "ftplib.FTP_TLS",
-}
+}  # fmt: skip
 # pip's Python entry points: `pip.main(["install", ...])` is a pip install like any other.
 _PIP_API = {"pip.main", "pip._internal.main", "pip._internal.main.main", "pip._internal.cli.main.main"}
 _REQUESTS_FUNCS = set("get post put patch delete head options request Session session".split())
@@ -130,14 +93,15 @@ _DATASETS_LOCAL_BUILDERS = {"csv", "json", "parquet", "text", "arrow", "audiofol
 
 
 class Scanner:
-    """Collects imports and rule violations from one parsed target or module."""
+    """Collects imports and rule violations (line, rule, message) from one parsed target or module."""
 
     def __init__(
         self, aliases: dict[str, str], local_dirs: Sequence[Path], sockets: frozenset[str] = frozenset()
     ) -> None:
         self.aliases = aliases
         self.local_dirs = local_dirs
-        self.scan = _Scan()
+        self.imports: list[ImportEvent] = []
+        self.problems: list[tuple[int, str, str]] = []
         # Names bound to socket.socket(...) anywhere in the target (cells share names), for `s.connect`.
         self.sockets: set[str] = set(sockets)
 
@@ -152,7 +116,7 @@ class Scanner:
             return f"{base}()" if base else None
         return None
 
-    def run(self, tree: ast.AST, shells: Sequence[ShellCommand] = ()) -> _Scan:
+    def run(self, tree: ast.AST, shells: Sequence[ShellCommand] = ()) -> Scanner:
         self.sockets |= socket_names(tree, self)
         for shell in shells:
             self.shell(shell.line, shell.command)
@@ -161,38 +125,36 @@ class Scanner:
                 for alias in node.names:
                     if _is_xla(alias.name):
                         self.xla(node.lineno, f"import {alias.name}")
-                    self.scan.imports.append(ImportEvent(node.lineno, alias.name))
+                    self.imports.append(ImportEvent(node.lineno, alias.name))
             elif isinstance(node, ast.ImportFrom):
                 if node.level == 0 and _is_xla(node.module):
                     self.xla(node.lineno, f"from {node.module} import ...")
                 names = tuple(a.name for a in node.names)
-                self.scan.imports.append(ImportEvent(node.lineno, node.module or "", node.level, names))
+                self.imports.append(ImportEvent(node.lineno, node.module or "", node.level, names))
             elif isinstance(node, ast.Call):
                 self.call(node)
-        return self.scan
-
-    def problem(self, line: int, rule: str, message: str) -> None:
-        self.scan.problems.append((line, rule, message))
+        return self
 
     def xla(self, line: int, what: str) -> None:
-        self.problem(line, RULE_XLA, f"`{what}`: torch_xla is not installed in the submission image")
+        self.problems.append(
+            (line, RULE_XLA, f"`{what}`: torch_xla is not installed in the submission image")
+        )
 
     def shell(self, line: int, command: str | list[str]) -> None:
         problems, runs = analyse_shell(command)
-        for rule, message in problems:
-            self.problem(line, rule, message)
+        self.problems += [(line, rule, message) for rule, message in problems]
         for kind, what in runs:
             if kind == "-m":
                 # `python -m pkg` also runs pkg/__main__.py: import it like `from pkg import __main__`.
-                self.scan.imports.append(ImportEvent(line, what, 0, ("__main__",)))
+                self.imports.append(ImportEvent(line, what, 0, ("__main__",)))
                 continue
             try:
                 tree = ast.parse(what)
             except SyntaxError:
                 continue  # not worth a finding: the command would fail loudly anyway
             sub = Scanner(aliases_of([tree]), self.local_dirs).run(tree)
-            self.scan.problems += [(line, rule, message) for _, rule, message in sub.problems]
-            self.scan.imports += [ImportEvent(line, e.module, e.level, e.names) for e in sub.imports]
+            self.problems += [(line, rule, message) for _, rule, message in sub.problems]
+            self.imports += [ImportEvent(line, e.module, e.level, e.names) for e in sub.imports]
 
     def call(self, node: ast.Call) -> None:
         qual = self.dotted(node.func) or ""
@@ -228,24 +190,20 @@ class Scanner:
             source = source if source is not None else (args[0] if args else None)
             value = _const_str(source)
             if value is not None and not offline and self.looks_remote(value, bare=last == "from_pretrained"):
-                self.problem(
-                    line,
-                    RULE_DOWNLOAD,
-                    f"{what} with source {value!r} fetches from the model hub; pass a local directory "
-                    "(e.g. an attached /kaggle/input dataset) instead",
-                )
+                message = (f"{what} with source {value!r} fetches from the model hub; pass a local directory "
+                           "(e.g. an attached /kaggle/input dataset) instead")  # fmt: skip
+                self.problems.append((line, RULE_DOWNLOAD, message))
         elif last in _DOWNLOAD_NAMES or qual in _DOWNLOAD_QUALNAMES or _KAGGLE_API.match(last):
             # torch.hub.load(dir, name, source="local") is the offline way to use a hub repo.
             if not offline and _const_str(_keyword(node, "source")) != "local":
                 self.download(line, what)
-        elif (qual.startswith("requests.") and last in _REQUESTS_FUNCS) or qual.startswith("httpx."):
-            self.download(line, what)
         elif (
-            last in ("connect", "connect_ex")
-            and isinstance(node.func, ast.Attribute)
-            and isinstance(node.func.value, ast.Name)
-            and node.func.value.id in self.sockets
-        ):
+            (qual.startswith("requests.") and last in _REQUESTS_FUNCS)
+            or qual.startswith("httpx.")
+            or (last == "get_file" and "keras" in qual)
+            or (last in ("connect", "connect_ex") and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in self.sockets)
+        ):  # fmt: skip
             self.download(line, what)
         elif qual.startswith("speechbrain.") and last == "fetch":
             # speechbrain.utils.fetching.fetch(filename, source, ...): a hub id or URL downloads.
@@ -258,17 +216,12 @@ class Scanner:
                 value not in _DATASETS_LOCAL_BUILDERS and self.looks_remote(value, bare=True)
             ):
                 self.download(line, what)
-        elif last == "get_file" and "keras" in qual:
-            self.download(line, what)
         elif _const_true(_keyword(node, "download")):
             self.download(line, f"{what} with download=True")
 
     def download(self, line: int, what: str) -> None:
-        self.problem(
-            line,
-            RULE_DOWNLOAD,
-            f"{what} downloads from the network (off in the submission); read from an attached input",
-        )
+        message = f"{what} downloads from the network (off in the submission); read from an attached input"
+        self.problems.append((line, RULE_DOWNLOAD, message))
 
     def dynamic_import(self, node: ast.Call, name: object) -> None:
         if not isinstance(name, str):
@@ -281,9 +234,9 @@ class Scanner:
                 return
             level = len(name) - len(name.lstrip("."))
             parts = package.split(".")
-            parts = parts[: len(parts) - (level - 1)] if level > 1 else parts
+            parts = parts[: len(parts) - (level - 1)]
             name = ".".join([*parts, name.lstrip(".")]).rstrip(".")
-        self.scan.imports.append(ImportEvent(node.lineno, name))
+        self.imports.append(ImportEvent(node.lineno, name))
 
     def looks_remote(self, value: str, bare: bool) -> bool:
         """True for URLs and hub ids ("owner/name"; plain "name" too if ``bare``) not on disk."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 
@@ -22,13 +23,8 @@ def _split_segments(command: str) -> list[list[str]]:
         tokens = list(lexer)
     except ValueError:  # unbalanced quotes: fall back to a rough split
         tokens = [t.strip("'\"") for t in re.split(r"\s+|(&&|\|\||;|\|)", command) if t]
-    segments: list[list[str]] = [[]]
-    for token in tokens:
-        if token in _SEPARATORS:
-            segments.append([])
-        else:
-            segments[-1].append(token)
-    return [s for s in segments if s]
+    runs = itertools.groupby(tokens, key=lambda token: token in _SEPARATORS)
+    return [list(segment) for separators, segment in runs if not separators]
 
 
 def analyse_shell(command: str | list[str]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
@@ -36,10 +32,9 @@ def analyse_shell(command: str | list[str]) -> tuple[list[tuple[str, str]], list
 
     The second list holds the Python that the command runs, which the caller analyses too.
     """
-    segments = [command] if isinstance(command, list) else _split_segments(command)
     problems: list[tuple[str, str]] = []
     runs: list[tuple[str, str]] = []
-    for tokens in segments:
+    for tokens in [command] if isinstance(command, list) else _split_segments(command):
         _analyse_segment(tokens, problems, runs)
     return problems, runs
 
@@ -58,44 +53,31 @@ def _analyse_segment(tokens: list[str], problems: list[tuple[str, str]], runs: l
         runs.extend(sub_runs)
         return
 
-    pip_at = next(
-        (
-            i
-            for i, t in enumerate(toks)
-            if _PIP.match(t.rsplit("/", 1)[-1]) and (i == 0 or toks[i - 1] in ("-m", "uv"))
-        ),
-        None,
-    )
-    if pip_at is not None:
-        rest = toks[pip_at + 1 :]
+    online = f"`{text}` needs the internet (off in the submission)"
+    pips = [
+        i
+        for i, t in enumerate(toks)
+        if _PIP.match(t.rsplit("/", 1)[-1]) and (i == 0 or toks[i - 1] in ("-m", "uv"))
+    ]
+    if pips:
+        rest = toks[pips[0] + 1 :]
         sub = next((t for t in rest if not t.startswith("-")), "")
         if sub in ("install", "download", "wheel") and "--no-index" not in rest:
             problems.append(
-                (
-                    RULE_PIP,
-                    f"`{text}` needs the internet (off in the submission); "
-                    "use `pip install --no-index --find-links /kaggle/input/<wheels> ...`",
-                )
+                (RULE_PIP, f"{online}; use `pip install --no-index --find-links /kaggle/input/<wheels> ...`")
             )
         return
-    if _PYTHON.match(cmd) and "-m" in toks[:-1]:
-        runs.append(("-m", toks[toks.index("-m") + 1]))
-        return
-    if _PYTHON.match(cmd) and "-c" in toks[:-1]:
-        runs.append(("-c", toks[toks.index("-c") + 1]))
-        return
+    for flag in ("-m", "-c"):
+        if _PYTHON.match(cmd) and flag in toks[:-1]:
+            runs.append((flag, toks[toks.index(flag) + 1]))
+            return
     sub = next((t for t in toks[1:] if not t.startswith("-")), "")
-    if cmd in ("conda", "mamba", "micromamba") and sub in ("install", "create", "update", "upgrade"):
-        if "--offline" not in toks:
-            problems.append((RULE_PIP, f"`{text}` needs the internet (off in the submission)"))
-    elif cmd in ("apt", "apt-get") and sub == "install":
-        problems.append((RULE_PIP, f"`{text}` needs the internet (off in the submission)"))
-    elif cmd in _DOWNLOADERS:
-        problems.append((RULE_DOWNLOAD, f"`{text}` downloads from the network (off in the submission)"))
-    elif cmd == "git" and (
-        sub in ("clone", "pull", "fetch")
-        or (sub in ("lfs", "submodule") and {"pull", "fetch", "update"} & set(toks))
-    ):
+    if (cmd in ("conda", "mamba", "micromamba") and sub in ("install", "create", "update", "upgrade")
+            and "--offline" not in toks) or (cmd in ("apt", "apt-get") and sub == "install"):  # fmt: skip
+        problems.append((RULE_PIP, online))
+    elif cmd in _DOWNLOADERS or (cmd == "git" and (
+        sub in ("clone", "pull", "fetch") or (sub in ("lfs", "submodule") and {"pull", "fetch", "update"} & set(toks))
+    )):  # fmt: skip
         problems.append((RULE_DOWNLOAD, f"`{text}` downloads from the network (off in the submission)"))
     elif cmd == "kaggle" and ("download" in toks or toks[1:3] == ["kernels", "output"]):
         problems.append(

@@ -39,15 +39,12 @@ def notebook_units(path: Path) -> list[Unit]:
         raise SafetyError(f"{path}: not a valid .ipynb (JSON) file: {exc}") from exc
     if not isinstance(nb, dict) or not isinstance(nb.get("cells"), list):
         raise SafetyError(f"{path}: not an nbformat 4 notebook (no 'cells' list)")
-    units = []
-    for index, cell in enumerate(nb["cells"], start=1):
-        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
-            continue
-        src = cell.get("source", "")
-        if isinstance(src, list):
-            src = "".join(src)
-        units.append(Unit(src, index, 0, False))
-    return units
+    # nbformat stores a cell's source as one string or a list of lines: "".join reads either.
+    return [
+        Unit("".join(cell.get("source", "")), index, 0, False)
+        for index, cell in enumerate(nb["cells"], start=1)
+        if isinstance(cell, dict) and cell.get("cell_type") == "code"
+    ]
 
 
 def script_units(text: str) -> list[Unit]:
@@ -60,8 +57,7 @@ def script_units(text: str) -> list[Unit]:
     units = []
     if markers[0] > 0:  # jupytext treats text before the first marker (its header) as a cell
         units.append(Unit("".join(lines[: markers[0]]), None, 0, True))
-    for k, start in enumerate(markers):
-        end = markers[k + 1] if k + 1 < len(markers) else len(lines)
+    for start, end in zip(markers, [*markers[1:], len(lines)], strict=True):
         if _PERCENT_NON_CODE.search(lines[start]):
             continue
         language = _PERCENT_LANGUAGE.search(lines[start])
@@ -84,6 +80,7 @@ _COMMENTED_MAGIC = re.compile(
     r"^(?P<indent>[ \t]*)#[ \t]?(?:[A-Za-z_][\w, \t]*=[ \t]*)?(?P<bang>!!?|%)(?P<body>\S.*)$"
 )
 _TIMEIT_OPTS = re.compile(r"^(?:-\w+(?:[ \t]+\d+)?[ \t]+)*")
+_UNCOMMENT = re.compile(r"^[ \t]*#[ \t]?")  # jupytext's comment before a magic or a shell cell's line
 
 
 def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[ShellCommand]]:
@@ -100,22 +97,16 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
         head = lines[first].strip()
         if commented and head.startswith("#"):
             head = head[1:].lstrip()
-        if head.startswith("%%"):
-            match = re.match(r"^%%(\w+)(.*)$", head)
-            if match:
-                name, args = match.group(1), match.group(2).split()
-                body = lines[first + 1 :]
-                if commented:
-                    body = [re.sub(r"^[ \t]*#[ \t]?", "", line) for line in body]
-                lines[first] = ""
-                if name in _SHELL_CELL_MAGICS and not (
-                    name == "script" and args and Path(args[0]).name.startswith("python")
-                ):
-                    shells += _shell_lines(body, first + 2)
-                    return "\n" * (len(lines) - 1), shells
-                if name in _INERT_CELL_MAGICS:
-                    return "\n" * (len(lines) - 1), shells
-                # Python-bodied (and unknown) cell magics: analyse the body as Python.
+        match = re.match(r"^%%(\w+)(.*)$", head)
+        if match:
+            name, args = match.group(1), match.group(2).split()
+            shell = name in _SHELL_CELL_MAGICS and not (
+                name == "script" and args and Path(args[0]).name.startswith("python")
+            )
+            if shell or name in _INERT_CELL_MAGICS:
+                body = [_UNCOMMENT.sub("", line) if commented else line for line in lines[first + 1 :]]
+                return "\n" * (len(lines) - 1), _shell_lines(body, first + 2) if shell else []
+            lines[first] = ""  # Python-bodied (and unknown) cell magics: analyse the body as Python.
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -130,9 +121,7 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
         # A trailing backslash continues a shell command onto the next line.
         while body.endswith("\\") and i + 1 < len(lines):
             i += 1
-            nxt = lines[i]
-            if commented:
-                nxt = re.sub(r"^[ \t]*#[ \t]?", "", nxt)
+            nxt = _UNCOMMENT.sub("", lines[i]) if commented else lines[i]
             body = body[:-1] + " " + nxt.strip()
             lines[i] = ""
         replacement = indent + "pass"
@@ -179,7 +168,7 @@ def parse_unit(unit: Unit, filename: str) -> tuple[ast.Module, list[ShellCommand
     shells: list[ShellCommand] = []
     source = unit.source
     if unit.shell:
-        body = [re.sub(r"^[ \t]*#[ \t]?", "", line) for line in source.split("\n")[1:]]
+        body = [_UNCOMMENT.sub("", line) for line in source.split("\n")[1:]]
         return ast.Module(body=[], type_ignores=[]), _shell_lines(body, 2)
     if unit.commented_magics:
         source, shells = _strip_magics(source, commented=True, raw=False)
@@ -196,9 +185,7 @@ def parse_unit(unit: Unit, filename: str) -> tuple[ast.Module, list[ShellCommand
     # Last resort: IPython's own transformer (line numbers may drift for multi-line magics).
     try:
         from IPython.core.inputtransformer2 import TransformerManager
-    except ImportError:
-        raise error from None
-    try:
+
         return ast.parse(TransformerManager().transform_cell(source), filename), shells
-    except (SyntaxError, ValueError):
+    except (ImportError, SyntaxError, ValueError):
         raise error from None

@@ -39,8 +39,8 @@ class Report:
     gpus: list[dict[str, Any]]
     training: dict[str, Any]
     kaggle: dict[str, Any]
+    versions: versions.Comparison
     notes: list[str] = field(default_factory=list)
-    versions: versions.Comparison | None = None
 
 
 def collect(
@@ -59,17 +59,16 @@ def collect(
     if probe.tpu_available(e, root):
         tpu.update(_topology_or_error("tpu", env, runner, root))
 
-    gpus = []
-    for gpu in probe.gpu_info(env, runner):
-        cc = gpu.get("compute_capability")
-        gpus.append({**gpu, "bf16_native": bool(cc and tuple(cc) >= (8, 0))})
+    gpus = [{**gpu, "bf16_native": tuple(gpu.get("compute_capability") or ()) >= (8, 0)}
+            for gpu in probe.gpu_info(env, runner)]  # fmt: skip
 
     training = _topology_or_error("auto", env, runner, root)
     if "error" not in training:
         training.update(_training_plan(training["topology"]))
 
-    report = Report(cpu, tpu, gpus, training, _kaggle_facts(e))
-    report.versions = versions.compare(version_of or versions.installed_version)
+    report = Report(
+        cpu, tpu, gpus, training, _kaggle_facts(e), versions.compare(version_of or versions.installed_version)
+    )
     report.notes = _notes(report)
     return report
 
@@ -157,9 +156,7 @@ def render(report: Report) -> str:
     else:
         lines.append("GPU: none visible")
 
-    if report.versions is not None:
-        lines.append("== versions")
-        lines += report.versions.lines()
+    lines += ["== versions", *report.versions.lines()]
 
     lines.append("== training with the default parameters")
     training = report.training

@@ -36,12 +36,14 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from packaging.utils import canonicalize_name
+
 from ..core.staging import check_output_dir, mark, marked_as, staged_directory
 from . import wheelcheck
+from .versions import installed_version
 
 REPO = Path(__file__).resolve().parents[2]  # pipeline/tooling/packaging.py -> the checkout
 DIST_NAME = "kaggle-ecapa-pipeline"  # pyproject.toml [project] name; the bootstrap cells install it
@@ -135,22 +137,20 @@ def package(
         out, name="--out", is_ours=is_package_output, what="a `kaggle package` output folder"
     )
     with staged_directory(out, is_package_output) as staging:
-        result = _write_folders(staging, slugs, train_accelerator, wheels_dir, download, train_internet,
-                                python_versions)  # fmt: skip
-        if result.missing and not allow_incomplete:
+        wheels, missing = _write_folders(staging, slugs, train_accelerator, wheels_dir, download, train_internet,
+                                         python_versions)  # fmt: skip
+        if missing and not allow_incomplete:
             raise PackagingError(
-                f"the code dataset would lack wheels for {', '.join(result.missing)}, so the offline infer "
+                f"the code dataset would lack wheels for {', '.join(missing)}, so the offline infer "
                 "notebook could not install them. Rerun without --no-download (needs a package index), or with "
                 "--wheels-dir DIR holding Linux x86_64 wheels for CPython "
                 f"{' and '.join(python_versions)}, or with --allow-incomplete to write it anyway"
             )
         # Every bundled wheel must install on Kaggle's Python 3.12 images without replacing their torch.
-        wheelcheck.require_installable(staging / "code", missing=result.missing, error=PackagingError)
-        (staging / "README.md").write_text(
-            push_readme(out, slugs, train_accelerator)
-        )  # names the final paths
+        wheelcheck.require_installable(staging / "code", missing=missing, error=PackagingError)
+        (staging / "README.md").write_text(push_readme(out, slugs, train_accelerator))  # with the final paths
         mark(staging, PACKAGE_KIND)
-    return PackageResult(out, out / "train", out / "infer", out / "code", result.wheels, result.missing)
+    return PackageResult(out, out / "train", out / "infer", out / "code", wheels, missing)
 
 
 def is_package_output(folder: Path) -> bool:
@@ -164,25 +164,21 @@ def is_package_output(folder: Path) -> bool:
 def _write_folders(
     out: Path, slugs: Slugs, train_accelerator: str, wheels_dir: str | Path | None, download: bool,
     train_internet: bool, python_versions: tuple[str, ...],
-) -> PackageResult:  # fmt: skip
-    owner, competition = slugs.owner, slugs.competition
-    train_dir, infer_dir, code_dir = out / "train", out / "infer", out / "code"
-    for folder in (train_dir, infer_dir, code_dir):
+) -> tuple[list[str], list[str]]:  # fmt: skip
+    """The three folders; returns (the wheels bundled, the EXTRA_WHEELS still missing)."""
+    notebooks = {
+        "train": (MACHINE_SHAPES[train_accelerator], train_internet),
+        "infer": (MACHINE_SHAPES["t4x2"], False),
+    }
+    for notebook, (machine_shape, internet) in notebooks.items():
+        folder = out / notebook
         folder.mkdir(parents=True)
+        write_notebook(REPO / "notebooks" / f"{notebook}.ipynb", folder / f"{notebook}.ipynb")
+        meta = kernel_metadata(slugs, notebook, machine_shape, internet)
+        _write_json(folder / "kernel-metadata.json", meta)
 
-    code_source = f"{owner}/{slugs.code}"
-    write_notebook(REPO / "notebooks" / "train.ipynb", train_dir / "train.ipynb")
-    _write_json(train_dir / "kernel-metadata.json", kernel_metadata(
-        slugs.owner, slugs.train, "train.ipynb", MACHINE_SHAPES[train_accelerator], train_internet,
-        dataset_sources=[code_source], competition_sources=[competition], kernel_sources=[],
-    ))  # fmt: skip
-    write_notebook(REPO / "notebooks" / "infer.ipynb", infer_dir / "infer.ipynb")
-    _write_json(infer_dir / "kernel-metadata.json", kernel_metadata(
-        slugs.owner, slugs.infer, "infer.ipynb", MACHINE_SHAPES["t4x2"], False,
-        dataset_sources=[code_source], competition_sources=[competition],
-        kernel_sources=[f"{owner}/{slugs.train}"],
-    ))  # fmt: skip
-
+    code_dir = out / "code"
+    code_dir.mkdir(parents=True)
     wheels = [build_project_wheel(code_dir).name]
     if wheels_dir is not None:
         wheels += copy_wheels(Path(wheels_dir), code_dir)
@@ -192,26 +188,20 @@ def _write_folders(
               "Linux x86_64) from the package index; --no-download skips this")  # fmt: skip
         wheels += download_extra_wheels(code_dir, python_versions, needed)
     missing = missing_wheels(code_dir)
-    _write_json(code_dir / "dataset-metadata.json", dataset_metadata(owner, slugs.code))
+    _write_json(code_dir / "dataset-metadata.json", dataset_metadata(slugs.owner, slugs.code))
     (code_dir / "README.md").write_text(code_readme(code_dir, missing))
-    return PackageResult(out, train_dir, infer_dir, code_dir, sorted(set(wheels)), missing)
+    return sorted(set(wheels)), missing
 
 
-def kernel_metadata(
-    owner: str,
-    slug: str,
-    code_file: str,
-    machine_shape: str,
-    enable_internet: bool,
-    dataset_sources: list[str],
-    competition_sources: list[str],
-    kernel_sources: list[str],
-) -> dict[str, Any]:
-    """kernel-metadata.json for `kaggle kernels push` (fields: Kaggle/kaggle-cli docs/kernels_metadata.md)."""
+def kernel_metadata(slugs: Slugs, notebook: str, machine_shape: str, enable_internet: bool) -> dict[str, Any]:
+    """kernel-metadata.json of the "train" or "infer" notebook for `kaggle kernels push` (fields:
+    Kaggle/kaggle-cli docs/kernels_metadata.md). Both attach the competition and the code dataset; infer also
+    the train notebook's output."""
+    slug = slugs.train if notebook == "train" else slugs.infer
     return {
-        "id": f"{owner}/{slug}",
+        "id": f"{slugs.owner}/{slug}",
         "title": slug,
-        "code_file": code_file,
+        "code_file": f"{notebook}.ipynb",
         "language": "python",
         "kernel_type": "notebook",
         "is_private": True,
@@ -222,9 +212,9 @@ def kernel_metadata(
         # A re-push of an existing notebook would otherwise keep its environment pin ("original"): an old
         # pin is how a TPU notebook ends up on the CPU image without torch_xla (kaggle-cli issue 1197).
         "docker_image_pinning_type": "latest",
-        "dataset_sources": dataset_sources,
-        "competition_sources": competition_sources,
-        "kernel_sources": kernel_sources,
+        "dataset_sources": [f"{slugs.owner}/{slugs.code}"],
+        "competition_sources": [slugs.competition],
+        "kernel_sources": [f"{slugs.owner}/{slugs.train}"] if notebook == "infer" else [],
         "model_sources": [],
     }
 
@@ -278,12 +268,10 @@ def copy_wheels(wheels_dir: Path, target_dir: Path) -> list[str]:
     """Copy every wheel of `wheels_dir` except another build of this project."""
     if not wheels_dir.is_dir():
         raise PackagingError(f"--wheels-dir {wheels_dir} is not a directory")
-    copied = []
-    for wheel in sorted(wheels_dir.glob("*.whl")):
-        if not wheel.name.startswith(WHEEL_PREFIX):
-            shutil.copy2(wheel, target_dir / wheel.name)
-            copied.append(wheel.name)
-    return copied
+    copied = [wheel for wheel in sorted(wheels_dir.glob("*.whl")) if not wheel.name.startswith(WHEEL_PREFIX)]
+    for wheel in copied:
+        shutil.copy2(wheel, target_dir / wheel.name)
+    return [wheel.name for wheel in copied]
 
 
 def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], names: list[str]) -> list[str]:
@@ -293,11 +281,11 @@ def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], na
     wanted = [(n, native) for n, native in EXTRA_WHEELS if n in names]
     pure = [_requirement(name) for name, platform_specific in wanted if not platform_specific]
     native = [_requirement(name) for name, platform_specific in wanted if platform_specific]
-    commands = [[*_pip_download(target_dir), *pure]] if pure else []
-    for version in python_versions if native else ():
-        platforms = [arg for platform in KAGGLE_PLATFORMS for arg in ("--platform", platform)]
-        commands.append([*_pip_download(target_dir), "--only-binary=:all:", *platforms,
-                         "--python-version", version, "--implementation", "cp", *native])  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(target_dir)]
+    platforms = [arg for platform in KAGGLE_PLATFORMS for arg in ("--platform", platform)]
+    commands = [[*pip, *pure]] if pure else []
+    commands += [[*pip, "--only-binary=:all:", *platforms, "--python-version", version, "--implementation", "cp",
+                  *native] for version in (python_versions if native else ())]  # fmt: skip
     for command in commands:
         run = subprocess.run(command, capture_output=True, text=True)
         if run.returncode != 0:
@@ -305,29 +293,15 @@ def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], na
     return sorted({p.name for p in target_dir.glob("*.whl")} - before)
 
 
-def _pip_download(target_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(target_dir)]
-
-
 def _requirement(name: str) -> str:
-    try:
-        return f"{name}=={metadata.version(name)}"  # what this project is tested with
-    except metadata.PackageNotFoundError:
-        return name
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_distribution(filename: str) -> str:
-    """'ruamel.yaml.clib-0.2.15-cp311-...whl' -> 'ruamel-yaml-clib' (PEP 503 normalised)."""
-    return _normalise(filename.split("-", 1)[0])
+    version = installed_version(name)  # what this project is tested with
+    return f"{name}=={version}" if version else name
 
 
 def missing_wheels(code_dir: Path) -> list[str]:
-    present = {wheel_distribution(p.name) for p in code_dir.glob("*.whl")}
-    return [name for name, _ in EXTRA_WHEELS if _normalise(name) not in present]
+    """The EXTRA_WHEELS with no wheel in `code_dir` ('ruamel.yaml.clib-0.2.15-cp311-...whl' is ruamel-yaml-clib)."""
+    present = {canonicalize_name(p.name.split("-", 1)[0]) for p in code_dir.glob("*.whl")}
+    return [name for name, _ in EXTRA_WHEELS if canonicalize_name(name) not in present]
 
 
 def code_readme(code_dir: Path, missing: list[str]) -> str:

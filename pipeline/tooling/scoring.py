@@ -19,11 +19,9 @@ from ..core.tables import DataError, SampleSubmission, read_csv, read_sample_sub
 def score_submission(
     submission_path: str | Path, solution_path: str | Path, metric: str = "auto"
 ) -> tuple[str, float]:
-    """(metric, value) of a submission against a solution with the same ids, compared exactly as written.
-
-    A solution is `id,label` (one true class per row) or `id` + one 0/1 column per class (several per row, as
-    BirdCLEF's). `metric` auto: accuracy for the first, macro_roc_auc for the second. A label submission is
-    scored as one-hot rows; a probability submission by its columns (accuracy: its most probable class)."""
+    """(metric, value) of a submission against a solution (the module docstring; `metric` auto picks as it says).
+    A label submission is scored as one-hot rows; a probability submission by its columns (accuracy: its most
+    probable class)."""
     solution_sample = read_sample_submission(Path(solution_path))
     classes = solution_sample.value_columns if solution_sample.probabilities else None
     if metric == "auto":
@@ -43,9 +41,7 @@ def score_submission(
     if classes is None:  # id,label
         classes = sorted({truth_rows[i][solution_sample.value_columns[0]] for i in ids})
     submission_sample = read_sample_submission(Path(submission_path))
-    if _labels_only(
-        submission_sample, classes
-    ):  # a submitted label the solution never uses is a class of its own
+    if _labels_only(submission_sample, classes):  # a submitted label the solution lacks: a class of its own
         column = submission_sample.value_columns[0]
         classes = classes + sorted({submitted[i][column] for i in ids} - set(classes))
     truth = _matrix(truth_rows, ids, classes, solution_sample, solution_path, absent_ok=True)

@@ -38,6 +38,7 @@ import torch
 from ..core import objectives
 from ..core.artifact import load_artifact
 from ..core.config import ConfigError, InferConfig, TrainConfig
+from ..core.data import audio_seconds
 from ..core.staging import write_text_atomically
 from ..core.tables import TrainTable, discover_test_files, read_train_table, write_csv
 from ..core.windows import Span
@@ -99,12 +100,11 @@ def score_windows(
     model = artifact.model.config
     window = model.window_samples / model.sample_rate
     hop = hop_seconds or window / 2
-    spans, written = [], []
+    spans = []
     for k, rel in enumerate(files):
-        seconds = _seconds(Path(data_dir) / rel)
+        seconds = float(audio_seconds(Path(data_dir) / rel) or 0.0)
         for start in np.arange(0.0, max(seconds - window, 0.0) + 1e-6, hop):
             spans.append(Span(k, float(start), float(start) + window))
-            written.append(names[k])
     plan = RowPlan(Path(data_dir), [str(i) for i in range(len(spans))], list(range(len(spans))), spans, files,
                    [None] * len(files), "teacher windows", segment=window)  # fmt: skip
     runtime = resolve_runtime(InferConfig(engine="torch", progress=False), artifact)
@@ -115,27 +115,18 @@ def score_windows(
     ).numpy()  # fmt: skip
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    rows = ([name, f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
-            for name, span, row, ok in zip(written, spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
+    rows = ([names[span.file], f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
+            for span, row, ok in zip(spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
     write_csv(out, ["filename", "start", "end", *artifact.labels], rows)
-    lineage = {"teacher": Path(artifact_dir).name, "teacher_provenance": _lineage_of(artifact.manifest),
+    # What the teacher learned from: its own targets' lineage (None for a focal-only model).
+    taught = (artifact.manifest.get("provenance") or {}).get("soundscape_targets")
+    lineage = {"teacher": Path(artifact_dir).name, "teacher_provenance": taught,
                "windows": int(spans_scored.ok.sum()), "files": len(files), "hop_seconds": hop,
                "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}  # fmt: skip
     write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
     log(f"teacher {artifact_dir}: {len(spans)} windows of {len(files)} {what} scored in "
         f"{time.perf_counter() - started:.0f} s -> {out}")  # fmt: skip
     return out
-
-
-def _seconds(path: Path) -> float:
-    from ..core.data import audio_seconds
-
-    return float(audio_seconds(path) or 0.0)
-
-
-def _lineage_of(manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """What a teacher artifact learned from: its own targets' lineage (None for a focal-only model)."""
-    return (manifest.get("provenance") or {}).get("soundscape_targets")
 
 
 def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> TrainResult:

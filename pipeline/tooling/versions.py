@@ -103,7 +103,12 @@ def _image_extra(image: Image) -> dict[str, str]:
 # each, pinned alike by every leg but the newest (which takes the newest releases) and bundled by `kaggle
 # package` for both images, whose published requirements have none of them.
 ONNX_STACK = {"onnxruntime": "1.32.0", "onnxscript": "0.7.2", "onnx": "1.23.2"}
-
+# The Kaggle legs' handoff checks (Leg.handoff_checks).
+_TPU_HANDOFF = ("train notebook on 8 XLA CPU devices -> artifact",
+                "ONNX export of the artifact's embedding model (fp32, int8)")  # fmt: skip
+_GPU_HANDOFF = ("no torch_xla in the kernel", "infer notebook offline on the kaggle-tpu artifact",
+                "SpeechBrain client agrees with the submission",
+                "ONNX engine on the kaggle-tpu export agrees with torch")  # fmt: skip
 
 LEGS: tuple[Leg, ...] = (
     Leg(
@@ -118,12 +123,9 @@ LEGS: tuple[Leg, ...] = (
         "kaggle-tpu", KAGGLE_TPU.preinstalled["torch"], KAGGLE_TPU.preinstalled["torchaudio"],
         KAGGLE_TPU.preinstalled["torch_xla"], "1.1.2",
         about="Kaggle TPU image: trains the handoff artifact",
-        checks=("pytest -m xla, less the notebook test the handoff repeats",
-                "train notebook on 8 XLA CPU devices -> artifact",
-                "ONNX export of the artifact's embedding model (fp32, int8)"),
+        checks=("pytest -m xla, less the notebook test the handoff repeats", *_TPU_HANDOFF),
         extra={**_image_extra(KAGGLE_TPU), **ONNX_STACK},
-        handoff_checks=("train notebook on 8 XLA CPU devices -> artifact",
-                        "ONNX export of the artifact's embedding model (fp32, int8)"),
+        handoff_checks=_TPU_HANDOFF,
     ),
     Leg(
         "dev", "2.9.1", "2.9.1", "2.9.0", "1.1.2",
@@ -135,13 +137,9 @@ LEGS: tuple[Leg, ...] = (
     Leg(
         "kaggle-gpu", KAGGLE_GPU.preinstalled["torch"], KAGGLE_GPU.preinstalled["torchaudio"], None, "1.1.2",
         about="Kaggle GPU image: predicts from kaggle-tpu's artifact, offline",
-        checks=("no torch_xla in the kernel", "infer notebook offline on the kaggle-tpu artifact",
-                "SpeechBrain client agrees with the submission",
-                "ONNX engine on the kaggle-tpu export agrees with torch"),
+        checks=_GPU_HANDOFF,
         extra={**_image_extra(KAGGLE_GPU), **ONNX_STACK},
-        handoff_checks=("no torch_xla in the kernel", "infer notebook offline on the kaggle-tpu artifact",
-                        "SpeechBrain client agrees with the submission",
-                        "ONNX engine on the kaggle-tpu export agrees with torch"),
+        handoff_checks=_GPU_HANDOFF,
     ),
     Leg(
         "newest", "2.11.0", "2.11.0", None, "1.1.2",
@@ -237,7 +235,7 @@ def compare(version_of: Callable[[str], str | None] = installed_version) -> Comp
 
     matches = [leg.name for leg in LEGS if all(same(session[n], leg.pins().get(n)) for n in _DEFINING)]
     nearest = None
-    torch = session["torch"]
+    torch, xla = session["torch"], session["torch_xla"]
     if not matches and torch:
         nearest = next((leg.name for leg in LEGS if _release(leg.torch)[:2] == _release(torch)[:2]), None)
     out_of_range = []
@@ -246,10 +244,9 @@ def compare(version_of: Callable[[str], str | None] = installed_version) -> Comp
         if version and spec and not _in_range(version, spec):
             out_of_range.append(f"{name} {version} is outside the tested {spec}")
     notes = []
-    xla, torch_version = session["torch_xla"], session["torch"]
-    if xla and torch_version and _release(xla)[:2] != _release(torch_version)[:2]:
+    if xla and torch and _release(xla)[:2] != _release(torch)[:2]:
         notes.append(f"torch_xla {xla} is built for torch {'.'.join(map(str, _release(xla)[:2]))}, "
-                     f"not torch {torch_version}: importing it will fail (C++ ABI)")  # fmt: skip
+                     f"not torch {torch}: importing it will fail (C++ ABI)")  # fmt: skip
     return Comparison(session, matches, nearest, out_of_range, notes)
 
 

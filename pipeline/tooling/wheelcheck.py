@@ -81,12 +81,8 @@ def supported_tags(image: Image) -> frozenset[tags.Tag]:
     version = tuple(int(part) for part in image.python.split("."))[:2]
     cp = f"cp{version[0]}{version[1]}"
     plats = platforms(image)
-    return frozenset(
-        [
-            *tags.cpython_tags(version, abis=[cp], platforms=plats),
-            *tags.compatible_tags(version, interpreter=cp, platforms=plats),
-        ]
-    )
+    cpython = tags.cpython_tags(version, abis=[cp], platforms=plats)
+    return frozenset([*cpython, *tags.compatible_tags(version, interpreter=cp, platforms=plats)])
 
 
 def marker_environment(image: Image) -> dict[str, str]:
@@ -107,8 +103,8 @@ def read_wheel(path: Path) -> Wheel:
     """Name, version and tags from the file name (as pip reads them), requirements from its METADATA."""
     name, version, _build, wheel_tags = parse_wheel_filename(path.name)
     with zipfile.ZipFile(path) as archive:
-        dist_info = {n.split("/", 1)[0] for n in archive.namelist() if n.count("/") == 1 and "/" in n}
-        dist_info = sorted(d for d in dist_info if d.endswith(".dist-info"))
+        top = {n.split("/")[0] for n in archive.namelist() if n.count("/") == 1}
+        dist_info = sorted(d for d in top if d.endswith(".dist-info"))
         if len(dist_info) != 1:
             raise ValueError(f"{len(dist_info)} .dist-info folders (a wheel has one)")
         metadata = HeaderParser().parsestr(archive.read(f"{dist_info[0]}/METADATA").decode("utf-8"))
@@ -188,10 +184,8 @@ def check_bundle(code_dir: str | Path, image: Image | str) -> BundleCheck:
 
 
 def _admits(requires_python: str | None, python: str) -> bool:
-    if not requires_python:
-        return True
     try:
-        return SpecifierSet(requires_python).contains(python, prereleases=True)
+        return not requires_python or SpecifierSet(requires_python).contains(python, prereleases=True)
     except InvalidSpecifier:
         return True  # pip ignores an invalid Requires-Python too
 
@@ -204,10 +198,8 @@ def _resolve(requirement: Requirement, wheel: Wheel, image: Image, preinstalled:
     bundled = chosen.get(name)
     if name in preinstalled:
         have = preinstalled[name]
-        if have is None:
-            return None, None  # present in the image, version not published: assumed to fit
-        if spec.contains(have, prereleases=True):
-            return None, None  # pip keeps the image's
+        if have is None or spec.contains(have, prereleases=True):
+            return None, None  # pip keeps the image's (one whose version is not published is assumed to fit)
         if name in protected:
             return (f"{who}, but {image.name} has {name} {have}: pip would replace the image's {name}"), None
         if bundled and spec.contains(bundled.version, prereleases=True):
@@ -218,10 +210,6 @@ def _resolve(requirement: Requirement, wheel: Wheel, image: Image, preinstalled:
     if not spec.contains(bundled.version, prereleases=True):
         return f"{who}, but the bundle has {name} {bundled.version}", None
     return None, None
-
-
-def check_images(code_dir: str | Path, images: Iterable[Image | str] | None = None) -> list[BundleCheck]:
-    return [check_bundle(code_dir, image) for image in (images or IMAGES.values())]
 
 
 def require_installable(
@@ -236,7 +224,7 @@ def require_installable(
     bundle cannot install offline anyway and is not checked."""
     if list(missing):
         return []
-    checks = check_images(code_dir, images)
+    checks = [check_bundle(code_dir, image) for image in (images or IMAGES.values())]
     failed = [check for check in checks if not check.ok]
     if failed:
         raise error(

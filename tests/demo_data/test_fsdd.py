@@ -89,6 +89,12 @@ def test_scan_errors_name_the_problem(tmp_path):
     (source / "notes.wav").write_bytes(b"RIFF")
     with pytest.raises(FSDDError, match="notes.wav"):
         scan_recordings(source)
+    (source / "notes.wav").unlink()
+    copy = source / "copies" / "0_ann_0.wav"  # the same recording twice, in a subfolder
+    copy.parent.mkdir()
+    copy.write_bytes((source / "0_ann_0.wav").read_bytes())
+    with pytest.raises(FSDDError, match=r"copies/0_ann_0.wav: duplicate recording name \(also .*rec/0_ann_0"):
+        scan_recordings(source)
 
 
 @pytest.mark.parametrize("task", ["speaker", "digit"])
