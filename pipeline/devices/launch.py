@@ -39,7 +39,7 @@ from types import ModuleType
 from typing import Any
 
 from ..core.progress import HEARTBEAT_VARIABLE as _HEARTBEAT  # workers touch it through progress.heartbeat()
-from .probe import _cuda_initialized
+from .probe import cuda_initialized as _cuda_initialized
 
 _KILL_GRACE_SECONDS = 3.0
 RELAY_INTERVAL = 0.5  # seconds between copies of the children's output to ours

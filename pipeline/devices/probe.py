@@ -321,7 +321,7 @@ def _visible(gpus: Sequence[dict[str, Any]], cvd: str | None) -> list[dict[str, 
     return chosen
 
 
-def _cuda_initialized() -> bool:
+def cuda_initialized() -> bool:
     """True if this process already initialised CUDA (then asking torch costs nothing more). Torch is only
     asked if already imported: importing it to answer "no" would cost seconds."""
     torch = sys.modules.get("torch")
@@ -336,7 +336,7 @@ def gpu_info(env: Mapping[str, str] | None = None, runner: Runner | None = None)
     """
     if runner is not None:
         physical = _query_nvidia_smi(runner) or []
-    elif env is None and _cuda_initialized():
+    elif env is None and cuda_initialized():
         import torch
 
         props = [torch.cuda.get_device_properties(i) for i in range(torch.cuda.device_count())]
@@ -396,7 +396,7 @@ def _cuda_topology(e: Mapping[str, str] | None, runner: Runner | None, root: str
     # T4 (sm_75) reports bf16 "supported" through emulation only; native needs sm_80+.
     bf16 = bool(caps) and len(caps) == n and all(c is not None and c >= (8, 0) for c in caps)
     cap_txt = ", ".join(f"{c[0]}.{c[1]}" if c else "?" for c in caps) or "unknown"
-    source = "torch" if (e is None and runner is None and _cuda_initialized()) else "NVML/nvidia-smi"
+    source = "torch" if (e is None and runner is None and cuda_initialized()) else "NVML/nvidia-smi"
     detail = f"{n} GPU(s) via {source}, compute capability {cap_txt}"
     if (cvd := _environ(e).get("CUDA_VISIBLE_DEVICES")) is not None:
         detail += f", CUDA_VISIBLE_DEVICES={cvd}"
