@@ -176,8 +176,7 @@ def recognise_template(sample_ids: Sequence[str], segment: float) -> tuple[str, 
         return DEFAULT_TEMPLATE, (f"{'no' if not sample_ids else 'not every'} sample_submission id has the form "
                                   f"<file>_<seconds>: using BirdCLEF's {DEFAULT_TEMPLATE!r}")  # fmt: skip
     seconds = [float(m["seconds"]) for m in matches if m]
-    off_grid = [s for s in seconds if abs(s / segment - round(s / segment)) > 1e-6]
-    if off_grid:
+    if off_grid := [s for s in seconds if abs(s / segment - round(s / segment)) > 1e-6]:
         return DEFAULT_TEMPLATE, (f"sample_submission ids end in seconds that are not multiples of "
                                   f"segment_seconds={segment:g} (e.g. {off_grid[0]:g}): using {DEFAULT_TEMPLATE!r}")  # fmt: skip
     if 0.0 in seconds:
@@ -236,8 +235,7 @@ def plan_chunk_rows(
     planned: dict[str, int] = {}
     guessed, short, trailing, repeated = [], [], 0, []
     for k in sorted(range(len(items.rows)), key=lambda i: items.rows[i].id):
-        row = items.rows[k]
-        duration = seconds[k]
+        row, duration = items.rows[k], seconds[k]
         if duration is None:
             guessed.append(row.id)
             count = usual or 1
@@ -281,8 +279,7 @@ def usual_chunks(
     """The chunk count a file of this set should have, and why: the count at least half of the readable
     headers give; with no readable header, that of `usual_seconds` (the expected length, if the user gave one).
     None when the set has no usual length."""
-    counts = Counter(chunk_count(s, segment) for s in seconds if s is not None)
-    if counts:
+    if counts := Counter(chunk_count(s, segment) for s in seconds if s is not None):
         count, files = counts.most_common(1)[0]
         if files >= 0.5 * sum(counts.values()):
             return count, f"the length {files} of {sum(counts.values())} readable files have"
@@ -311,8 +308,7 @@ def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, wher
                 + (f" ({len(placeholders)} of them not among the test items' {unit}s: fallback rows)"
                    if placeholders else ""))  # fmt: skip
         listed = set(sample.ids)
-        unlisted = [i for i in planned if i not in listed]
-        if unlisted:
+        if unlisted := [i for i in planned if i not in listed]:
             notes.append(
                 f"{plural(len(unlisted), unit)} not in {sample.path.name} get no row: {_some(unlisted)}"
             )
