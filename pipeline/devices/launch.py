@@ -75,21 +75,6 @@ def running_under_torchrun(env: Mapping[str, str] | None = None) -> bool:
     return all(e.get(k) not in (None, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
-def check_start_method(start_method: str, cuda_initialized: Callable[[], bool] | None = None) -> None:
-    """Raise LaunchError for an unknown start method, or for ``fork`` once CUDA is initialised."""
-    if start_method not in multiprocessing.get_all_start_methods():
-        raise LaunchError(
-            f"start_method={start_method!r} is not available here; "
-            f"choose from {multiprocessing.get_all_start_methods()} (spawn is the default)"
-        )
-    if start_method == "fork" and (cuda_initialized or _cuda_initialized)():
-        raise LaunchError(
-            "start_method='fork' after CUDA was initialised in this process: forked children fail with "
-            "\"RuntimeError: Cannot re-initialize CUDA in forked subprocess\". Use start_method='spawn' "
-            "(the default) with a worker from an importable module."
-        )
-
-
 def check_worker_importable(
     worker: Callable[..., Any], start_method: str = "spawn", main_module: ModuleType | None = None
 ) -> None:
@@ -273,7 +258,17 @@ def launch(
             "already running under torchrun (RANK, WORLD_SIZE, LOCAL_RANK are set): do not spawn again; "
             "call worker(int(os.environ['RANK']), int(os.environ['WORLD_SIZE']), ...) directly"
         )
-    check_start_method(start_method, cuda_initialized)
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise LaunchError(
+            f"start_method={start_method!r} is not available here; "
+            f"choose from {multiprocessing.get_all_start_methods()} (spawn is the default)"
+        )
+    if start_method == "fork" and (cuda_initialized or _cuda_initialized)():
+        raise LaunchError(
+            "start_method='fork' after CUDA was initialised in this process: forked children fail with "
+            "\"RuntimeError: Cannot re-initialize CUDA in forked subprocess\". Use start_method='spawn' "
+            "(the default) with a worker from an importable module."
+        )
     if nprocs > 1:
         check_worker_importable(worker, start_method)
 
