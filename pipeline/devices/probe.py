@@ -255,9 +255,8 @@ def _query_pynvml() -> list[dict[str, Any]] | None:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
-            name = name.decode() if isinstance(name, bytes) else name  # older pynvml returns bytes
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            texts = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
+            name, uuid = (t.decode() if isinstance(t, bytes) else t for t in texts)  # older pynvml: bytes
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20
             gpus.append(_gpu(i, uuid, name, memory_mib, (int(major), int(minor))))
