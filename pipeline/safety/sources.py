@@ -153,8 +153,7 @@ def _shell_lines(body: list[str], first_line: int) -> list[ShellCommand]:
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        command = pending + line
-        pending = ""
+        command, pending = pending + line, ""
         if command.strip() and not command.strip().startswith("#"):
             shells.append(ShellCommand(start, command))
     if pending.strip():
