@@ -92,13 +92,9 @@ class FlatAdam:
     def flat_parameters(self) -> torch.Tensor | None:
         """The parameters as one vector (`params` order), when the last step's still holds them: callers that
         need that vector (the weight average) then need not flatten them again. None after any other change."""
-        if (
-            not self.reuse_vector
-            or self._flat_params is None
-            or [p._version for p in self.params] != self._versions_after_copy
-        ):
+        if not self.reuse_vector or self._flat_params is None:
             return None
-        return self._flat_params
+        return self._flat_params if [p._version for p in self.params] == self._versions_after_copy else None
 
     def _flat_applies(self, gradient_given: bool = False) -> bool:
         """Every parameter has a gradient and one step count (torch skips a parameter without a gradient,

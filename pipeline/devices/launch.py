@@ -43,7 +43,6 @@ from .probe import cuda_initialized as _cuda_initialized
 
 _KILL_GRACE_SECONDS = 3.0
 RELAY_INTERVAL = 0.5  # seconds between copies of the children's output to ours
-_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 _CHILD_MARKER = "PIPELINE_LAUNCH_CHILD"  # set in every child so a nested launch() is caught
 
 
@@ -73,22 +72,7 @@ def running_under_torchrun(env: Mapping[str, str] | None = None) -> bool:
     Then the caller runs ``worker(rank, world_size, ...)`` itself instead of calling ``launch``.
     """
     e = os.environ if env is None else env
-    return all(e.get(k) not in (None, "") for k in _TORCHRUN_VARS)
-
-
-def check_start_method(start_method: str, cuda_initialized: Callable[[], bool] | None = None) -> None:
-    """Raise LaunchError for an unknown start method, or for ``fork`` once CUDA is initialised."""
-    if start_method not in multiprocessing.get_all_start_methods():
-        raise LaunchError(
-            f"start_method={start_method!r} is not available here; "
-            f"choose from {multiprocessing.get_all_start_methods()} (spawn is the default)"
-        )
-    if start_method == "fork" and (cuda_initialized or _cuda_initialized)():
-        raise LaunchError(
-            "start_method='fork' after CUDA was initialised in this process: forked children fail with "
-            "\"RuntimeError: Cannot re-initialize CUDA in forked subprocess\". Use start_method='spawn' "
-            "(the default) with a worker from an importable module."
-        )
+    return all(e.get(k) not in (None, "") for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
 
 def check_worker_importable(
@@ -274,16 +258,22 @@ def launch(
             "already running under torchrun (RANK, WORLD_SIZE, LOCAL_RANK are set): do not spawn again; "
             "call worker(int(os.environ['RANK']), int(os.environ['WORLD_SIZE']), ...) directly"
         )
-    check_start_method(start_method, cuda_initialized)
+    if start_method not in multiprocessing.get_all_start_methods():
+        raise LaunchError(
+            f"start_method={start_method!r} is not available here; "
+            f"choose from {multiprocessing.get_all_start_methods()} (spawn is the default)"
+        )
+    if start_method == "fork" and (cuda_initialized or _cuda_initialized)():
+        raise LaunchError(
+            "start_method='fork' after CUDA was initialised in this process: forked children fail with "
+            "\"RuntimeError: Cannot re-initialize CUDA in forked subprocess\". Use start_method='spawn' "
+            "(the default) with a worker from an importable module."
+        )
     if nprocs > 1:
         check_worker_importable(worker, start_method)
 
-    base_env = {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(find_free_port()),
-        "WORLD_SIZE": str(nprocs),
-        **(env or {}),
-    }
+    port = str(find_free_port())
+    base_env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(nprocs), **(env or {})}
     if nprocs == 1:
         with _patched_environ({**base_env, "RANK": "0", "LOCAL_RANK": "0"}):
             try:
@@ -299,7 +289,7 @@ def launch(
 
     ctx = multiprocessing.get_context(start_method)
     procs: list[multiprocessing.process.BaseProcess] = []
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
     stall_limit = math.inf if stall_timeout is None else stall_timeout
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
         paths = [os.path.join(tmp, f"rank{r}.pkl") for r in range(nprocs)]
@@ -324,11 +314,7 @@ def launch(
             pending = {p.sentinel: rank for rank, p in enumerate(procs)}
             relay = _OutputRelay([f"{path}.log" for path in paths])
             while pending:
-                wait_for = (
-                    RELAY_INTERVAL
-                    if deadline is None
-                    else max(0.0, min(RELAY_INTERVAL, deadline - time.monotonic()))
-                )
+                wait_for = max(0.0, min(RELAY_INTERVAL, deadline - time.monotonic()))
                 ready = multiprocessing.connection.wait(list(pending), timeout=wait_for)
                 relay.pump()
                 running, now = sorted(pending.values()), time.time()
@@ -336,7 +322,7 @@ def launch(
                 if not ready and stalled:
                     raise LaunchTimeout(f"rank(s) {stalled} made no progress for {stall_timeout} s (no heartbeat); "
                                         "all ranks killed")  # fmt: skip
-                if not ready and deadline is not None and time.monotonic() >= deadline:
+                if not ready and time.monotonic() >= deadline:
                     raise LaunchTimeout(
                         f"timeout after {timeout} s with rank(s) {running} still running; all ranks killed"
                     )
@@ -379,22 +365,19 @@ class _OutputRelay:
 
 def _result_or_raise(rank: int, exitcode: int | None, path: str) -> Any:
     """The rank's return value from its result file, or WorkerFailed with its traceback or exit status."""
-    try:
-        with open(path, "rb") as f:
-            outcome = pickle.load(f)
-    except FileNotFoundError:
-        outcome = None
-    if outcome is not None and outcome[0] == "error":
-        summary, tb = outcome[1]
-        raise WorkerFailed(
-            rank, f"rank {rank} failed: {summary}\n\n--- traceback from rank {rank} ---\n{tb}", tb
-        )
-    if outcome is None:
+    if not os.path.exists(path):
         raise WorkerFailed(
             rank,
             f"rank {rank} {_describe_exit(exitcode)} without reporting a result (crashed before or while "
             "running the worker; see its output above)",
         )
+    with open(path, "rb") as f:
+        status, value = pickle.load(f)
+    if status == "error":
+        summary, tb = value
+        raise WorkerFailed(
+            rank, f"rank {rank} failed: {summary}\n\n--- traceback from rank {rank} ---\n{tb}", tb
+        )
     if exitcode != 0:
         raise WorkerFailed(rank, f"rank {rank} returned a result but {_describe_exit(exitcode)}")
-    return outcome[1]
+    return value

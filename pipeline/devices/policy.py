@@ -153,14 +153,10 @@ def decide(
         rule=config.lr_scaling,
         accelerator=topology.accelerator,
     )
-    return HardwarePlan(
-        topology=topology,
-        strategy=strategy,
-        precision=resolve_precision(config.precision, topology),
-        model_size=resolve_model_size(config.model_size, topology, env),
-        batch=batch,
-        loader_workers=loader_workers(config.num_workers, topology),
-    )
+    precision = resolve_precision(config.precision, topology)
+    model_size = resolve_model_size(config.model_size, topology, env)
+    workers = loader_workers(config.num_workers, topology)
+    return HardwarePlan(topology, strategy, precision, model_size, batch, workers)
 
 
 def run(plan: HardwarePlan, fn: Callable[..., Any], *args: Any, collective_timeout_s: float = 1800.0) -> Any:

@@ -25,8 +25,10 @@ import re
 import subprocess
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 ACCELERATORS = ("auto", "tpu", "cuda", "cpu")
@@ -121,33 +123,23 @@ def parse_tpu_accelerator_type(value: str) -> tuple[str, int] | None:
 @functools.cache
 def _scan_tpu_files(root: str) -> Topology | None:
     """Count TPU chips from PCI ids, else /dev/accel* (v2-v4), else /dev/vfio/<n> (v5e and later)."""
-    chips: dict[str, int] = {}
-    for vendor_path in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
-        try:
-            with open(vendor_path) as f:
-                if f.read().strip() != _GOOGLE_PCI_VENDOR:
-                    continue
-            with open(os.path.join(os.path.dirname(vendor_path), "device")) as f:
-                device_id = f.read().strip()
-        except OSError:
-            continue
-        if device_id in _TPU_PCI_DEVICES:
-            chips[device_id] = chips.get(device_id, 0) + 1
-    if chips:
-        device_id, n = max(chips.items(), key=lambda kv: kv[1])
+    google = []  # the device ids of Google's PCI devices
+    for vendor in map(Path, glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor"))):
+        with contextlib.suppress(OSError):
+            if vendor.read_text().strip() == _GOOGLE_PCI_VENDOR:
+                google.append(vendor.with_name("device").read_text().strip())
+    if chips := Counter(device_id for device_id in google if device_id in _TPU_PCI_DEVICES):
+        device_id, n = chips.most_common(1)[0]
         kind, per_chip = _TPU_PCI_DEVICES[device_id]
         return Topology("tpu", n * per_chip, kind, True, f"{n} TPU chip(s) on PCI (device id {device_id})")
 
-    accel = glob.glob(os.path.join(root, "dev/accel[0-9]*"))
-    if accel:
+    if accel := glob.glob(os.path.join(root, "dev/accel[0-9]*")):
         # /dev/accel* is the v2/v3/v4 driver; Kaggle only ever had v3-8 there: 2 cores per chip file.
         n = len(accel)
         return Topology("tpu", 2 * n, "TPU v3", True, f"{n} /dev/accel* files (2 cores each, v3 assumed)")
-    vfio = [p for p in glob.glob(os.path.join(root, "dev/vfio/*")) if os.path.basename(p).isdigit()]
-    if vfio:
-        return Topology(
-            "tpu", len(vfio), "TPU v5e", True, f"{len(vfio)} /dev/vfio/<n> files (1 core per chip)"
-        )
+    if vfio := [p for p in glob.glob(os.path.join(root, "dev/vfio/*")) if os.path.basename(p).isdigit()]:
+        n = len(vfio)
+        return Topology("tpu", n, "TPU v5e", True, f"{n} /dev/vfio/<n> files (1 core per chip)")
     return None
 
 
@@ -209,10 +201,7 @@ _CAPABILITY_BY_NAME: tuple[tuple[str, tuple[int, int]], ...] = (
 
 
 def _capability_from_name(name: str) -> tuple[int, int] | None:
-    for key, cc in _CAPABILITY_BY_NAME:
-        if re.search(rf"\b{key}\b", name, re.IGNORECASE):
-            return cc
-    return None
+    return next((cc for key, cc in _CAPABILITY_BY_NAME if re.search(rf"\b{key}\b", name, re.I)), None)
 
 
 def run_command(argv: Sequence[str]) -> str:
@@ -248,12 +237,8 @@ def _query_nvidia_smi(runner: Runner) -> list[dict[str, Any]] | None:
                 continue
             name = row[2].strip()
             m = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", row[4]) if len(row) > 4 else None
-            cc = (int(m.group(1)), int(m.group(2))) if m else None
-            gpus.append(
-                _gpu(
-                    int(row[0]), row[1].strip(), name, _int_or_none(row[3]), cc or _capability_from_name(name)
-                )
-            )
+            cc = (int(m.group(1)), int(m.group(2))) if m else _capability_from_name(name)
+            gpus.append(_gpu(int(row[0]), row[1].strip(), name, _int_or_none(row[3]), cc))
         return gpus
     return None
 
@@ -262,20 +247,16 @@ def _query_pynvml() -> list[dict[str, Any]] | None:
     """Physical GPUs through NVML's Python binding. NVML does not touch the CUDA runtime."""
     try:
         import pynvml
-    except ImportError:
-        return None
 
-    try:
         pynvml.nvmlInit()
-    except Exception:  # pynvml.NVMLError and friends: no driver here
+    except Exception:  # no pynvml; or pynvml.NVMLError and friends: no driver here
         return None
     try:
         gpus = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name, uuid = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
-            name = name.decode() if isinstance(name, bytes) else name  # older pynvml returns bytes
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            texts = pynvml.nvmlDeviceGetName(h), pynvml.nvmlDeviceGetUUID(h)
+            name, uuid = (t.decode() if isinstance(t, bytes) else t for t in texts)  # older pynvml: bytes
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(h).total) // 2**20
             gpus.append(_gpu(i, uuid, name, memory_mib, (int(major), int(minor))))
@@ -290,9 +271,7 @@ def _query_pynvml() -> list[dict[str, Any]] | None:
 @functools.cache
 def _physical_gpus_default() -> tuple[dict[str, Any], ...]:
     gpus = _query_pynvml()
-    if gpus is None:
-        gpus = _query_nvidia_smi(run_command)
-    return tuple(gpus or ())
+    return tuple((_query_nvidia_smi(run_command) if gpus is None else gpus) or ())
 
 
 # Captured here, not looked up by name, so clear_caches() still works while a test monkeypatches a probe.
@@ -367,12 +346,10 @@ def cuda_device_count(env: Mapping[str, str] | None = None, runner: Runner | Non
     count once CUDA is initialised: see gpu_info)."""
     if not _torch_cuda_built():
         return 0
-    gpus = gpu_info(env, runner)
-    if gpus:
+    if gpus := gpu_info(env, runner):
         return len(gpus)
-    if env is None and runner is None:
-        return max(_torch_nvml_count(), 0)  # libnvidia-ml present but neither pynvml nor nvidia-smi
-    return 0
+    # libnvidia-ml present but neither pynvml nor nvidia-smi (this session only: env and runner are tests)
+    return max(_torch_nvml_count(), 0) if env is None and runner is None else 0
 
 
 def nvidia_device_files(root: str = "/") -> list[str]:

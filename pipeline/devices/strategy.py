@@ -15,6 +15,8 @@ import torch
 
 from ..core.model import embed_waveforms
 
+Batch = dict[str, torch.Tensor]  # "inputs", "lens", "labels": a batch as training feeds it
+
 
 @runtime_checkable
 class Strategy(Protocol):
@@ -33,15 +35,9 @@ class Strategy(Protocol):
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def unwrap(self, model: torch.nn.Module) -> torch.nn.Module: ...
     def shard(self, indices: Sequence[int]) -> list[int]: ...
-    def device_batches(
-        self, batches: Iterator[dict[str, torch.Tensor]]
-    ) -> Iterator[dict[str, torch.Tensor]]: ...
+    def device_batches(self, batches: Iterator[Batch]) -> Iterator[Batch]: ...
     def forward_backward(
-        self,
-        model: torch.nn.Module,
-        loss_fn: Callable,
-        batch: dict[str, torch.Tensor],
-        micro_batches: int = 1,
+        self, model: torch.nn.Module, loss_fn: Callable, batch: Batch, micro_batches: int = 1
     ) -> torch.Tensor: ...
     def no_sync(self, model: torch.nn.Module) -> contextlib.AbstractContextManager: ...
     def optimizer_step(
@@ -93,23 +89,16 @@ class SingleDevice:
     def autocast(self) -> contextlib.AbstractContextManager:
         # On XLA this is torch.autocast("xla"), which works on the CPU backend too; torch_xla.amp.autocast
         # breaks there in 2.9.
-        if self.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        if self.precision == "fp16":
-            return torch.autocast(self.device.type, dtype=torch.float16)
-        return contextlib.nullcontext()
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
+        return torch.autocast(self.device.type, dtype=dtype) if dtype else contextlib.nullcontext()
 
-    def device_batches(self, batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    def device_batches(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """Move host batches to the device (XLA overrides this with a sharding-aware background loader)."""
         for batch in batches:
             yield {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def forward_backward(
-        self,
-        model: torch.nn.Module,
-        loss_fn: Callable,
-        batch: dict[str, torch.Tensor],
-        micro_batches: int = 1,
+        self, model: torch.nn.Module, loss_fn: Callable, batch: Batch, micro_batches: int = 1
     ) -> torch.Tensor:
         """Forward, loss (divided by the step's `micro_batches`) and backward of one micro-batch on this device;
         returns the loss, detached. XLA traces all three once instead of at every step (xla_traced.py)."""

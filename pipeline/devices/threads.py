@@ -32,9 +32,7 @@ def _v2_limit(folder: Path) -> float | None:
         quota, period = (folder / "cpu.max").read_text().split()[:2]
     except (OSError, ValueError):
         return None
-    if quota == "max" or float(period) <= 0:
-        return None
-    return float(quota) / float(period)
+    return None if quota == "max" or float(period) <= 0 else float(quota) / float(period)
 
 
 def _v1_limit(folder: Path) -> float | None:
@@ -44,9 +42,7 @@ def _v1_limit(folder: Path) -> float | None:
         period = float((folder / "cpu.cfs_period_us").read_text())
     except (OSError, ValueError):
         return None
-    if quota <= 0 or period <= 0:
-        return None
-    return quota / period
+    return None if quota <= 0 or period <= 0 else quota / period
 
 
 def _own_paths(self_cgroup: Path) -> list[str]:
@@ -56,12 +52,8 @@ def _own_paths(self_cgroup: Path) -> list[str]:
         lines = self_cgroup.read_text().splitlines()
     except OSError:
         return []
-    found = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) == 3 and (parts[1] == "" or "cpu" in parts[1].split(",")):
-            found.append(parts[2].strip("/"))
-    return found
+    entries = [line.split(":", 2) for line in lines]
+    return [e[2].strip("/") for e in entries if len(e) == 3 and (e[1] == "" or "cpu" in e[1].split(","))]
 
 
 def cgroup_cpu_limit(
@@ -116,7 +108,7 @@ def plan_threads(cores: int, decode_workers: int | None = None, threads: int | N
     operator waits for the slowest one).
 
     decode_workers None: none below 4 cores (decoding in the compute process between batches: on 2 cores one
-    worker cost 10-30% of inference throughput, inference/runtime.py), else one per 4 cores (decoding
+    worker cost 10-30% of inference throughput on FSDD), else one per 4 cores (decoding
     a window costs a few percent of computing its ECAPA embedding). The compute threads get the rest.
     Explicit values are the caller's choice and kept as given.
     """

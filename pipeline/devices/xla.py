@@ -32,7 +32,7 @@ import torch
 from ..core.model import Frontend
 from .flat_adam import FlatAdam, add_to_grads
 from .probe import Topology
-from .strategy import SingleDevice
+from .strategy import Batch, SingleDevice
 from .xla_traced import NotTraceable, TracedGradients
 
 
@@ -80,7 +80,7 @@ class XLASpmdStrategy(SingleDevice):
         self._traced: TracedGradients | None = None
         self._gradient: torch.Tensor | None = None  # trace_once: the step's flat gradient, for optimizer_step
 
-    def device_batches(self, batches: Iterator[dict[str, torch.Tensor]]) -> Iterator[dict[str, torch.Tensor]]:
+    def device_batches(self, batches: Iterator[Batch]) -> Iterator[Batch]:
         """torch_xla's background loader: host->device transfer overlaps the step, each tensor split along
         its batch dimension over the `data` mesh axis as it is sent. An error in the host pipeline is raised
         here, as itself: torch_xla's loader thread would end the iteration and leave only a StopIteration."""
@@ -121,11 +121,7 @@ class XLASpmdStrategy(SingleDevice):
         return embedded.cpu()[:count]
 
     def forward_backward(
-        self,
-        model: torch.nn.Module,
-        loss_fn: Callable,
-        batch: dict[str, torch.Tensor],
-        micro_batches: int = 1,
+        self, model: torch.nn.Module, loss_fn: Callable, batch: Batch, micro_batches: int = 1
     ) -> torch.Tensor:
         if not self.trace_once:
             return super().forward_backward(model, loss_fn, batch, micro_batches)
@@ -216,11 +212,11 @@ class _ErrorKeeping:
     """The host batches for torch_xla's ParallelLoader, which iterates them in a thread of its own: an exception
     there would only end the iteration (a bare StopIteration here). It is kept, and `_device_batches` raises it."""
 
-    def __init__(self, batches: Iterator[dict[str, torch.Tensor]]) -> None:
+    def __init__(self, batches: Iterator[Batch]) -> None:
         self._batches = batches
         self.error: BaseException | None = None
 
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         try:
             yield from self._batches
         except BaseException as error:
@@ -230,7 +226,7 @@ class _ErrorKeeping:
         return 0
 
 
-def _device_batches(loader, device: torch.device, source: _ErrorKeeping) -> Iterator[dict[str, torch.Tensor]]:
+def _device_batches(loader, device: torch.device, source: _ErrorKeeping) -> Iterator[Batch]:
     """The loader's batches on `device`; the host pipeline's error, if it ended with one; the loader's threads
     stopped when the consumer stops (a time-budget stop leaves it mid-run)."""
     try:

@@ -120,8 +120,7 @@ class FirstBatchRace:
         found = self._candidate(wavs[few], lens[few])
         if found is None:
             return expected
-        disagreement = _agreement(self.precision, found, expected[few])
-        if disagreement:
+        if disagreement := _agreement(self.precision, found, expected[few]):
             self._decide_torch(f"{disagreement} on the first batch")
             return expected
         results = {"torch": expected}
@@ -200,8 +199,7 @@ def make_embedder(model: SpeakerClassifier, runtime: Runtime, log: Callable[[str
             count, generator = runtime.windows.batch_windows, torch.Generator().manual_seed(0)
             wavs = 0.05 * torch.randn(count, model.config.window_samples, generator=generator)
             lens = torch.ones(count)
-            disagreement = _agreement(choice.precision, candidate(wavs, lens), torch_embed(wavs, lens))
-            if disagreement:
+            if disagreement := _agreement(choice.precision, candidate(wavs, lens), torch_embed(wavs, lens)):
                 raise ExportError(f"{candidate.path.name}: {disagreement} on the probe batch")
     except Exception as error:  # noqa: BLE001 - never raise: torch is always there
         log(

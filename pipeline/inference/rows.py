@@ -176,8 +176,7 @@ def recognise_template(sample_ids: Sequence[str], segment: float) -> tuple[str, 
         return DEFAULT_TEMPLATE, (f"{'no' if not sample_ids else 'not every'} sample_submission id has the form "
                                   f"<file>_<seconds>: using BirdCLEF's {DEFAULT_TEMPLATE!r}")  # fmt: skip
     seconds = [float(m["seconds"]) for m in matches if m]
-    off_grid = [s for s in seconds if abs(s / segment - round(s / segment)) > 1e-6]
-    if off_grid:
+    if off_grid := [s for s in seconds if abs(s / segment - round(s / segment)) > 1e-6]:
         return DEFAULT_TEMPLATE, (f"sample_submission ids end in seconds that are not multiples of "
                                   f"segment_seconds={segment:g} (e.g. {off_grid[0]:g}): using {DEFAULT_TEMPLATE!r}")  # fmt: skip
     if 0.0 in seconds:
@@ -206,10 +205,10 @@ def plan_file_rows(
     """One row per test item, each the prediction of its whole file."""
     files = [row.rel_path for row in items.rows]
     planned = dict(sorted({row.id: k for k, row in enumerate(items.rows)}.items()))
-    rows = _choose(sample, planned, items.source, where, "test file")
-    return RowPlan(root, rows.ids, rows.span_of, [Span(k) for k in range(len(files))], files,
-                   list(seconds) if seconds is not None else [None] * len(files), rows.rule,
-                   [row.id for row in items.rows], items.source, [*items.notes, *rows.notes], rows.missing,
+    ids, span_of, rule, notes, missing = _choose(sample, planned, items.source, where, "test file")
+    return RowPlan(root, ids, span_of, [Span(k) for k in range(len(files))], files,
+                   list(seconds) if seconds is not None else [None] * len(files), rule,
+                   [row.id for row in items.rows], items.source, [*items.notes, *notes], missing,
                    segment_rule=segment_rule)  # fmt: skip
 
 
@@ -236,8 +235,7 @@ def plan_chunk_rows(
     planned: dict[str, int] = {}
     guessed, short, trailing, repeated = [], [], 0, []
     for k in sorted(range(len(items.rows)), key=lambda i: items.rows[i].id):
-        row = items.rows[k]
-        duration = seconds[k]
+        row, duration = items.rows[k], seconds[k]
         if duration is None:
             guessed.append(row.id)
             count = usual or 1
@@ -269,10 +267,12 @@ def plan_chunk_rows(
     if repeated:
         notes.append(f"{plural(len(repeated), 'chunk id')} repeat an earlier file's (the first is kept): "
                      f"{_some(repeated)}")  # fmt: skip
-    rows = _choose(sample, planned, items.source, where, f"{segment:g}-second chunk")
-    return RowPlan(root, rows.ids, rows.span_of, spans, [row.rel_path for row in items.rows], list(seconds),
-                   rows.rule, [row.id for row in items.rows], items.source, [*items.notes, *notes, *rows.notes],
-                   rows.missing, segment, segment_rule, template)  # fmt: skip
+    ids, span_of, rule, chosen, missing = _choose(
+        sample, planned, items.source, where, f"{segment:g}-second chunk"
+    )
+    return RowPlan(root, ids, span_of, spans, [row.rel_path for row in items.rows], list(seconds), rule,
+                   [row.id for row in items.rows], items.source, [*items.notes, *notes, *chosen], missing, segment,
+                   segment_rule, template)  # fmt: skip
 
 
 def usual_chunks(
@@ -281,8 +281,7 @@ def usual_chunks(
     """The chunk count a file of this set should have, and why: the count at least half of the readable
     headers give; with no readable header, that of `usual_seconds` (the expected length, if the user gave one).
     None when the set has no usual length."""
-    counts = Counter(chunk_count(s, segment) for s in seconds if s is not None)
-    if counts:
+    if counts := Counter(chunk_count(s, segment) for s in seconds if s is not None):
         count, files = counts.most_common(1)[0]
         if files >= 0.5 * sum(counts.values()):
             return count, f"the length {files} of {sum(counts.values())} readable files have"
@@ -293,17 +292,11 @@ def usual_chunks(
     return None, "no readable header and no expected length"
 
 
-class _Rows(NamedTuple):
-    ids: list[str]
-    span_of: list[int | None]
-    rule: str
-    notes: list[str]
-    missing: dict[int, str]
-
-
-def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str) -> _Rows:
-    """The rule both kinds of rows share (see the module docstring). `planned`: id -> span, in file order
-    (sorted by id), chunks in time."""
+def _choose(
+    sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str
+) -> tuple[list[str], list[int | None], str, list[str], dict[int, str]]:
+    """The rule both kinds of rows share (see the module docstring): (the row ids, each row's span, the rule,
+    notes, row -> why it has no span). `planned`: id -> span, in file order (sorted by id), chunks in time."""
     placeholders = [i for i in sample.ids if i not in planned]
     notes = []
     if not placeholders or source == "table":
@@ -311,8 +304,7 @@ def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, wher
                 + (f" ({len(placeholders)} of them not among the test items' {unit}s: fallback rows)"
                    if placeholders else ""))  # fmt: skip
         listed = set(sample.ids)
-        unlisted = [i for i in planned if i not in listed]
-        if unlisted:
+        if unlisted := [i for i in planned if i not in listed]:
             notes.append(
                 f"{plural(len(unlisted), unit)} not in {sample.path.name} get no row: {_some(unlisted)}"
             )
@@ -325,7 +317,7 @@ def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, wher
                 f"the {len(sample.ids)} ids of {sample.path.name} name no {unit} (placeholders, as in the public "
                 "copy of a competition whose test audio appears only in the scoring rerun)")  # fmt: skip
         ids, missing = list(planned), {}
-    return _Rows(ids, [planned.get(i) for i in ids], rule, notes, missing)
+    return ids, [planned.get(i) for i in ids], rule, notes, missing
 
 
 def _some(ids: Sequence[str]) -> str:

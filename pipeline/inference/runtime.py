@@ -51,10 +51,8 @@ class Hardware:
 
 @dataclass(frozen=True)
 class EngineChoice:
-    """What computes the window embeddings.
-
-    mode "torch": PyTorch (fp16 autocast on CUDA); "onnx": ONNX Runtime on `onnx_path`, checked against torch
-    on a probe batch; "race": ONNX Runtime against torch on the run's first batch, the faster runs the rest."""
+    """What computes the window embeddings: `mode` "torch", "onnx" (on `onnx_path`) or "race", as engines.py
+    describes them."""
 
     mode: str
     precision: str  # fp32 | fp16 | int8
@@ -103,9 +101,7 @@ def choose_device(device: str, hardware: Hardware) -> torch.device:
     """InferConfig's `device`: auto is the first GPU when there is one, else the CPU."""
     if device == "cuda" and hardware.gpus == 0:
         raise RuntimeError("device='cuda' but no GPU is visible; use device='auto' or 'cpu'")
-    if device == "cpu" or hardware.gpus == 0:
-        return torch.device("cpu")
-    return torch.device("cuda", 0)
+    return torch.device("cpu") if device == "cpu" or hardware.gpus == 0 else torch.device("cuda", 0)
 
 
 def batching_for(
@@ -114,9 +110,8 @@ def batching_for(
     """(windows per batch, DataLoader workers) for `device`, where the parameters leave them to us (None).
 
     CPU: batches sized to the cache (CPU_BATCH_BUDGET) and decoding workers as devices/threads.plan_threads
-    shares `cores`: none below 4 cores, where a worker process only takes cores from the compute threads (on
-    2 cores, 1 worker cost 10-30% of throughput on FSDD), then one per 4 cores. GPU: GPU_BATCH_WINDOWS windows
-    per batch, and every core but one decoding (at least one, at most GPU_DECODE_WORKERS) while the GPU computes.
+    shares `cores` (why none below 4 cores: its docstring). GPU: GPU_BATCH_WINDOWS windows per batch, and every
+    core but one decoding (at least one, at most GPU_DECODE_WORKERS) while the GPU computes.
     """
     if device.type == "cpu":
         frames = model.window_samples * 100 // model.sample_rate + 1  # Fbank: 10 ms hop
@@ -169,7 +164,6 @@ def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device)
     if path is None:
         return EngineChoice("torch", "fp32", f"{why}, but the artifact has no {precision} ONNX file "
                                              "(training writes them: export_onnx)")  # fmt: skip
-    missing = onnxruntime_missing()
-    if missing:
+    if missing := onnxruntime_missing():
         return EngineChoice("torch", "fp32", f"{why}, but ONNX Runtime is unavailable: {missing}")
     return EngineChoice("onnx" if config.engine == "onnx" else "race", precision, why, str(path))

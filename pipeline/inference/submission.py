@@ -242,12 +242,10 @@ def probabilities(cosines: np.ndarray, scale: float, independent: bool) -> np.nd
 
 def class_notes(sample: SampleSubmission, labels: list[str], shared: np.ndarray) -> list[str]:
     notes = []
-    unseen = [c for c, k in zip(sample.value_columns, shared, strict=True) if k < 0]
-    if unseen:
+    if unseen := [c for c, k in zip(sample.value_columns, shared, strict=True) if k < 0]:
         notes.append(f"{len(unseen)} class column(s) of {sample.path.name} the model never saw get probability 0: "
                      f"{', '.join(repr(c) for c in unseen[:10])}{' ...' if len(unseen) > 10 else ''}")  # fmt: skip
-    missing = [label for label in labels if label not in set(sample.value_columns)]
-    if missing:
+    if missing := [label for label in labels if label not in set(sample.value_columns)]:
         notes.append(f"{len(missing)} label(s) the model knows have no column in {sample.path.name} (their share "
                      f"goes to the others): {', '.join(repr(c) for c in missing[:10])}")  # fmt: skip
     return notes

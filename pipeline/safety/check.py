@@ -31,11 +31,6 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _default_root(target: Path, packages: Sequence[str]) -> Path:
-    holds = (p for p in target.resolve().parents if any((p / n / "__init__.py").is_file() for n in packages))
-    return next(holds, Path.cwd())
-
-
 def analyse(
     path: str | Path, root: str | Path | None = None, packages: Sequence[str] = DEFAULT_PACKAGES
 ) -> SafetyReport:
@@ -44,7 +39,8 @@ def analyse(
     if not target.is_file():
         raise FileNotFoundError(f"{target}: no such file")
     packages = tuple(packages) or DEFAULT_PACKAGES
-    root_dir = Path(root) if root is not None else _default_root(target, packages)
+    holds = (p for p in target.resolve().parents if any((p / n / "__init__.py").is_file() for n in packages))
+    root_dir = Path(root) if root is not None else next(holds, Path.cwd())
     project = Project(root_dir.resolve(), packages)
     shown = _display(target)
     report = SafetyReport(shown)

@@ -41,9 +41,7 @@ class Project:
         base = top.joinpath(*parts[1:])
         if (base / "__init__.py").is_file():
             return base / "__init__.py"
-        if base.with_suffix(".py").is_file() and len(parts) > 1:
-            return base.with_suffix(".py")
-        return None
+        return base.with_suffix(".py") if base.with_suffix(".py").is_file() and len(parts) > 1 else None
 
     def exists(self, module: str) -> bool:
         return self.file(module) is not None or self.is_package(module)
@@ -77,9 +75,7 @@ class Project:
         except (SyntaxError, ValueError):
             return ()
         for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
-            ):
+            if isinstance(node, ast.Assign) and "__all__" in (getattr(t, "id", None) for t in node.targets):
                 try:
                     value = ast.literal_eval(node.value)
                 except ValueError:

@@ -26,21 +26,16 @@ def _is_xla(name: str | None) -> bool:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
+    return "TYPE_CHECKING" in (getattr(test, "id", None), getattr(test, "attr", None))  # Name, Attribute
 
 
 def _walk(node: ast.AST) -> Iterator[ast.AST]:
     """ast.walk in source order, skipping ``if TYPE_CHECKING:`` bodies (never run at runtime)."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
-            for stmt in child.orelse:
-                yield stmt
-                yield from _walk(stmt)
-            continue
-        yield child
-        yield from _walk(child)
+        type_checking = isinstance(child, ast.If) and _is_type_checking(child.test)
+        for item in child.orelse if type_checking else [child]:  # only the else branch of a TYPE_CHECKING if
+            yield item
+            yield from _walk(item)
 
 
 def aliases_of(trees: Sequence[ast.AST]) -> dict[str, str]:
@@ -299,9 +294,7 @@ def _command_tokens(node: ast.AST, scanner: Scanner) -> str | list[str] | None:
         return _command_tokens(node.args[0], scanner)
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _command_tokens(node.left, scanner), _command_tokens(node.right, scanner)
-        if isinstance(left, str) and isinstance(right, str):
-            return left + right
-        return None
+        return left + right if isinstance(left, str) and isinstance(right, str) else None
     if isinstance(node, (ast.Constant, ast.JoinedStr)):
         text = piece(node)
         return None if text == "{}" else text

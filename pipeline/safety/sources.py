@@ -97,8 +97,7 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
         head = lines[first].strip()
         if commented and head.startswith("#"):
             head = head[1:].lstrip()
-        match = re.match(r"^%%(\w+)(.*)$", head)
-        if match:
+        if match := re.match(r"^%%(\w+)(.*)$", head):
             name, args = match.group(1), match.group(2).split()
             shell = name in _SHELL_CELL_MAGICS and not (
                 name == "script" and args and Path(args[0]).name.startswith("python")
@@ -154,8 +153,7 @@ def _shell_lines(body: list[str], first_line: int) -> list[ShellCommand]:
         if line.rstrip().endswith("\\"):
             pending += line.rstrip()[:-1] + " "
             continue
-        command = pending + line
-        pending = ""
+        command, pending = pending + line, ""
         if command.strip() and not command.strip().startswith("#"):
             shells.append(ShellCommand(start, command))
     if pending.strip():

@@ -144,16 +144,15 @@ def render(report: Report) -> str:
         lines.append(f"TPU: signals {tpu['signals']} but torch_xla is not installed")
     else:
         lines.append("TPU: none")
-    if report.gpus:
-        for gpu in report.gpus:
-            cc = gpu.get("compute_capability")
-            capability = f"{cc[0]}.{cc[1]}" if cc else "?"
-            memory = f"{gpu['memory_mib'] / 1024:.1f} GiB" if gpu.get("memory_mib") else "memory unknown"
-            bf16 = "native" if gpu["bf16_native"] else "NOT native (fp16 + loss scaling)"
-            lines.append(
-                f"GPU {gpu['index']}: {gpu['name']}, {memory}, compute capability {capability}, bf16 {bf16}"
-            )
-    else:
+    for gpu in report.gpus:
+        cc = gpu.get("compute_capability")
+        capability = f"{cc[0]}.{cc[1]}" if cc else "?"
+        memory = f"{gpu['memory_mib'] / 1024:.1f} GiB" if gpu.get("memory_mib") else "memory unknown"
+        bf16 = "native" if gpu["bf16_native"] else "NOT native (fp16 + loss scaling)"
+        lines.append(
+            f"GPU {gpu['index']}: {gpu['name']}, {memory}, compute capability {capability}, bf16 {bf16}"
+        )
+    if not report.gpus:
         lines.append("GPU: none visible")
 
     lines += ["== versions", *report.versions.lines()]

@@ -180,11 +180,8 @@ def tested_range(name: str) -> str | None:
 def _in_range(version: str, spec: str) -> bool:
     """'2.9.1' in '>=2.7.1,<2.12', by release numbers (a local label such as +cu128 is ignored)."""
     have = _release(version)
-    for clause in spec.split(","):
-        op, bound = clause[:2], _release(clause.lstrip("<>="))
-        if (op == ">=" and have < bound) or (op != ">=" and not have < bound):
-            return False
-    return True
+    clauses = [(clause[:2], _release(clause.lstrip("<>="))) for clause in spec.split(",")]
+    return all(have >= bound if op == ">=" else have < bound for op, bound in clauses)
 
 
 def installed_version(name: str) -> str | None:

@@ -225,8 +225,7 @@ def require_installable(
     if list(missing):
         return []
     checks = [check_bundle(code_dir, image) for image in (images or IMAGES.values())]
-    failed = [check for check in checks if not check.ok]
-    if failed:
+    if failed := [check for check in checks if not check.ok]:
         raise error(
             f"the code dataset {code_dir} would not install as it should on Kaggle's image(s):\n"
             + "\n".join(check.summary() for check in failed)
