@@ -205,10 +205,10 @@ def plan_file_rows(
     """One row per test item, each the prediction of its whole file."""
     files = [row.rel_path for row in items.rows]
     planned = dict(sorted({row.id: k for k, row in enumerate(items.rows)}.items()))
-    ids, span_of, rule, notes, missing = _choose(sample, planned, items.source, where, "test file")
-    return RowPlan(root, ids, span_of, [Span(k) for k in range(len(files))], files,
-                   list(seconds) if seconds is not None else [None] * len(files), rule,
-                   [row.id for row in items.rows], items.source, [*items.notes, *notes], missing,
+    rows = _choose(sample, planned, items.source, where, "test file")
+    return RowPlan(root, rows.ids, rows.span_of, [Span(k) for k in range(len(files))], files,
+                   list(seconds) if seconds is not None else [None] * len(files), rows.rule,
+                   [row.id for row in items.rows], items.source, [*items.notes, *rows.notes], rows.missing,
                    segment_rule=segment_rule)  # fmt: skip
 
 
@@ -267,12 +267,10 @@ def plan_chunk_rows(
     if repeated:
         notes.append(f"{plural(len(repeated), 'chunk id')} repeat an earlier file's (the first is kept): "
                      f"{_some(repeated)}")  # fmt: skip
-    ids, span_of, rule, chosen, missing = _choose(
-        sample, planned, items.source, where, f"{segment:g}-second chunk"
-    )
-    return RowPlan(root, ids, span_of, spans, [row.rel_path for row in items.rows], list(seconds), rule,
-                   [row.id for row in items.rows], items.source, [*items.notes, *notes, *chosen], missing, segment,
-                   segment_rule, template)  # fmt: skip
+    rows = _choose(sample, planned, items.source, where, f"{segment:g}-second chunk")
+    return RowPlan(root, rows.ids, rows.span_of, spans, [row.rel_path for row in items.rows], list(seconds),
+                   rows.rule, [row.id for row in items.rows], items.source, [*items.notes, *notes, *rows.notes],
+                   rows.missing, segment, segment_rule, template)  # fmt: skip
 
 
 def usual_chunks(
@@ -292,11 +290,17 @@ def usual_chunks(
     return None, "no readable header and no expected length"
 
 
-def _choose(
-    sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str
-) -> tuple[list[str], list[int | None], str, list[str], dict[int, str]]:
-    """The rule both kinds of rows share (see the module docstring): (the row ids, each row's span, the rule,
-    notes, row -> why it has no span). `planned`: id -> span, in file order (sorted by id), chunks in time."""
+class _Rows(NamedTuple):
+    ids: list[str]
+    span_of: list[int | None]
+    rule: str
+    notes: list[str]
+    missing: dict[int, str]
+
+
+def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, where: str, unit: str) -> _Rows:
+    """The rule both kinds of rows share (see the module docstring). `planned`: id -> span, in file order
+    (sorted by id), chunks in time."""
     placeholders = [i for i in sample.ids if i not in planned]
     notes = []
     if not placeholders or source == "table":
@@ -317,7 +321,7 @@ def _choose(
                 f"the {len(sample.ids)} ids of {sample.path.name} name no {unit} (placeholders, as in the public "
                 "copy of a competition whose test audio appears only in the scoring rerun)")  # fmt: skip
         ids, missing = list(planned), {}
-    return ids, [planned.get(i) for i in ids], rule, notes, missing
+    return _Rows(ids, [planned.get(i) for i in ids], rule, notes, missing)
 
 
 def _some(ids: Sequence[str]) -> str:
