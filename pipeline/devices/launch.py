@@ -347,16 +347,18 @@ class _OutputRelay:
     def pump(self) -> None:
         for rank, path in enumerate(self.paths):
             try:
-                with open(path, encoding="utf-8", errors="replace") as handle:
+                with open(
+                    path, "rb"
+                ) as handle:  # bytes: the offset must count what is on disk, \r\n included
                     handle.seek(self.offsets[rank])
-                    text = handle.read()
+                    data = handle.read()
             except FileNotFoundError:
                 continue
-            complete = text.rfind("\n") + 1  # relay whole lines only; the rest comes next time
+            complete = data.rfind(b"\n") + 1  # relay whole lines only; the rest comes next time
             if not complete:
                 continue
-            lines = text[:complete]
-            self.offsets[rank] += len(lines.encode("utf-8"))
+            self.offsets[rank] += complete
+            lines = data[:complete].decode("utf-8", errors="replace")
             if rank:
                 lines = "".join(f"[rank {rank}] {line}" for line in lines.splitlines(keepends=True))
             sys.stdout.write(lines)

@@ -170,6 +170,24 @@ def test_fork_works_when_cuda_is_untouched() -> None:
 
 
 @pytest.mark.timeout(60)
+def test_child_output_is_relayed_once_whole_lines_and_crlf_or_bad_utf8_included(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.devices.launch import _OutputRelay
+
+    logs = [tmp_path / "0.log", tmp_path / "1.log"]
+    relay = _OutputRelay([str(p) for p in logs])
+    relay.pump()  # nothing written yet
+    logs[0].write_bytes(b"epoch 1\r\nbad \xff byte\npart")
+    logs[1].write_bytes(b"rank one\n")
+    relay.pump()
+    with logs[0].open("ab") as handle:
+        handle.write(b"ial line\n")
+    relay.pump()
+    relay.pump()  # nothing new: nothing repeated
+    assert capsys.readouterr().out == "epoch 1\r\nbad \ufffd byte\n[rank 1] rank one\npartial line\n"
+
+
 def test_under_torchrun_launch_refuses_to_spawn_again(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not running_under_torchrun({})
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}
