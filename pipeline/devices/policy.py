@@ -22,6 +22,7 @@ from ..core.progress import plural
 from ..core.scaling import BatchPlan, plan_batch
 from .launch import running_under_torchrun
 from .probe import Runner, Topology, detect_topology
+from .threads import available_cores
 
 # Per-device batch when per_device_batch_size is left to the hardware. TPU: torch_xla traces every step in
 # Python again, ~100-200 ms for ECAPA-TDNN whatever the batch (the graph has the same ~6,000 operations), while
@@ -121,7 +122,7 @@ def loader_workers(requested: int | None, topology: Topology, cpus: int | None =
     """DataLoader workers per training process (see MAX_TPU_WORKERS)."""
     if requested is not None:
         return requested
-    cpus = cpus or len(os.sched_getaffinity(0))
+    cpus = cpus or available_cores()  # the affinity mask capped by a container's CPU quota
     if topology.accelerator == "tpu":
         return max(1, min(MAX_TPU_WORKERS, cpus - 2))
     return max(1, min(4, cpus // topology.num_devices - 1))

@@ -1,5 +1,7 @@
 """pipeline.devices.policy: parameters + hardware -> strategy, precision, model size, batch plan, workers."""
 
+import os
+
 import pytest
 import torch
 from test_probe import T4_X2, fake_smi
@@ -100,6 +102,15 @@ def test_run_hands_the_function_its_strategy_and_the_plan():
     assert handed is plan and args == ("config", 3)
     assert (strategy.name, strategy.device.type, strategy.precision) == ("single", "cpu", "fp32")
     assert isinstance(strategy, Strategy)  # every member pipeline.training uses
+
+
+def test_loader_workers_respect_a_containers_cpu_quota(monkeypatch):
+    from pipeline.devices import threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)))
+    assert loader_workers(None, CPU) == 4
+    monkeypatch.setattr(threads, "cgroup_cpu_limit", lambda *_: 2.0)  # docker --cpus 2 on a 16-core host
+    assert loader_workers(None, CPU) == 1
 
 
 def test_loader_workers_by_hardware():
