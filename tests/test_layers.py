@@ -119,7 +119,7 @@ def test_every_imported_module_is_in_the_tree():
         ("pipeline.devices.policy", "pipeline.training.train"),
         ("pipeline.training.validation", "pipeline.inference.predict"),
         ("pipeline.inference.rows", "pipeline.training.dataset"),
-        ("pipeline.training.train", "pipeline.tooling.kaggle"),
+        ("pipeline.training.train", "pipeline.tooling.notebook"),
         ("pipeline.tooling.doctor", "pipeline.demo_data.synthetic"),
         ("pipeline.inference.submission", "pipeline.model"),
         ("pipeline.core.config", "pipeline.__main__"),
