@@ -67,11 +67,9 @@ def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = Non
             depth = len(Path(current).parts) - base_depth
             if all(name in files for name in marker_files):
                 found.append(Path(current))
-            if depth >= SEARCH_DEPTH:
-                subdirs.clear()
             # Hidden folders are never inputs: `.model.partial-*` / `.model.old-*` are an artifact save
             # that was interrupted or the artifact it replaced (pipeline/core/artifact.py).
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith(".")) if depth < SEARCH_DEPTH else []
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
 
 

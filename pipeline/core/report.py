@@ -11,6 +11,7 @@ otherwise, so scripts and tests can call them too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
@@ -60,8 +61,6 @@ def most_confused(matrix: np.ndarray, limit: int = MAX_CONFUSION_CLASSES) -> lis
     """Class indices to draw: all of them up to `limit`, else the `limit` classes involved in the most errors
     (as truth or as prediction), in their original order so the diagonal stays a diagonal."""
     n = matrix.shape[0]
-    if n <= limit:
-        return list(range(n))
     errors = matrix.sum(0) + matrix.sum(1) - 2 * np.diag(matrix)
     # Ties (e.g. no errors at all) fall back to the classes with the most validation files.
     support = matrix.sum(1)
@@ -126,8 +125,6 @@ def readable(texts: Sequence[str]) -> tuple[list[str], list[str]]:
         if covered and entry.name not in families:
             families.append(entry.name)
             missing -= covered
-    if not missing:
-        return list(texts), families
     return ["".join(f"U+{ord(c):04X}" if ord(c) in missing else c for c in text) for text in texts], families
 
 
@@ -214,10 +211,8 @@ def plot_confusion(
         axis = figure.subplots()
         image = axis.imshow(sub, cmap="Blues", interpolation="nearest")
         figure.colorbar(image, ax=axis, shrink=0.8)
-        tilted = len(shown) > 6
-        axis.set_xticks(
-            range(len(shown)), names, rotation=60 if tilted else 0, ha="right" if tilted else "center"
-        )
+        tilted = {"rotation": 60, "ha": "right"} if len(shown) > 6 else {"rotation": 0, "ha": "center"}
+        axis.set_xticks(range(len(shown)), names, **tilted)
         axis.set_yticks(range(len(shown)), names)
         axis.set(xlabel="predicted", ylabel="true")
         axis.set_title(title, fontsize=10)
@@ -420,10 +415,8 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
     if in_ipython():
         from IPython.display import Image, Markdown, display
 
-        try:
+        with contextlib.suppress(ImportError):  # no matplotlib: the table below still tells the story
             display(Image(data=label_bar_chart(result.label_counts)))
-        except ImportError:  # no matplotlib: the table below still tells the story
-            pass
         display(Markdown(text))
     else:
         counts = sorted(result.label_counts.items(), key=lambda item: (-item[1], item[0]))
