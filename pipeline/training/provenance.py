@@ -49,8 +49,7 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
         shape["targets"] = dataset.targets_record["sha256"]
     if dataset.focal_record:
         shape["focal_targets"] = dataset.focal_record["sha256"]
-    payload = json.dumps(shape, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy: Strategy, result) -> dict[str, Any]:

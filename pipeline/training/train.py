@@ -113,10 +113,9 @@ def checkpoint_dir_of(config: TrainConfig) -> Path:
 def check_output_dirs(config: TrainConfig) -> None:
     """The artifact may replace only an earlier artifact or an empty folder; checkpoints are written beside
     it; neither may overlap the data or each other (pipeline.core.staging's rule for every output folder)."""
-    check_artifact_dir(
-        config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoint_dir_of(config)
-    )
-    check_output_dir(checkpoint_dir_of(config), name="checkpoint_dir", is_ours=lambda _: True,
+    checkpoints = checkpoint_dir_of(config)
+    check_artifact_dir(config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoints)
+    check_output_dir(checkpoints, name="checkpoint_dir", is_ours=lambda _: True,
                      what="a checkpoint folder", keep_apart={"data_dir": config.data_dir})  # fmt: skip
 
 
@@ -302,13 +301,12 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
             if checkpoint and not last:  # at the end of the epoch it is saved after validation
                 run.save_checkpoint()
     # Read each loss back on its own: stacking them would be one more XLA graph to compile.
-    mean_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
     return {
-        "train_loss": mean_loss,
+        "train_loss": float(np.mean([float(loss) for loss in losses])) if losses else float("nan"),
         "steps": state.step_in_epoch - first,
         "data_wait_s": wait,
         "step_s": busy,
-        "loader_start_s": startup,
+        "loader_start_s": round(startup, 2),
         "first_step_at": first_step_at,
     }
 
@@ -336,9 +334,7 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
         "validation_s": round(seconds, 2),
     }
     if timing["first_step_at"] is not None:  # the first step of this session
-        record.update(
-            loader_start_s=round(timing["loader_start_s"], 2), first_step_at=timing["first_step_at"]
-        )
+        record.update(loader_start_s=timing["loader_start_s"], first_step_at=timing["first_step_at"])
     if compiles_before is not None:  # XLA, so far in the run: neither may grow after the first epoch
         record.update(xla_compiles_before_validation=compiles_before, xla_compiles=strategy.compile_count())
     state.history.append(record)
