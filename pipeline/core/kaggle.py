@@ -131,8 +131,7 @@ def session_elapsed_seconds(proc: Path = Path("/proc"), env: Mapping[str, str] |
     So does a Kaggle layout under KAGGLE_ROOT (Kaggle never sets it): that is a stand-in on some other host,
     whose PID 1 may be hours old without being the session's, and would leave training a 1-minute budget.
     """
-    e = os.environ if env is None else env
-    pids = ("self",) if e.get("KAGGLE_ROOT") else ("1", "self")
+    pids = ("self",) if (os.environ if env is None else env).get("KAGGLE_ROOT") else ("1", "self")
     ages = [process_age_seconds(pid, proc) for pid in pids]
     plausible = [a for a in ages if a is not None and 0 <= a < max(SESSION_LIMIT_HOURS.values()) * 3600]
     return plausible[0] if plausible else None

@@ -100,8 +100,7 @@ def example_inputs(
     model: SpeakerClassifier, batch: int, frames: int, seed: int = 0
 ) -> tuple[torch.Tensor, ...]:
     """Normalised-feature-like inputs [batch, frames, n_mels] and relative lengths (one row shorter)."""
-    generator = torch.Generator().manual_seed(seed)
-    feats = torch.randn(batch, frames, model.config.n_mels, generator=generator)
+    feats = torch.randn(batch, frames, model.config.n_mels, generator=torch.Generator().manual_seed(seed))
     lens = torch.ones(batch)
     if batch > 1:
         lens[-1] = 0.6

@@ -308,8 +308,7 @@ def _write_audio(path: Path, audio: np.ndarray, sr: int) -> None:
     # Quantise ourselves so the bytes do not depend on libsndfile's float-to-int conversion.
     pcm = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = {".wav": "WAV", ".flac": "FLAC"}[path.suffix]
-    sf.write(str(path), pcm, sr, subtype="PCM_16", format=fmt)
+    sf.write(str(path), pcm, sr, subtype="PCM_16", format={".wav": "WAV", ".flac": "FLAC"}[path.suffix])
 
 
 @dataclass(frozen=True)

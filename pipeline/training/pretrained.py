@@ -275,10 +275,9 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
         )
     norm = tree.get("mean_var_norm")
     norm_args = norm.value if isinstance(norm, Tagged) and isinstance(norm.value, dict) else None
-    if (
-        not isinstance(norm, Tagged) or norm.tag != NORM_TAG or norm_args is None
-        or norm_args.get("norm_type") != "sentence" or norm_args.get("std_norm", True) is not False
-        or norm_args.get("mean_norm", True) is not True
+    if (  # norm_args is None for anything but a tagged mapping
+        norm_args is None or norm.tag != NORM_TAG or norm_args.get("norm_type") != "sentence"
+        or norm_args.get("std_norm", True) is not False or norm_args.get("mean_norm", True) is not True
     ):  # fmt: skip
         raise PretrainedError(f"{path}: `mean_var_norm` must be {NORM_TAG} with norm_type: sentence and "
                               f"std_norm: False, as this project's model (found {_describe(norm)})")  # fmt: skip
