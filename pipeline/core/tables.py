@@ -211,10 +211,8 @@ def read_train_table(
         rel = locator.locate(path)
         rel = f"{prefix}/{rel}" if prefix else rel
         labels = label.split(layout.label_separator) if layout.label_separator else [label]
-        secondary = ()
-        if layout.secondary_column:
-            secondary = parse_label_list(row[layout.secondary_column], layout.label_separator, csv_path, line,
-                                         layout.secondary_column)  # fmt: skip
+        secondary = (parse_label_list(row[layout.secondary_column], layout.label_separator, csv_path, line,
+                                      layout.secondary_column) if layout.secondary_column else ())  # fmt: skip
         rows += [TrainRow(line, rel, one, path, secondary) for one in labels if one]
     if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")

@@ -99,7 +99,8 @@ def train(config: TrainConfig) -> TrainResult:
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
     plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.val_fraction)))
-    log = print if int(os.environ.get("RANK", "0")) == 0 else _silent  # under torchrun every rank runs this
+    # Under torchrun every rank runs this: rank 0 says what it does.
+    log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
     return policy.run(plan, fit, config, data, started,
@@ -169,7 +170,7 @@ def prepare(
     torch.manual_seed(config.seed)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    log = print if strategy.is_main else _silent
+    log = print if strategy.is_main else lambda *_: None
     epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
     schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
     model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
@@ -507,10 +508,6 @@ def _value(name: str, record: dict[str, float], key: str) -> str:
     """`name value`, with the value's standard error where validation computed one (checkpoint.is_better)."""
     error = f" +-{record[f'{key}_se']:.4f}" if f"{key}_se" in record else ""
     return f"{name} {record[key]:.4f}{error}"
-
-
-def _silent(*_: Any) -> None:
-    pass
 
 
 __all__ = ["TrainResult", "fit", "train", "train_step"]
