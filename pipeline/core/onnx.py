@@ -177,7 +177,7 @@ def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str |
 def _quiet_exporter() -> Iterator[None]:
     """The exporter warns about torchvision operators it skips and prints its progress, the quantizer about
     every tensor it leaves alone: not the user's business. Errors still raise."""
-    names = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "")  # "": the quantizer's (root)
+    names = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "")  # "": root, the quantizer's
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     try:
