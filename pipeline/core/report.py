@@ -144,13 +144,14 @@ def _fonts(families: list[str]):
     return rc_context({"font.family": families})
 
 
-def _new_figure(width: float, height: float):
+def _new_figure(width: float, height: float, *grid: int):
+    """A figure on the Agg canvas and its axes (`grid`: rows, columns; none: one axis)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    return figure
+    return figure, figure.subplots(*grid)
 
 
 def plot_training_curves(
@@ -158,8 +159,7 @@ def plot_training_curves(
 ) -> Path:
     """Loss (train and validation), the validation metric and learning rate against epoch, side by side; the
     epoch whose weights were kept (`best_epoch`, else the first best value) is marked."""
-    figure = _new_figure(12, 3.4)
-    ax_loss, ax_acc, ax_lr = figure.subplots(1, 3)
+    figure, (ax_loss, ax_acc, ax_lr) = _new_figure(12, 3.4, 1, 3)
     epochs = [int(r["epoch"]) for r in history]
 
     def series(key: str) -> list[float]:
@@ -207,8 +207,7 @@ def plot_confusion(
     if len(shown) < matrix.shape[0]:
         title += f"\n{len(shown)} most-confused of {matrix.shape[0]} classes"
     with _fonts(families):
-        figure = _new_figure(size + 1.0, size)
-        axis = figure.subplots()
+        figure, axis = _new_figure(size + 1.0, size)
         image = axis.imshow(sub, cmap="Blues", interpolation="nearest")
         figure.colorbar(image, ax=axis, shrink=0.8)
         tilted = {"rotation": 60, "ha": "right"} if len(shown) > 6 else {"rotation": 0, "ha": "center"}
@@ -242,8 +241,7 @@ def plot_confused_pairs(
     names, families = readable([f"{_short(str(labels[t]))} -> {_short(str(labels[q]))}" for t, q, _ in pairs])
     total, correct = int(matrix.sum()), int(np.trace(matrix))
     with _fonts(families):
-        figure = _new_figure(7, max(1.8, 0.28 * len(pairs) + 1.1))
-        axis = figure.subplots()
+        figure, axis = _new_figure(7, max(1.8, 0.28 * len(pairs) + 1.1))
         counts = [count for _, _, count in pairs]
         axis.barh(names[::-1], counts[::-1], color="tab:red")
         axis.set(xlabel="validation files", title=f"Most confused pairs (true -> predicted): {correct}/{total} "
@@ -264,8 +262,7 @@ def label_bar_chart(label_counts: Mapping[str, int], limit: int = MAX_BAR_LABELS
     counts = [count for _, count in ranked][::-1]
     buffer = io.BytesIO()
     with _fonts(families):
-        figure = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
-        axis = figure.subplots()
+        figure, axis = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
         axis.barh(names, counts, color="tab:blue")
         for y, count in enumerate(counts):
             axis.text(count, y, f" {count}", va="center", fontsize=8)
