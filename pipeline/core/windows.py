@@ -244,9 +244,9 @@ def run_windows(
         flush(length, full_only=False)
     if bar is not None:
         bar.close()
-    pooled = pooling.result()  # (pooled scores, embeddings, ok)
+    result = pooling.result()  # (pooled scores, embeddings, ok): the first three fields
     return SpanPredictions(
-        *pooled, problems, repairs, audio_seconds, time.perf_counter() - started, stopped, frozenset(seen)
+        *result, problems, repairs, audio_seconds, time.perf_counter() - started, stopped, frozenset(seen)
     )
 
 
