@@ -92,17 +92,14 @@ def main(argv: list[str] | None = None) -> int:
                                             test_fraction=args.test_fraction, max_per_cell=args.max_per_cell,
                                             overwrite=args.overwrite)  # fmt: skip
             elif args.source == "soundscapes":
-                from .demo_data.soundscapes import (
-                    make_soundscape_competition,
-                    species_from_fsdd,
-                    species_from_synthetic,
-                )
+                from .demo_data import soundscapes
 
-                species = (species_from_fsdd(args.recordings, args.species) if args.recordings
-                           else species_from_synthetic(args.species, seed=args.seed))  # fmt: skip
-                out = make_soundscape_competition(args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
-                                                  test_soundscapes=args.test_soundscapes, public=args.public,
-                                                  labelled_soundscapes=args.labelled_soundscapes, overwrite=args.overwrite)  # fmt: skip
+                species = (soundscapes.species_from_fsdd(args.recordings, args.species) if args.recordings
+                           else soundscapes.species_from_synthetic(args.species, seed=args.seed))  # fmt: skip
+                out = soundscapes.make_soundscape_competition(
+                    args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
+                    test_soundscapes=args.test_soundscapes, labelled_soundscapes=args.labelled_soundscapes,
+                    public=args.public, overwrite=args.overwrite)  # fmt: skip
             elif args.hours:
                 from .demo_data.synthetic import folder_of_hours
 

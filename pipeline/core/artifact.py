@@ -202,8 +202,7 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
         model.load_state_dict(load_file(str(root / WEIGHTS), device="cpu"))
     except RuntimeError as error:
         raise ArtifactError(f"{root / WEIGHTS}: weights do not fit the model config ({error})") from error
-    model.eval()
-    return Artifact(model=model, labels=list(manifest["labels"]), manifest=manifest, path=root)
+    return Artifact(model=model.eval(), labels=list(manifest["labels"]), manifest=manifest, path=root)
 
 
 def _file_record(path: Path) -> dict[str, Any]:

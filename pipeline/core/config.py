@@ -467,9 +467,4 @@ def _coerce(name: str, value: Any, annotation: Any) -> Any:
     )
 
 
-def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
-
-
-__all__ = ["MODEL_PRESETS", "SAMPLE_RATE", "ConfigError", "InferConfig", "TrainConfig", "from_params",
-           "to_dict"]  # fmt: skip
+__all__ = ["MODEL_PRESETS", "SAMPLE_RATE", "ConfigError", "InferConfig", "TrainConfig", "from_params"]

@@ -28,10 +28,6 @@ class AudioError(ValueError):
         self.reason, self.path, self.detail = reason, path, detail
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Audio
-
-
 def load_audio(
     path: Path, *, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None
 ) -> tuple[np.ndarray, list[str]]:
@@ -79,17 +75,14 @@ def audio_seconds(path: Path) -> float | None:
         info = sf.info(str(path))
     except (sf.LibsndfileError, OSError, RuntimeError, TypeError, ValueError):
         return None
-    if info.samplerate <= 0 or info.frames <= 0:
-        return None
-    return info.frames / info.samplerate
+    return info.frames / info.samplerate if info.samplerate > 0 and info.frames > 0 else None
 
 
 def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
     """Resample from `rate` to `target` with torchaudio's windowed-sinc resampler (the one SpeechBrain uses)."""
     divisor = math.gcd(int(rate), int(target))
     tensor = torch.from_numpy(np.ascontiguousarray(samples))
-    out = AF.resample(tensor, orig_freq=int(rate) // divisor, new_freq=int(target) // divisor)
-    return out.numpy()
+    return AF.resample(tensor, orig_freq=int(rate) // divisor, new_freq=int(target) // divisor).numpy()
 
 
 def crop_span(

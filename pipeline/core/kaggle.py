@@ -67,11 +67,9 @@ def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = Non
             depth = len(Path(current).parts) - base_depth
             if all(name in files for name in marker_files):
                 found.append(Path(current))
-            if depth >= SEARCH_DEPTH:
-                subdirs.clear()
             # Hidden folders are never inputs: `.model.partial-*` / `.model.old-*` are an artifact save
             # that was interrupted or the artifact it replaced (pipeline/core/artifact.py).
-            subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+            subdirs[:] = sorted(d for d in subdirs if not d.startswith(".")) if depth < SEARCH_DEPTH else []
     return sorted(found, key=lambda p: (len(p.parts), str(p)))
 
 
@@ -133,8 +131,7 @@ def session_elapsed_seconds(proc: Path = Path("/proc"), env: Mapping[str, str] |
     So does a Kaggle layout under KAGGLE_ROOT (Kaggle never sets it): that is a stand-in on some other host,
     whose PID 1 may be hours old without being the session's, and would leave training a 1-minute budget.
     """
-    e = os.environ if env is None else env
-    pids = ("self",) if e.get("KAGGLE_ROOT") else ("1", "self")
+    pids = ("self",) if (os.environ if env is None else env).get("KAGGLE_ROOT") else ("1", "self")
     ages = [process_age_seconds(pid, proc) for pid in pids]
     plausible = [a for a in ages if a is not None and 0 <= a < max(SESSION_LIMIT_HOURS.values()) * 3600]
     return plausible[0] if plausible else None

@@ -68,9 +68,8 @@ def score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
         from sklearn.metrics import average_precision_score
 
         pad = np.ones((PADDING_ROWS, truth.shape[1]))
-        return float(
-            average_precision_score(np.vstack([positive, pad]), np.vstack([scores, pad]), average="macro")
-        )
+        padded = np.vstack([positive, pad]), np.vstack([scores, pad])
+        return float(average_precision_score(*padded, average="macro"))
     raise MetricError(f"unknown metric {metric!r}; use one of {list(METRICS)}")
 
 
@@ -109,11 +108,4 @@ def selection_metric(metric: str, objective: str) -> str:
     return "accuracy" if objective == "aam" else "macro_roc_auc"
 
 
-def one_hot(classes: np.ndarray, n_classes: int) -> np.ndarray:
-    """[rows, n_classes] 0/1 truth of single-label rows (class indices)."""
-    truth = np.zeros((len(classes), n_classes), dtype=np.float32)
-    truth[np.arange(len(classes)), np.asarray(classes, dtype=np.int64)] = 1.0
-    return truth
-
-
-__all__ = ["METRICS", "MetricError", "one_hot", "score", "selection_metric", "standard_error"]
+__all__ = ["METRICS", "MetricError", "score", "selection_metric", "standard_error"]

@@ -187,10 +187,8 @@ class PCEN(torch.nn.Module):
         t = torch.arange(frames, device=feats_db.device, dtype=energy.dtype)
         lag = t[:, None] - t[None, :]
         weights = torch.where(lag >= 0, self.b * (1 - self.b) ** lag.clamp(min=0), torch.zeros_like(lag))
-        level = (
-            torch.einsum("tk,bkf->btf", weights, energy)
-            + (1 - self.b) ** (t + 1)[None, :, None] * start[:, None]
-        )
+        decayed_start = (1 - self.b) ** (t + 1)[None, :, None] * start[:, None]  # the start level, fading
+        level = torch.einsum("tk,bkf->btf", weights, energy) + decayed_start
         return (energy / (self.eps + level) ** self.gain + self.bias) ** self.power - self.bias**self.power
 
 

@@ -100,8 +100,7 @@ def example_inputs(
     model: SpeakerClassifier, batch: int, frames: int, seed: int = 0
 ) -> tuple[torch.Tensor, ...]:
     """Normalised-feature-like inputs [batch, frames, n_mels] and relative lengths (one row shorter)."""
-    generator = torch.Generator().manual_seed(seed)
-    feats = torch.randn(batch, frames, model.config.n_mels, generator=generator)
+    feats = torch.randn(batch, frames, model.config.n_mels, generator=torch.Generator().manual_seed(seed))
     lens = torch.ones(batch)
     if batch > 1:
         lens[-1] = 0.6
@@ -178,10 +177,8 @@ def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str |
 def _quiet_exporter() -> Iterator[None]:
     """The exporter warns about torchvision operators it skips and prints its progress, the quantizer about
     every tensor it leaves alone: not the user's business. Errors still raise."""
-    # "": the quantizer logs to the root logger.
-    loggers = [
-        logging.getLogger(name) for name in ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "")
-    ]
+    names = ("torch.onnx", "torch.export", "torch._dynamo", "onnxscript", "")  # "": root, the quantizer's
+    loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     try:
         for logger in loggers:
@@ -289,11 +286,8 @@ def load_session(path: str | Path, threads: int) -> Any:
 
 def run_session(session: Any, feats: torch.Tensor, lens: torch.Tensor) -> np.ndarray:
     """Embeddings [B, D] from normalised features [B, T, n_mels] and relative lengths [B]."""
-    inputs = {
-        INPUTS[0]: np.ascontiguousarray(feats.detach().float().cpu().numpy()),
-        INPUTS[1]: np.ascontiguousarray(lens.detach().float().cpu().numpy()),
-    }
-    out = session.run([OUTPUT], inputs)[0]
+    arrays = [np.ascontiguousarray(t.detach().float().cpu().numpy()) for t in (feats, lens)]
+    out = session.run([OUTPUT], dict(zip(INPUTS, arrays, strict=True)))[0]
     return out.reshape(out.shape[0], -1)
 
 
@@ -307,5 +301,4 @@ class OnnxEmbedder:
 
     @torch.inference_mode()
     def __call__(self, wavs: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        feats = self.model.features(wavs.cpu(), lens.cpu())
-        return torch.from_numpy(run_session(self.session, feats, lens))
+        return torch.from_numpy(run_session(self.session, self.model.features(wavs.cpu(), lens.cpu()), lens))

@@ -11,6 +11,7 @@ otherwise, so scripts and tests can call them too.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
@@ -60,8 +61,6 @@ def most_confused(matrix: np.ndarray, limit: int = MAX_CONFUSION_CLASSES) -> lis
     """Class indices to draw: all of them up to `limit`, else the `limit` classes involved in the most errors
     (as truth or as prediction), in their original order so the diagonal stays a diagonal."""
     n = matrix.shape[0]
-    if n <= limit:
-        return list(range(n))
     errors = matrix.sum(0) + matrix.sum(1) - 2 * np.diag(matrix)
     # Ties (e.g. no errors at all) fall back to the classes with the most validation files.
     support = matrix.sum(1)
@@ -126,8 +125,6 @@ def readable(texts: Sequence[str]) -> tuple[list[str], list[str]]:
         if covered and entry.name not in families:
             families.append(entry.name)
             missing -= covered
-    if not missing:
-        return list(texts), families
     return ["".join(f"U+{ord(c):04X}" if ord(c) in missing else c for c in text) for text in texts], families
 
 
@@ -147,13 +144,14 @@ def _fonts(families: list[str]):
     return rc_context({"font.family": families})
 
 
-def _new_figure(width: float, height: float):
+def _new_figure(width: float, height: float, *grid: int):
+    """A figure on the Agg canvas and its axes (`grid`: rows, columns; none: one axis)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(figure)
-    return figure
+    return figure, figure.subplots(*grid)
 
 
 def plot_training_curves(
@@ -161,8 +159,7 @@ def plot_training_curves(
 ) -> Path:
     """Loss (train and validation), the validation metric and learning rate against epoch, side by side; the
     epoch whose weights were kept (`best_epoch`, else the first best value) is marked."""
-    figure = _new_figure(12, 3.4)
-    ax_loss, ax_acc, ax_lr = figure.subplots(1, 3)
+    figure, (ax_loss, ax_acc, ax_lr) = _new_figure(12, 3.4, 1, 3)
     epochs = [int(r["epoch"]) for r in history]
 
     def series(key: str) -> list[float]:
@@ -210,14 +207,11 @@ def plot_confusion(
     if len(shown) < matrix.shape[0]:
         title += f"\n{len(shown)} most-confused of {matrix.shape[0]} classes"
     with _fonts(families):
-        figure = _new_figure(size + 1.0, size)
-        axis = figure.subplots()
+        figure, axis = _new_figure(size + 1.0, size)
         image = axis.imshow(sub, cmap="Blues", interpolation="nearest")
         figure.colorbar(image, ax=axis, shrink=0.8)
-        tilted = len(shown) > 6
-        axis.set_xticks(
-            range(len(shown)), names, rotation=60 if tilted else 0, ha="right" if tilted else "center"
-        )
+        tilted = {"rotation": 60, "ha": "right"} if len(shown) > 6 else {"rotation": 0, "ha": "center"}
+        axis.set_xticks(range(len(shown)), names, **tilted)
         axis.set_yticks(range(len(shown)), names)
         axis.set(xlabel="predicted", ylabel="true")
         axis.set_title(title, fontsize=10)
@@ -247,8 +241,7 @@ def plot_confused_pairs(
     names, families = readable([f"{_short(str(labels[t]))} -> {_short(str(labels[q]))}" for t, q, _ in pairs])
     total, correct = int(matrix.sum()), int(np.trace(matrix))
     with _fonts(families):
-        figure = _new_figure(7, max(1.8, 0.28 * len(pairs) + 1.1))
-        axis = figure.subplots()
+        figure, axis = _new_figure(7, max(1.8, 0.28 * len(pairs) + 1.1))
         counts = [count for _, _, count in pairs]
         axis.barh(names[::-1], counts[::-1], color="tab:red")
         axis.set(xlabel="validation files", title=f"Most confused pairs (true -> predicted): {correct}/{total} "
@@ -269,8 +262,7 @@ def label_bar_chart(label_counts: Mapping[str, int], limit: int = MAX_BAR_LABELS
     counts = [count for _, count in ranked][::-1]
     buffer = io.BytesIO()
     with _fonts(families):
-        figure = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
-        axis = figure.subplots()
+        figure, axis = _new_figure(6, max(1.6, 0.28 * len(ranked) + 0.9))
         axis.barh(names, counts, color="tab:blue")
         for y, count in enumerate(counts):
             axis.text(count, y, f" {count}", va="center", fontsize=8)
@@ -420,10 +412,8 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
     if in_ipython():
         from IPython.display import Image, Markdown, display
 
-        try:
+        with contextlib.suppress(ImportError):  # no matplotlib: the table below still tells the story
             display(Image(data=label_bar_chart(result.label_counts)))
-        except ImportError:  # no matplotlib: the table below still tells the story
-            pass
         display(Markdown(text))
     else:
         counts = sorted(result.label_counts.items(), key=lambda item: (-item[1], item[0]))

@@ -117,9 +117,7 @@ def warmup_lr_factor(step: int, warmup_steps: int) -> float:
 
     Starts just above 0 rather than at 0 so the first optimiser step is not wasted.
     """
-    if warmup_steps <= 0:
-        return 1.0
-    return min(1.0, (step + 1) / warmup_steps)
+    return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
 def default_warmup_steps(lr: float, base_lr: float, total_steps: int | None = None) -> int:

@@ -94,13 +94,6 @@ def check_output_dir(
     return resolved
 
 
-def replaceable(target: Path, is_ours: Callable[[Path], bool]) -> bool:
-    """True if `target` is absent, an empty folder, or a folder `is_ours` accepts."""
-    if not target.exists():
-        return True
-    return target.is_dir() and (not any(target.iterdir()) or is_ours(target))
-
-
 @contextmanager
 def staged_file(target: str | os.PathLike) -> Iterator[Path]:
     """Yield a hidden path beside `target` to write the file at (it keeps `target`'s suffix, so writers that
@@ -133,7 +126,7 @@ def staged_directory(target: str | os.PathLike, is_ours: Callable[[Path], bool])
     """Yield an empty hidden folder beside `target`; when the block ends without error it replaces `target`,
     otherwise it is removed and `target` is left as it was.
 
-    `target` is replaced only if it is still `replaceable` at the swap (callers check first with
+    `target` is replaced only if it is still absent, empty or `is_ours` at the swap (callers check first with
     check_output_dir; a long build gives someone time to put files there): never a folder of someone else's."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -141,7 +134,7 @@ def staged_directory(target: str | os.PathLike, is_ours: Callable[[Path], bool])
     try:
         yield staging
         staging.chmod(0o755)  # mkdtemp makes a private folder; these folders are meant to be shared
-        if not replaceable(target, is_ours):
+        if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or is_ours(target))):
             raise OutputRefused(f"{target} now holds files this project did not write; the new content was not "
                                 "put there (move them away and run again)")  # fmt: skip
         if target.exists():

@@ -211,10 +211,8 @@ def read_train_table(
         rel = locator.locate(path)
         rel = f"{prefix}/{rel}" if prefix else rel
         labels = label.split(layout.label_separator) if layout.label_separator else [label]
-        secondary = ()
-        if layout.secondary_column:
-            secondary = parse_label_list(row[layout.secondary_column], layout.label_separator, csv_path, line,
-                                         layout.secondary_column)  # fmt: skip
+        secondary = (parse_label_list(row[layout.secondary_column], layout.label_separator, csv_path, line,
+                                      layout.secondary_column) if layout.secondary_column else ())  # fmt: skip
         rows += [TrainRow(line, rel, one, path, secondary) for one in labels if one]
     if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
@@ -227,8 +225,6 @@ def parse_label_list(
     """Labels of a cell that lists several: a Python list literal ("['a', 'b']", "[]", BirdCLEF's form), else
     split by `separator`, else the one label the cell names. Never evaluates anything but a literal."""
     text = text.strip()
-    if not text:
-        return ()
     if text.startswith("["):
         try:
             value = ast.literal_eval(text)
@@ -242,19 +238,13 @@ def parse_label_list(
 
 
 def skip_or_stop(
-    on_bad_row: str,
-    skipped: list[dict],
-    csv_path: Path,
-    line: int,
-    path: str,
-    reason: str,
-    cause: Exception | None = None,
+    on_bad_row: str, skipped: list[dict], csv_path: Path, line: int, path: str, reason: str
 ) -> None:
     """The one rule for a bad training row: under on_bad_row="skip" it is recorded (by its path as written in
     the table, never an absolute one) and left out; otherwise the run stops with an error naming it."""
     if on_bad_row != "skip":
         raise DataError(f"{csv_path} line {line} ({path!r}): {reason}. Fix or remove the row, or set "
-                        "on_bad_row='skip' to train without it (skipped rows are reported).") from cause  # fmt: skip
+                        "on_bad_row='skip' to train without it (skipped rows are reported).") from None  # fmt: skip
     skipped.append({"line": str(line), "path": path, "reason": reason})
 
 
@@ -502,8 +492,7 @@ def written_by_data_command(folder: Path) -> bool:
     """True for a competition folder that `python -m pipeline data` wrote (it may replace it)."""
     if marked_as(folder, COMPETITION_FOLDER):
         return True
-    names = {p.name for p in folder.iterdir()}
-    return {"solution.csv", "audio"} <= names <= _LEGACY_FOLDER_ENTRIES
+    return {"solution.csv", "audio"} <= {p.name for p in folder.iterdir()} <= _LEGACY_FOLDER_ENTRIES
 
 
 @contextmanager

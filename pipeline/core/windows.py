@@ -67,11 +67,8 @@ class WindowPlan:
     quiet_db: float | None = None
 
     def buckets(self) -> Buckets | None:
-        return (
-            Buckets.plan(self.window, self.sample_rate, self.length_buckets)
-            if self.length_buckets > 1
-            else None
-        )
+        count = self.length_buckets
+        return Buckets.plan(self.window, self.sample_rate, count) if count > 1 else None
 
 
 @dataclass
@@ -135,8 +132,7 @@ class SpanPooling:
 
     def result(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         ok = self.weight > 0
-        n, dim = self.emb_sum.shape
-        embeddings = torch.full((n, dim), float("nan"))
+        embeddings = torch.full(self.emb_sum.shape, float("nan"))
         embeddings[ok] = self.emb_sum[ok] / self.weight[ok][:, None]
         mean_score = self.score_sum / self.weight.clamp_min(1e-12)[:, None]
         pooled = {
@@ -248,17 +244,9 @@ def run_windows(
         flush(length, full_only=False)
     if bar is not None:
         bar.close()
-    pooled, embeddings, ok = pooling.result()
+    result = pooling.result()  # (pooled scores, embeddings, ok): the first three fields
     return SpanPredictions(
-        pooled=pooled,
-        embeddings=embeddings,
-        ok=ok,
-        problems=problems,
-        repairs=repairs,
-        audio_seconds=audio_seconds,
-        seconds=time.perf_counter() - started,
-        stopped=stopped,
-        seen=frozenset(seen),
+        *result, problems, repairs, audio_seconds, time.perf_counter() - started, stopped, frozenset(seen)
     )
 
 

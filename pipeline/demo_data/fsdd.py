@@ -29,9 +29,7 @@ import numpy as np
 from ..core.tables import new_competition_folder, write_csv
 
 TASKS = ("speaker", "digit")
-NAME_PATTERN = re.compile(
-    r"^(?P<digit>[0-9])_(?P<speaker>[a-z][a-z0-9-]*)_(?P<index>[0-9]+)\.wav$", re.IGNORECASE
-)
+NAME_PATTERN = re.compile(r"(?i)^(?P<digit>[0-9])_(?P<speaker>[a-z][a-z0-9-]*)_(?P<index>[0-9]+)\.wav$")
 ATTRIBUTION = """\
 Audio: Free Spoken Digit Dataset (FSDD), Zohar Jackson et al.
 https://github.com/Jakobovski/free-spoken-digit-dataset  DOI 10.5281/zenodo.1342401

@@ -42,15 +42,9 @@ import soundfile as sf
 from scipy import signal
 
 from ..core.data import resample
-from ..core.tables import new_competition_folder, write_csv
+from ..core.tables import SOUNDSCAPE_COLUMNS, new_competition_folder, write_csv
 
 PLACEHOLDER_ROWS = 3
-CHUNK_COLUMNS = [
-    "filename",
-    "start",
-    "end",
-    "primary_label",
-]  # the labelled soundscapes' table (and its truth)
 CALLS_PER_CHUNK = (0.3, 0.45, 0.25)  # probability of 0, 1 and 2 calls in a chunk of a test soundscape
 # field soundscapes: residents per soundscape (1, 2 or 3), and each resident's bouts as a two-state chain over
 # chunks: calling in the first chunk, staying on, switching on; a visitor (any other class) per chunk.
@@ -161,7 +155,7 @@ def make_soundscape_competition(
                 audio = _background(scape_rng, soundscape_seconds, sample_rate)
             _write(root / "train_soundscapes" / name, audio, sample_rate)
         if field:
-            write_csv(root / "train_soundscapes_truth.csv", CHUNK_COLUMNS, hidden_truth)
+            write_csv(root / "train_soundscapes_truth.csv", SOUNDSCAPE_COLUMNS, hidden_truth)
         labelled = []
         for n in range(labelled_soundscapes):
             stem = f"labelled_{n:04d}"
@@ -169,7 +163,7 @@ def make_soundscape_competition(
             _write(root / "train_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             labelled += _chunk_rows(f"{stem}.ogg", truth, segment_seconds)
         if labelled_soundscapes:
-            write_csv(root / "train_soundscapes_labels.csv", CHUNK_COLUMNS, labelled)
+            write_csv(root / "train_soundscapes_labels.csv", SOUNDSCAPE_COLUMNS, labelled)
         (root / "test_soundscapes").mkdir()
         test_rng = np.random.default_rng([seed, 3])
         solution, snr = [], []
@@ -237,9 +231,8 @@ def _background(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarr
     gusts = signal.sosfilt(gust_sos, rng.standard_normal(n))
     envelope = np.interp(np.arange(n), np.linspace(0, n, 12), rng.uniform(0.1, 1.0, 12))
     t = np.arange(n) / rate
-    tone = np.sin(2 * np.pi * rng.uniform(3000, 7000) * t) * (
-        0.5 + 0.5 * np.sin(2 * np.pi * rng.uniform(4, 30) * t)
-    )
+    pitch, flutter = rng.uniform(3000, 7000), rng.uniform(4, 30)
+    tone = np.sin(2 * np.pi * pitch * t) * (0.5 + 0.5 * np.sin(2 * np.pi * flutter * t))
     audio = brown / np.std(brown) + 0.7 * gusts * envelope / np.std(gusts) + _db(rng.uniform(-20, -8)) * tone
     return (audio / np.std(audio) * _db(-30)).astype(np.float32)
 
@@ -306,8 +299,7 @@ def _distant(rng: np.random.Generator, call: np.ndarray, rate: int) -> np.ndarra
     wet = signal.fftconvolve(dull, response)[: len(dull) + len(t) // 2]
     dry = np.pad(dull, (0, len(wet) - len(dull)))
     mix = rng.uniform(0.3, 0.7)
-    out = (1 - mix) * dry / (np.std(dry) + 1e-9) + mix * wet / (np.std(wet) + 1e-9)
-    return out.astype(np.float32)
+    return ((1 - mix) * dry / (np.std(dry) + 1e-9) + mix * wet / (np.std(wet) + 1e-9)).astype(np.float32)
 
 
 def _write(path: Path, audio: np.ndarray, rate: int) -> None:

@@ -124,12 +124,8 @@ def _resonator_sos(freqs: np.ndarray, bws: np.ndarray, sr: int) -> np.ndarray:
     theta = 2.0 * np.pi * freqs / sr
     a1 = np.where(usable, -2.0 * r * np.cos(theta), 0.0)
     a2 = np.where(usable, r * r, 0.0)
-    sos = np.zeros((len(freqs), 6))
-    sos[:, 0] = 1.0 + a1 + a2
-    sos[:, 3] = 1.0
-    sos[:, 4] = a1
-    sos[:, 5] = a2
-    return sos
+    zero = np.zeros(len(freqs))
+    return np.stack([1.0 + a1 + a2, zero, zero, zero + 1.0, a1, a2], axis=1)  # b0 b1 b2 a0 a1 a2 per section
 
 
 def _pole_zero_sos(zero_hz: float, sr: int) -> np.ndarray:
@@ -174,8 +170,7 @@ def _glottal_source(spk: _Speaker, rng: np.random.Generator, n: int, sr: int) ->
     source = dflow + aspiration
     # Spectral tilt: one-pole low-pass with a speaker-specific corner (defined in Hz, so rate-independent).
     a = math.exp(-2.0 * math.pi * min(spk.tilt_hz, 0.45 * sr) / sr)
-    source = signal.lfilter([1.0 - a], [1.0, -a], source)
-    return source
+    return signal.lfilter([1.0 - a], [1.0, -a], source)
 
 
 def _ramp(n: int, sr: int, ramp_s: float = 0.015) -> np.ndarray:
@@ -313,8 +308,7 @@ def _write_audio(path: Path, audio: np.ndarray, sr: int) -> None:
     # Quantise ourselves so the bytes do not depend on libsndfile's float-to-int conversion.
     pcm = np.round(np.clip(audio, -1.0, 1.0) * 32767.0).astype(np.int16)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fmt = {".wav": "WAV", ".flac": "FLAC"}[path.suffix]
-    sf.write(str(path), pcm, sr, subtype="PCM_16", format=fmt)
+    sf.write(str(path), pcm, sr, subtype="PCM_16", format={".wav": "WAV", ".flac": "FLAC"}[path.suffix])
 
 
 @dataclass(frozen=True)
@@ -421,8 +415,7 @@ def make_synthetic_competition(
     the embedded demo; `clip_seconds` (every file exactly that long), `sample_rates`, `formats` (wav, flac:
     alternating) and `workers` (processes) make folders of real size for benchmarks (see `folder_of_hours`).
     """
-    unknown = set(formats) - {"wav", "flac"}
-    if unknown or not formats:
+    if set(formats) - {"wav", "flac"} or not formats:
         raise ValueError(f"formats={formats!r}: use wav and/or flac")
     if seed < 0 or n_speakers < 1 or train_per_speaker < 1 or test_per_speaker < 0:
         raise ValueError(

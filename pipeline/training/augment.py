@@ -279,9 +279,8 @@ def _blend(
     level = torch.tensor([_loudest_db(wavs[r, : valid[r]]) for r in range(len(wavs))])
     p = 1.0 / (1.0 + 10 ** ((level[rows] - level[partners]) / 20) * (1 - ratio) / ratio)
     wavs, lens, targets = wavs.clone(), lens.clone(), targets.clone()
-    wavs[rows] = (p[:, None] * wavs[rows] + (1 - p[:, None]) * wavs[partners]) / (p**2 + (1 - p) ** 2).sqrt()[
-        :, None
-    ]
+    norm = (p**2 + (1 - p) ** 2).sqrt()
+    wavs[rows] = (p[:, None] * wavs[rows] + (1 - p[:, None]) * wavs[partners]) / norm[:, None]
     lens[rows] = torch.maximum(lens[rows], lens[partners])
     targets[rows] = ratio[:, None] * targets[rows] + (1 - ratio[:, None]) * targets[partners]
     return wavs, lens, targets
@@ -295,9 +294,8 @@ def _soft(labels: torch.Tensor, classes: int) -> torch.Tensor:
 def _loudest_db(wav: torch.Tensor, frame: int = 1600) -> float:
     """The level of the loudest `frame`-sample stretch (100 ms at 16 kHz) in dB, as BC learning measures it."""
     usable = max(1, len(wav) // frame) * frame
-    frames = torch.nn.functional.pad(wav, (0, max(0, usable - len(wav))))[:usable].reshape(
-        -1, min(frame, usable)
-    )
+    padded = torch.nn.functional.pad(wav, (0, max(0, usable - len(wav))))
+    frames = padded[:usable].reshape(-1, min(frame, usable))
     return float(10 * torch.log10(frames.pow(2).mean(dim=1).max().clamp_min(1e-10)))
 
 

@@ -85,6 +85,7 @@ def save(
     """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
     if not strategy.is_main:
         return
+    predictions = state.best_predictions
     payload = {
         "fingerprint": fingerprint,
         "saved_at": time.time(),
@@ -94,9 +95,7 @@ def save(
         "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
         "average": average.state_dict() if average is not None else None,
         **{name: getattr(state, name) for name in STATE_FIELDS},
-        "best_predictions": None
-        if state.best_predictions is None
-        else torch.from_numpy(state.best_predictions),
+        "best_predictions": None if predictions is None else torch.from_numpy(predictions),
     }
     with staged_file(run_dir(checkpoint_dir, fingerprint) / LATEST) as staging:
         torch.save(payload, staging)

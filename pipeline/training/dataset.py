@@ -17,22 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import kaggle
+from ..core import kaggle, tables
 from ..core.config import ConfigError, TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
-from ..core.tables import (
-    AUDIO_SUFFIXES,
-    DataError,
-    TrainRow,
-    TrainTable,
-    audio_root,
-    label_list,
-    read_chunk_targets,
-    read_labelled_chunks,
-    read_train_table,
-    skip_or_stop,
-)
+from ..core.tables import DataError, TrainRow, read_labelled_chunks, read_train_table, skip_or_stop
 from .augment import FocalTargets, SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
 
@@ -129,7 +118,7 @@ def load_training_data(
     data_dir = Path(config.data_dir)
     csv_path = data_dir / config.train_table
     if table is None:
-        table = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+        table = read_train_table(data_dir, config.on_bad_row, tables.TrainTable.of(config))
     rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
     notes: list[str] = []
 
@@ -156,7 +145,7 @@ def load_training_data(
         raise DataError(f"{csv_path}: no usable training audio (all {len(skipped)} rows were skipped)")
     rows = [rows[i] for i in kept]
     items = np.asarray(kept, dtype=np.int64)
-    labels = label_list(row.label for row in rows)
+    labels = tables.label_list(row.label for row in rows)
     objective, why = choose_objective(config.objective, rows, labels)
     if config.soundscape_targets and not is_multi_label(objective):
         if config.objective != "auto":
@@ -178,12 +167,11 @@ def load_training_data(
     soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
     held_out = set(soundscapes.files) if soundscapes else set()
     noise = load_noise(config, log, exclude=held_out) if config.noise_dir else None
-    stretches, record = (
-        load_soundscape_targets(config, labels, held_out, log) if config.soundscape_targets else (None, None)
-    )
-    focal, focal_record = (
-        load_focal_targets(config, rows, labels, log) if config.focal_targets else (None, None)
-    )
+    stretches = record = focal = focal_record = None
+    if config.soundscape_targets:
+        stretches, record = load_soundscape_targets(config, labels, held_out, log)
+    if config.focal_targets:
+        focal, focal_record = load_focal_targets(config, rows, labels, log)
     return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
                         objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes,
                         soundscape_targets=stretches, targets_record=record, focal_targets=focal,
@@ -208,7 +196,7 @@ def _cached(config: TrainConfig, files: list[str], log: Callable[[str], object],
 def _read_targets(config: TrainConfig, name: str, labels: list[str], log: Callable[[str], object]):
     """The targets file parameter `name` (absolute, or relative to data_dir) and what it holds (its notes said)."""
     path = Path(name) if Path(name).is_absolute() else Path(config.data_dir) / name
-    found = read_chunk_targets(path, labels)
+    found = tables.read_chunk_targets(path, labels)
     for line in found.notes:
         log(line)
     return path, found
@@ -259,7 +247,7 @@ def load_soundscape_targets(
     cached; and a record for the provenance: the file's hash, what was kept, and the lineage written beside it
     (`<name>.json`, pipeline/tooling/self_training.py). Stretches of validation soundscapes are left out."""
     path, found = _read_targets(config, config.soundscape_targets, labels, log)
-    _, prefix = audio_root(Path(config.data_dir), config.noise_dir, "noise_dir")
+    _, prefix = tables.audio_root(Path(config.data_dir), config.noise_dir, "noise_dir")
     # Per soundscape, not per row: a targets file holds millions of rows naming a few thousand soundscapes.
     rel = {name: f"{prefix}/{name}" if prefix else name for name in set(found.files)}
     probs = found.probs**config.target_power
@@ -317,15 +305,14 @@ def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclud
     `exclude`: validation soundscapes), cached like the training audio. Unreadable ones are left out and said;
     none usable is an error naming the folder."""
     data_dir = Path(config.data_dir)
-    root, prefix = audio_root(data_dir, config.noise_dir, "noise_dir")
+    root, prefix = tables.audio_root(data_dir, config.noise_dir, "noise_dir")
     found = sorted(p.relative_to(data_dir.resolve()).as_posix() for p in root.rglob("*")
-                   if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
+                   if p.suffix.lower() in tables.AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
     if left_out := exclude & set(found):
         log(f"noise_dir: {plural(len(left_out), 'validation soundscape')} left out of the background")
         found = [f for f in found if f not in exclude]
     store = _cached(config, found, log)
-    usable = len(store) - len(store.failures)
-    if usable == 0:
+    if len(store.failures) == len(store):
         raise DataError(f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {root} "
                         f"({len(found)} found); point it at a folder of background recordings or leave it unset")  # fmt: skip
     if store.failures:
@@ -341,9 +328,7 @@ def choose_objective(objective: str, rows: list[TrainRow], labels: list[str]) ->
     classes = set(labels)
     labels_of: dict[str, set[str]] = {}
     for row in rows:
-        labels_of.setdefault(row.rel_path, set()).update(
-            {row.label, *(s for s in row.secondary if s in classes)}
-        )
+        labels_of.setdefault(row.rel_path, set()).update({row.label}, classes.intersection(row.secondary))
     several = sum(len(found) > 1 for found in labels_of.values())
     if several >= MULTI_LABEL_SHARE * len(labels_of):
         return "bce", f"auto: {several} of {plural(len(labels_of), 'file')} have several labels"

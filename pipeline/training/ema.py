@@ -74,9 +74,6 @@ class WeightAverage:
             self._module_behind = False
         return self._module
 
-    def current_decay(self) -> float:
-        return min(self.decay, (1 + self.updates) / (10 + self.updates))
-
     @torch.no_grad()
     def update(self, model: torch.nn.Module, flat_parameters: torch.Tensor | None = None) -> None:
         """Move the average towards `model`'s current weights (call after every optimizer step).
@@ -90,14 +87,14 @@ class WeightAverage:
         assert self._pairs is not None
         average_floats, live_floats, average_others, live_others = self._pairs
         device = average_floats[0].device if average_floats else torch.device("cpu")
-        weight = torch.tensor(1.0 - self.current_decay(), device=device)
+        decay = min(self.decay, (1 + self.updates) / (10 + self.updates))  # ramped up: the module docstring
+        weight = torch.tensor(1.0 - decay, device=device)
         # avg += weight * (live - avg)
         if self.flat and average_floats:
             if self._vectors is None:
                 self._vectors = [flatten(averaged) for averaged, _ in self._float_groups()]
-            for index, (vector, (_, live)) in enumerate(
-                zip(self._vectors, self._float_groups(), strict=True)
-            ):
+            groups = zip(self._vectors, self._float_groups(), strict=True)
+            for index, (vector, (_, live)) in enumerate(groups):
                 # The caller's vector stands for the parameters group when it is that group's size.
                 given = flat_parameters if index == 0 and self._n_params else None
                 current = given if given is not None and given.numel() == vector.numel() else flatten(live)

@@ -23,8 +23,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..core import onnx as core_onnx
 from ..core.config import MAX_WINDOWS_PER_FILE, TrainConfig
 from ..core.model import ModelConfig, SpeakerClassifier, embed_waveforms
+from ..core.onnx import ONNX_FP32, ONNX_INT8, ExportError, OnnxEmbedder, int8_acceptable
+from ..core.progress import first_line
 from ..devices.threads import available_cores
 from .validation import chunk_scores, file_scores, sampled_crops, score_or_nan
 
@@ -52,17 +55,8 @@ def export_for_artifact(
 ) -> OnnxFiles:  # fmt: skip
     """The fp32 and int8 ONNX files of `model` (CPU, eval) in `folder`, int8 judged on the validation split by
     `metric` (accuracy for one-class models). Never raises for an export or quantisation problem."""
-    from ..core.onnx import (
-        ONNX_FP32,
-        ONNX_INT8,
-        ExportError,
-        export_embedding_model,
-        quantize_embedding_model,
-    )
-    from ..core.progress import first_line
-
     try:
-        exported = export_embedding_model(model, folder / ONNX_FP32)
+        exported = core_onnx.export_embedding_model(model, folder / ONNX_FP32)
     except ExportError as error:
         log(
             f"ONNX export: the artifact gets no ONNX files ({error}); the infer stage runs torch or exports again"
@@ -77,7 +71,7 @@ def export_for_artifact(
         # One training crop per file (real audio: random noise has other activation ranges).
         wavs, lens = sampled_crops(data.store, data.items, data.train_idx or data.val_idx, CALIBRATION_WINDOWS,
                                    config, salt=2039)  # fmt: skip
-        int8_path = quantize_embedding_model(model, exported.path, folder / ONNX_INT8, wavs, lens)
+        int8_path = core_onnx.quantize_embedding_model(model, exported.path, folder / ONNX_INT8, wavs, lens)
         rule = int8_rule(model, data, config, metric, exported.path, int8_path)
     except Exception as error:  # noqa: BLE001 - onnxruntime.quantization raises many types; fp32 still ships
         log(f"ONNX int8: none in the artifact ({type(error).__name__}: {first_line(error)}); fp32 is there")
@@ -96,8 +90,6 @@ def int8_rule(
 ) -> dict[str, Any]:  # fmt: skip
     """fp32 and int8 ONNX Runtime scored on the validation split as validation scores it (the held-out files;
     labelled soundscape chunks too when there are), and whether int8 stays within the rule on each."""
-    from ..core.onnx import OnnxEmbedder, int8_acceptable
-
     name = "accuracy" if data.objective == "aam" else metric
     if not data.val_idx and data.soundscapes is None:
         return {"passed": False, "metric": name,
@@ -109,18 +101,13 @@ def int8_rule(
         if data.val_idx:
             scores = file_scores(model, data, config, embed).numpy()
             found.setdefault("held_out", {})[precision] = score_or_nan(name, data.truth(data.val_idx), scores)
-        if data.soundscapes is not None:
-            scores = chunk_scores(model, data.soundscapes, config, embed).numpy()
-            found.setdefault("soundscapes", {})[precision] = score_or_nan(
-                name, data.soundscapes.truth, scores
-            )
+        if (scapes := data.soundscapes) is not None:
+            scores = chunk_scores(model, scapes, config, embed).numpy()
+            found.setdefault("soundscapes", {})[precision] = score_or_nan(name, scapes.truth, scores)
     judged = {k: v for k, v in found.items() if not np.isnan(v["fp32"])}
     passed = bool(judged) and all(int8_acceptable(v["fp32"], v["int8"]) for v in judged.values())
-    return {
-        "passed": passed,
-        "metric": name,
-        **{k: {p: round(x, 5) for p, x in v.items()} for k, v in found.items()},
-    }
+    rounded = {k: {p: round(x, 5) for p, x in v.items()} for k, v in found.items()}
+    return {"passed": passed, "metric": name, **rounded}
 
 
 def describe(rule: dict[str, Any]) -> str:

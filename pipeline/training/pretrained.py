@@ -80,17 +80,18 @@ def initial_model(
 ) -> SpeakerClassifier:
     """A fresh model of `model_size`, or the encoder of `config.init_from` with a new classifier for `labels`
     (frozen when `config.freeze_encoder`), trained for `objective`."""
+    # A pretrained encoder brings its own architecture; its n_mels and sample rate equal these (checked below).
+    common = {
+        "n_classes": len(labels),
+        "n_mels": config.n_mels,
+        "window_samples": config.window_samples,
+        "sample_rate": config.sample_rate,
+        "score_scale": config.aam_scale,
+        "objective": objective,
+    }
     if not config.init_from:
         model_config = ModelConfig.from_preset(
-            model_size,
-            n_classes=len(labels),
-            n_mels=config.n_mels,
-            window_samples=config.window_samples,
-            sample_rate=config.sample_rate,
-            score_scale=config.aam_scale,
-            objective=objective,
-            frontend=fresh_frontend(config),
-            members=resolve_members(config, model_size),
+            model_size, frontend=fresh_frontend(config), members=resolve_members(config, model_size), **common
         )
         return SpeakerClassifier(model_config)
 
@@ -109,14 +110,7 @@ def initial_model(
         raise PretrainedError(f"frontend={config.frontend!r} but the pretrained model {pretrained.hyperparams} "
                               f"was trained on {pretrained.frontend!r} features: set frontend={pretrained.frontend!r} "
                               "(or auto) to fine-tune it, or train from scratch without init_from")  # fmt: skip
-    model_config = ModelConfig(
-        n_classes=len(labels),
-        window_samples=config.window_samples,
-        score_scale=config.aam_scale,
-        objective=objective,
-        frontend=pretrained.frontend,
-        **pretrained.model_args,
-    )
+    model_config = ModelConfig(**{**common, **pretrained.model_args, "frontend": pretrained.frontend})
     model = SpeakerClassifier(model_config)
     load_encoder_weights(model, pretrained.weights)
     if config.freeze_encoder:
@@ -281,10 +275,9 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
         )
     norm = tree.get("mean_var_norm")
     norm_args = norm.value if isinstance(norm, Tagged) and isinstance(norm.value, dict) else None
-    if (
-        not isinstance(norm, Tagged) or norm.tag != NORM_TAG or norm_args is None
-        or norm_args.get("norm_type") != "sentence" or norm_args.get("std_norm", True) is not False
-        or norm_args.get("mean_norm", True) is not True
+    if (  # norm_args is None for anything but a tagged mapping
+        norm_args is None or norm.tag != NORM_TAG or norm_args.get("norm_type") != "sentence"
+        or norm_args.get("std_norm", True) is not False or norm_args.get("mean_norm", True) is not True
     ):  # fmt: skip
         raise PretrainedError(f"{path}: `mean_var_norm` must be {NORM_TAG} with norm_type: sentence and "
                               f"std_norm: False, as this project's model (found {_describe(norm)})")  # fmt: skip

@@ -10,12 +10,13 @@ import hashlib
 import json
 import platform
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.config import MODEL_PRESETS, TrainConfig, to_dict
+from ..core.config import MODEL_PRESETS, TrainConfig
 from ..devices.policy import HardwarePlan
 from ..devices.probe import Topology
 from ..devices.strategy import Strategy
@@ -39,7 +40,7 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
     """What a checkpoint must match to be resumed: the parameters that shape the run and the training rows,
     not where things live (Kaggle mounts the same competition under another path in a later version) or
     budgets."""
-    keep = {k: v for k, v in to_dict(config).items()
+    keep = {k: v for k, v in asdict(config).items()
             if k not in {"data_dir", "artifact_dir", "checkpoint_dir", "time_budget_minutes", "progress",
                          "checkpoint_every_minutes", "num_threads", "cache_dir", "num_workers",
                          "collective_timeout_minutes"}}  # fmt: skip
@@ -49,8 +50,7 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
         shape["targets"] = dataset.targets_record["sha256"]
     if dataset.focal_record:
         shape["focal_targets"] = dataset.focal_record["sha256"]
-    payload = json.dumps(shape, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy: Strategy, result) -> dict[str, Any]:
@@ -83,7 +83,7 @@ def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy: Strategy
         "metric": result.metric,
         "train_seconds": round(result.seconds, 1),
         # Paths are reduced to their last component: the artifact must not point outside itself.
-        "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in to_dict(config).items()},
+        "config": {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in asdict(config).items()},
         "versions": package_versions(),
         "git_commit": git_commit(),
         "python": platform.python_version(),

@@ -183,7 +183,8 @@ def open_or_build(
             _build(files, records, key, sample_rate, staging, workers, stop_at_first_failure, log, progress)
             mark(staging, CACHE_KIND)
         store = AudioStore(root / key)
-        log(f"audio cache: {len(store)} files, {store.hours:.1f} h, {_size(root / key) / 1e9:.2f} GB in "
+        size = sum(p.stat().st_size for p in (root / key).iterdir() if p.name != MARKER)
+        log(f"audio cache: {len(store)} files, {store.hours:.1f} h, {size / 1e9:.2f} GB in "
             f"{root / key}, built in {time.perf_counter() - started:.0f} s")  # fmt: skip
         return store
 
@@ -252,6 +253,7 @@ def decode_task(
 
     torch.set_num_threads(1)  # one process per core already: more threads would only contend
     done: list[Decoded] = []
+    frame = int(round(ENVELOPE_SECONDS * sample_rate))  # samples per loudness value
     with open(shard_path, "wb") as shard:
         for index, path in task:
             try:
@@ -263,9 +265,7 @@ def decode_task(
             gain = peak if peak > 0 else 1.0
             pcm = np.round(samples * (FULL_SCALE / gain)).astype(np.int16)
             shard.write(pcm.tobytes())
-            done.append(
-                (index, len(pcm), gain, loudness(samples, int(round(ENVELOPE_SECONDS * sample_rate))), None)
-            )
+            done.append((index, len(pcm), gain, loudness(samples, frame), None))
     return done
 
 
@@ -333,10 +333,6 @@ def _build(
         "files": records,
     }
     (staging / MANIFEST).write_text(json.dumps(manifest))
-
-
-def _size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.name != MARKER)
 
 
 __all__ = ["AudioStore", "CacheBuildStopped", "SourceFile", "fingerprint", "open_or_build", "source_files"]

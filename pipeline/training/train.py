@@ -99,7 +99,8 @@ def train(config: TrainConfig) -> TrainResult:
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
     plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.val_fraction)))
-    log = print if int(os.environ.get("RANK", "0")) == 0 else _silent  # under torchrun every rank runs this
+    # Under torchrun every rank runs this: rank 0 says what it does.
+    log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
     return policy.run(plan, fit, config, data, started,
@@ -113,10 +114,9 @@ def checkpoint_dir_of(config: TrainConfig) -> Path:
 def check_output_dirs(config: TrainConfig) -> None:
     """The artifact may replace only an earlier artifact or an empty folder; checkpoints are written beside
     it; neither may overlap the data or each other (pipeline.core.staging's rule for every output folder)."""
-    check_artifact_dir(
-        config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoint_dir_of(config)
-    )
-    check_output_dir(checkpoint_dir_of(config), name="checkpoint_dir", is_ours=lambda _: True,
+    checkpoints = checkpoint_dir_of(config)
+    check_artifact_dir(config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoints)
+    check_output_dir(checkpoints, name="checkpoint_dir", is_ours=lambda _: True,
                      what="a checkpoint folder", keep_apart={"data_dir": config.data_dir})  # fmt: skip
 
 
@@ -170,7 +170,7 @@ def prepare(
     torch.manual_seed(config.seed)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
-    log = print if strategy.is_main else _silent
+    log = print if strategy.is_main else lambda *_: None
     epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
     schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
     model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
@@ -302,13 +302,12 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
             if checkpoint and not last:  # at the end of the epoch it is saved after validation
                 run.save_checkpoint()
     # Read each loss back on its own: stacking them would be one more XLA graph to compile.
-    mean_loss = float(np.mean([float(loss) for loss in losses])) if losses else float("nan")
     return {
-        "train_loss": mean_loss,
+        "train_loss": float(np.mean([float(loss) for loss in losses])) if losses else float("nan"),
         "steps": state.step_in_epoch - first,
         "data_wait_s": wait,
         "step_s": busy,
-        "loader_start_s": startup,
+        "loader_start_s": round(startup, 2),
         "first_step_at": first_step_at,
     }
 
@@ -336,9 +335,7 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
         "validation_s": round(seconds, 2),
     }
     if timing["first_step_at"] is not None:  # the first step of this session
-        record.update(
-            loader_start_s=round(timing["loader_start_s"], 2), first_step_at=timing["first_step_at"]
-        )
+        record.update(loader_start_s=timing["loader_start_s"], first_step_at=timing["first_step_at"])
     if compiles_before is not None:  # XLA, so far in the run: neither may grow after the first epoch
         record.update(xla_compiles_before_validation=compiles_before, xla_compiles=strategy.compile_count())
     state.history.append(record)
@@ -511,10 +508,6 @@ def _value(name: str, record: dict[str, float], key: str) -> str:
     """`name value`, with the value's standard error where validation computed one (checkpoint.is_better)."""
     error = f" +-{record[f'{key}_se']:.4f}" if f"{key}_se" in record else ""
     return f"{name} {record[key]:.4f}{error}"
-
-
-def _silent(*_: Any) -> None:
-    pass
 
 
 __all__ = ["TrainResult", "fit", "train", "train_step"]

@@ -103,12 +103,10 @@ def evaluate(
             values[f"val_{metric}"] = score_or_nan(metric, truth, scores)
         values[f"val_{metric}_se"] = metrics.standard_error(metric, truth, scores)  # for is_better
         predicted = scores.argmax(axis=1)
-    if data.soundscapes is not None:
-        chunks = _scores_of_all(
-            chunk_scores, model, strategy, data.soundscapes, len(data.soundscapes.items), config
-        )
-        values[f"val_soundscape_{metric}"] = score_or_nan(metric, data.soundscapes.truth, chunks)
-        values[f"val_soundscape_{metric}_se"] = metrics.standard_error(metric, data.soundscapes.truth, chunks)
+    if (scapes := data.soundscapes) is not None:
+        chunks = _scores_of_all(chunk_scores, model, strategy, scapes, len(scapes.items), config)
+        values[f"val_soundscape_{metric}"] = score_or_nan(metric, scapes.truth, chunks)
+        values[f"val_soundscape_{metric}_se"] = metrics.standard_error(metric, scapes.truth, chunks)
     return Validation(values, predicted)
 
 
@@ -130,13 +128,8 @@ def file_scores(
     (default: all of them), their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     val_idx = data.val_idx
     mine = list(range(len(val_idx))) if positions is None else positions
-    plan = WindowPlan(
-        config.window_samples,
-        config.sample_rate,
-        VALIDATION_BATCH,
-        MAX_WINDOWS_PER_FILE,
-        quiet_db=QUIET_WINDOW_DB,
-    )  # the infer stage's default: selection measures what it computes
+    # The infer stage's defaults (max_windows, quiet_db): selection measures what it computes.
+    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, quiet_db=QUIET_WINDOW_DB)
 
     def files():
         for k, position in enumerate(mine):
