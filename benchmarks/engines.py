@@ -174,7 +174,7 @@ def accuracy(
     artifact = work / "model"
     started = time.perf_counter()
     with contextlib.redirect_stdout(sys.stderr):
-        epochs = 2 if quick else (epochs or TrainConfig.epochs)
+        epochs = 2 if quick else epochs  # None: the data decides (FSDD: 12)
         settings = dict(progress=False, epochs=epochs, export_onnx=False)  # exported below, with variants
         train(TrainConfig(data_dir=str(data), artifact_dir=str(artifact), **settings))
     train_s = time.perf_counter() - started

@@ -41,7 +41,7 @@ num_workers = None  # DataLoader worker processes per training process (auto: by
 cache_dir = None  # decoded-audio cache (auto: /kaggle/tmp on Kaggle, else ~/.cache)
 collective_timeout_minutes = 30.0  # DDP ranks give up on a collective after this long
 # Model
-model_size = "auto"  # auto | tiny | small | medium | base | voxceleb (auto: by hardware)
+model_size = "auto"  # auto | tiny | small | medium | base | voxceleb (auto: by hardware and data)
 ensemble_members = None  # models side by side, scored by their mean (auto: 3 for tiny/small + noise_dir)
 sample_rate = 16000  # audio is resampled to this (32000 for birds: calls above 8 kHz)
 n_mels = 80
@@ -59,8 +59,12 @@ noise_snr_db_low = -5.0
 noise_snr_db_high = 15.0
 mix_probability = 0.5  # a second crop added, labels united (multi-label objectives)
 background_probability = 0.0  # a crop replaced by background alone, no label (multi-label, with noise_dir)
-blend_probability = 0.0  # two classes blended at a random ratio, soft target (one-label: BC learning)
-speed_probability = 0.0  # a crop played 0.8-1.25x as fast, pitch with it
+blend_probability = (
+    None  # two classes blended at a random ratio, soft target (None: 0.5 for sound events, else 0)
+)
+speed_probability = (
+    None  # a crop played 0.8-1.25x as fast, pitch with it (None: 0.5 for sound events, else 0)
+)
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
 # Self-training on the unlabelled soundscapes of noise_dir (pipeline/tooling/self_training.py)
@@ -77,7 +81,7 @@ focal_target_weight = 0.5  # the teacher's share of a crop's target
 init_from = None  # a SpeechBrain pretrained folder to fine-tune
 freeze_encoder = False  # train only the classifier (needs init_from)
 # Optimisation: global batch is per_device_batch_size x devices x grad_accum
-epochs = 12
+epochs = None  # None: 12, or 36 for sound-event clips (pipeline/training/recipe.py)
 per_device_batch_size = None  # auto: 32 on GPU and CPU, up to 128 on TPU
 base_batch_size = 32  # the batch size base_lr was tuned for
 base_lr = 2e-3

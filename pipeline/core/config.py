@@ -40,6 +40,8 @@ DEFAULT_TEMPLATE = "{id}_{end}"  # BirdCLEF 2021-2026: soundscape_12345_20 is 0:
 # How a chunk's windows are pooled into its scores by default: the infer notebook's (InferConfig.chunk_pooling)
 # and so training's validation of labelled soundscape chunks, which scores them as inference does.
 DEFAULT_CHUNK_POOLING = "max"
+# TrainConfig.epochs when the data leaves it to auto (None): sound-event tables train longer (training/recipe.py).
+DEFAULT_EPOCHS = 12
 
 
 class ConfigError(ValueError):
@@ -112,7 +114,7 @@ class TrainConfig:
     # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
     # blend_probability: two clips of different classes blended at a random ratio, the target in that ratio
     # (one-label objectives: BC learning, Tokozume et al. 2018); speed_probability: a crop played 0.8-1.25x
-    # as fast (pitch with it);
+    # as fast (pitch with it); both None (auto): 0.5 for sound-event clips, 0 otherwise (training/recipe.py);
     # time/frequency masks: SpeechBrain's DropChunk and DropFreq. The defaults are the FSDD soundscape
     # benchmark's best (README, "Measured decisions"): noise 0.8 at -5..15 dB and mixing 0.5 took macro
     # ROC-AUC 0.919 -> 0.947; none of them touches a single-label task without noise_dir.
@@ -122,8 +124,8 @@ class TrainConfig:
     noise_snr_db_high: float = 15.0
     mix_probability: float = 0.5
     background_probability: float = 0.0
-    blend_probability: float = 0.0
-    speed_probability: float = 0.0
+    blend_probability: float | None = None
+    speed_probability: float | None = None
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
@@ -155,7 +157,7 @@ class TrainConfig:
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
     # Optimisation
-    epochs: int = 12
+    epochs: int | None = None  # None (auto): 12, or 36 for sound-event clips (training/recipe.py)
     per_device_batch_size: int | None = None  # None: 32 on GPU/CPU, 128 on TPU (devices/policy.py says why)
     base_batch_size: int = 32
     base_lr: float = 2e-3
@@ -210,7 +212,7 @@ class TrainConfig:
         for name in ("noise_probability", "mix_probability", "background_probability", "blend_probability",
                      "focal_target_weight", "speed_probability", "time_mask_probability", "freq_mask_probability",
                      "target_probability", "target_floor", "target_threshold"):  # fmt: skip
-            if not 0.0 <= getattr(self, name) <= 1.0:
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a probability in [0, 1]")
         if self.noise_snr_db_low > self.noise_snr_db_high:
             raise ConfigError(f"parameters noise_snr_db_low={self.noise_snr_db_low!r} > noise_snr_db_high="
@@ -218,10 +220,16 @@ class TrainConfig:
         if not 0.0 < self.secondary_label_weight <= 1.0:
             raise ConfigError(f"parameter secondary_label_weight={self.secondary_label_weight!r}: use a target in "
                               "(0, 1] (1: a secondary label counts as much as the file's own)")  # fmt: skip
-        for name in ("epochs", "base_batch_size", "grad_accum", "n_mels", "window_seconds", "base_lr", "aam_scale",
+        for name in ("base_batch_size", "grad_accum", "n_mels", "window_seconds", "base_lr", "aam_scale",
                      "checkpoint_every_minutes", "collective_timeout_minutes", "target_power"):  # fmt: skip
             _check_positive(name, getattr(self, name))
-        for name in ("per_device_batch_size", "ensemble_members", "crops_per_file", "time_budget_minutes"):
+        for name in (
+            "epochs",
+            "per_device_batch_size",
+            "ensemble_members",
+            "crops_per_file",
+            "time_budget_minutes",
+        ):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:

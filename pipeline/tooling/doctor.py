@@ -84,7 +84,7 @@ def _topology_or_error(accelerator: str, env, runner, root) -> dict[str, Any]:
 
 def _training_plan(topology: probe.Topology) -> dict[str, Any]:
     # The training code's own policy (pipeline/devices/policy.py), so doctor says what training will do.
-    from ..core.config import TrainConfig
+    from ..core.config import DEFAULT_EPOCHS, TrainConfig
     from ..devices.policy import decide, describe_topology
 
     defaults = TrainConfig()
@@ -98,8 +98,8 @@ def _training_plan(topology: probe.Topology) -> dict[str, Any]:
         "global_batch": batch.global_batch,
         "loader_workers": plan.loader_workers,
         "plan": f"lr {batch.base_lr:.1e} -> {batch.lr:.1e} ({batch.rule} rule, base batch {batch.base_batch}); "
-        f"warmup {defaults.warmup_epochs:g} epoch(s); {defaults.epochs} epochs; {plan.loader_workers} "
-        "DataLoader worker process(es) per training process",
+        f"warmup {defaults.warmup_epochs:g} epoch(s); {DEFAULT_EPOCHS} epochs (more for sound events); "
+        f"{plan.loader_workers} DataLoader worker process(es) per training process",
     }
 
 

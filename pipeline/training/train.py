@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from ..devices.policy import HardwarePlan
 from ..devices.strategy import Strategy
 from . import checkpoint as ckpt
 from . import onnx_artifact
+from . import recipe as data_recipe
 from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
 from .dataset import TrainingData, load_training_data
@@ -103,8 +104,20 @@ def train(config: TrainConfig) -> TrainResult:
     log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
+    config, plan = follow_the_data(config, plan, data, log)  # every rank decides the same from the same table
     return policy.run(plan, fit, config, data, started,
                       collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
+
+
+def follow_the_data(
+    config: TrainConfig, plan: HardwarePlan, data: TrainingData, log: Callable[[str], Any]
+) -> tuple[TrainConfig, HardwarePlan]:
+    """The auto parameters the training table decides (recipe.py), from its clips' lengths and an epoch's crops."""
+    clip_seconds = data.store.lengths[data.items[data.train_idx]] / config.sample_rate
+    epoch_crops = len(data.epoch_rows(config.window_samples, config.crops_per_file))
+    config, size = data_recipe.follow_the_data(config, plan.model_size, plan.topology.accelerator, clip_seconds,
+                                               data.objective, epoch_crops, log)  # fmt: skip
+    return config, replace(plan, model_size=size)
 
 
 def checkpoint_dir_of(config: TrainConfig) -> Path:
