@@ -183,13 +183,17 @@ def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> Trai
 def _trained_with(artifact: Path, config: TrainConfig) -> bool:
     """Whether `artifact` holds a finished model trained with `config` (compared as its provenance keeps it)."""
     from ..training.provenance import PATH_FIELDS
+    from ..training.recipe import auto_could_choose
 
     manifest = artifact / "manifest.json"
     if not manifest.is_file():
         return False
     kept = (json.loads(manifest.read_text()).get("provenance") or {}).get("config") or {}
     wanted = {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in dataclasses.asdict(config).items()}
-    return all(kept.get(k) == v for k, v in wanted.items() if k not in ("time_budget_minutes", "progress"))
+    # The provenance keeps what training ran with: a parameter left to auto (None) is kept as what the data
+    # decided, which the same data decides again.
+    return all(kept.get(k) == v or (v is None and auto_could_choose(k, kept.get(k)))
+               for k, v in wanted.items() if k not in ("time_budget_minutes", "progress"))  # fmt: skip
 
 
 __all__ = ["score_recordings", "score_soundscapes", "score_windows", "train_rounds"]

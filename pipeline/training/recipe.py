@@ -67,6 +67,14 @@ def kind_of_data(clip_seconds: np.ndarray, config: TrainConfig, objective: str, 
     )
 
 
+def auto_could_choose(name: str, value: object) -> bool:
+    """Whether `value` of parameter `name` is one this module decides when the parameter is left to auto (an
+    artifact trained with epochs None records the 12 or 36 the data chose)."""
+    choices = {"epochs": (DEFAULT_EPOCHS, EVENT_EPOCHS), "blend_probability": (0.0, EVENT_BLEND),
+               "speed_probability": (0.0, EVENT_SPEED)}  # fmt: skip
+    return value in choices.get(name, ())
+
+
 def follow_the_data(
     config: TrainConfig,
     hardware_size: str,

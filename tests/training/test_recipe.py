@@ -7,7 +7,7 @@ import json
 import numpy as np
 
 from pipeline.core.config import DEFAULT_EPOCHS, TrainConfig
-from pipeline.training.recipe import EVENT_MAX_CROPS, follow_the_data, kind_of_data
+from pipeline.training.recipe import EVENT_MAX_CROPS, auto_could_choose, follow_the_data, kind_of_data
 
 ESC = np.full(320, 5.0)  # ESC-10: 5 s clips
 FSDD = np.array([0.3, 0.4, 0.45, 0.6, 0.9])
@@ -77,3 +77,11 @@ def test_train_decides_from_the_table_and_the_log_and_artifact_say_what_it_chose
     assert len(result.history) == 36
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
     assert provenance["epochs_planned"] == 36
+
+
+def test_what_auto_can_choose_is_known_to_whoever_compares_a_recorded_config():
+    for config in (follow_the_data(TrainConfig(), "small", "cpu", clips, "aam", 1600, lambda _: None)[0]
+                   for clips in (ESC, FSDD)):  # fmt: skip
+        for name in ("epochs", "blend_probability", "speed_probability"):
+            assert auto_could_choose(name, getattr(config, name))
+    assert not auto_could_choose("epochs", 5) and not auto_could_choose("seed", 0)
