@@ -91,7 +91,7 @@ ema_epochs = 1.0  # the weights validated and saved are an average over about th
 bn_calibration_windows = 128  # BatchNorm statistics of the kept weights come from this many windows
 weight_decay = 2e-5
 grad_accum = 1  # micro-batches per optimizer step
-val_fraction = 0.1
+val_fraction = None  # files held out to select an epoch (None: 0.1, or 0 for sound events)
 seed = 0
 # Robustness
 on_bad_row = "error"  # error | skip: a row with no label or unusable audio

@@ -42,6 +42,8 @@ DEFAULT_TEMPLATE = "{id}_{end}"  # BirdCLEF 2021-2026: soundscape_12345_20 is 0:
 DEFAULT_CHUNK_POOLING = "max"
 # TrainConfig.epochs when the data leaves it to auto (None): sound-event tables train longer (training/recipe.py).
 DEFAULT_EPOCHS = 12
+# TrainConfig.val_fraction when the data leaves it to auto (None): sound-event tables train on every clip.
+DEFAULT_VAL_FRACTION = 0.1
 
 
 class ConfigError(ValueError):
@@ -172,7 +174,9 @@ class TrainConfig:
     bn_calibration_windows: int = 128
     weight_decay: float = 2e-5
     grad_accum: int = 1
-    val_fraction: float = 0.1
+    # Files of each class held out to validate and select an epoch on. None (auto): 0.1, or 0 for sound-event
+    # clips (training/recipe.py: there the last epoch was the one kept, and every clip is worth learning from).
+    val_fraction: float | None = None
     seed: int = 0
     # Hardware
     accelerator: str = "auto"  # auto | tpu | cuda | cpu
@@ -246,7 +250,7 @@ class TrainConfig:
                               "(1.0 turns the augmentation off)")  # fmt: skip
         _check_non_negative("bn_calibration_windows", self.bn_calibration_windows, "0 turns it off")
         _check_non_negative("ema_epochs", self.ema_epochs, "0 turns the average off")
-        if not 0.0 <= self.val_fraction < 0.9:
+        if self.val_fraction is not None and not 0.0 <= self.val_fraction < 0.9:
             raise ConfigError(f"val_fraction={self.val_fraction!r}: use a fraction in [0, 0.9)")
         if self.freeze_encoder and not self.init_from:
             raise ConfigError("freeze_encoder=True needs init_from (a pretrained model to freeze)")

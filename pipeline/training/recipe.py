@@ -1,7 +1,7 @@
 """Defaults that follow the data: what the training table decides for the parameters left to auto.
 
-`epochs`, `blend_probability` and `speed_probability` default to None (auto), and `model_size` to "auto". The
-hardware policy (devices/policy.py) sizes the model before any audio is read; once the table is decoded, the
+`epochs`, `blend_probability`, `speed_probability` and `val_fraction` default to None (auto), and `model_size`
+to "auto". The hardware policy (devices/policy.py) sizes the model before any audio is read; once the table is decoded, the
 kind of data it holds decides the rest, and one log line says which kind, why, and what that chose:
 
     sound events   one label per clip (objective aam), no noise_dir, a median clip of at least
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core.config import DEFAULT_EPOCHS, TrainConfig
+from ..core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TrainConfig
 
 # ESC's clips are 5 s, UrbanSound8K's 4 s; the scale benchmark's speech clips are 3 s and the demo's utterances
 # 1.5 s (median): the recipe starts between them.
@@ -40,6 +40,7 @@ EVENT_MAX_CROPS = 10_000
 EVENT_EPOCHS = 36
 EVENT_BLEND = 0.5
 EVENT_SPEED = 0.5
+EVENT_VAL_FRACTION = 0.0
 EVENT_CPU_MODEL_SIZE = "medium"
 
 
@@ -71,7 +72,8 @@ def auto_could_choose(name: str, value: object) -> bool:
     """Whether `value` of parameter `name` is one this module decides when the parameter is left to auto (an
     artifact trained with epochs None records the 12 or 36 the data chose)."""
     choices = {"epochs": (DEFAULT_EPOCHS, EVENT_EPOCHS), "blend_probability": (0.0, EVENT_BLEND),
-               "speed_probability": (0.0, EVENT_SPEED)}  # fmt: skip
+               "speed_probability": (0.0, EVENT_SPEED),
+               "val_fraction": (DEFAULT_VAL_FRACTION, EVENT_VAL_FRACTION)}  # fmt: skip
     return value in choices.get(name, ())
 
 
@@ -92,6 +94,7 @@ def follow_the_data(
         "epochs": EVENT_EPOCHS if events else DEFAULT_EPOCHS,
         "blend_probability": EVENT_BLEND if events else 0.0,
         "speed_probability": EVENT_SPEED if events else 0.0,
+        "val_fraction": EVENT_VAL_FRACTION if events else DEFAULT_VAL_FRACTION,
     }
     chosen = {name: value for name, value in wanted.items() if getattr(config, name) is None}
     size = hardware_size

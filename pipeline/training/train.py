@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from ..core.artifact import check_artifact_dir, save_artifact
-from ..core.config import TrainConfig
+from ..core.config import DEFAULT_VAL_FRACTION, TrainConfig
 from ..core.metrics import selection_metric
 from ..core.model import count_parameters, host_model
 from ..core.objectives import make_loss
-from ..core.progress import first_line, progress_bar
+from ..core.progress import first_line, plural, progress_bar
 from ..core.report import save_training_figures
 from ..core.scaling import Schedule, plan_schedule
 from ..core.staging import check_output_dir
@@ -99,25 +99,32 @@ def train(config: TrainConfig) -> TrainResult:
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
-    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.val_fraction)))
+    held_out = DEFAULT_VAL_FRACTION if config.val_fraction is None else config.val_fraction
+    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - held_out)))
     # Under torchrun every rank runs this: rank 0 says what it does.
     log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
     log(plan.describe())  # what was found and what will be done, before anything slow happens
     data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
-    config, plan = follow_the_data(config, plan, data, log)  # every rank decides the same from the same table
+    config, plan, data = follow_the_data(config, plan, data, log)  # every rank decides alike from one table
     return policy.run(plan, fit, config, data, started,
                       collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
 
 
 def follow_the_data(
     config: TrainConfig, plan: HardwarePlan, data: TrainingData, log: Callable[[str], Any]
-) -> tuple[TrainConfig, HardwarePlan]:
-    """The auto parameters the training table decides (recipe.py), from its clips' lengths and an epoch's crops."""
+) -> tuple[TrainConfig, HardwarePlan, TrainingData]:
+    """The auto parameters the training table decides (recipe.py), from its clips' lengths and an epoch's crops;
+    the held-out files train too when it decides val_fraction 0."""
     clip_seconds = data.store.lengths[data.items[data.train_idx]] / config.sample_rate
     epoch_crops = len(data.epoch_rows(config.window_samples, config.crops_per_file))
     config, size = data_recipe.follow_the_data(config, plan.model_size, plan.topology.accelerator, clip_seconds,
                                                data.objective, epoch_crops, log)  # fmt: skip
-    return config, replace(plan, model_size=size)
+    if config.val_fraction == 0 and data.val_idx:
+        log(
+            f"validation: none; its {plural(len(data.val_idx), 'file')} train too, the last epoch's weights are kept"
+        )
+        data = replace(data, train_idx=sorted(data.train_idx + data.val_idx), val_idx=[])
+    return config, replace(plan, model_size=size), data
 
 
 def checkpoint_dir_of(config: TrainConfig) -> Path:

@@ -14,8 +14,9 @@ from pipeline.core import onnx as onnx_engine
 from pipeline.core.artifact import load_artifact
 from pipeline.core.config import TrainConfig
 from pipeline.core.data import windows
+from pipeline.core.onnx import int8_acceptable
 from pipeline.training import onnx_artifact
-from pipeline.training.onnx_artifact import export_for_artifact, int8_rule, reserve_seconds
+from pipeline.training.onnx_artifact import export_for_artifact, files_to_judge, reserve_seconds
 
 needs_onnx = pytest.mark.skipif(
     onnx_engine.onnxruntime_missing() is not None or onnx_engine.exporter_missing() is not None,
@@ -57,14 +58,29 @@ def test_an_int8_failure_without_a_message_keeps_fp32_with_one_line(
     assert lines == ["ONNX int8: none in the artifact (AssertionError: (no message)); fp32 is there"]
 
 
-def test_without_a_validation_split_int8_is_not_judged_and_not_used(
+def test_without_a_validation_split_int8_is_judged_on_training_files(tiny_artifact, synthetic_training_data):
+    data = dataclasses.replace(synthetic_training_data, val_idx=[], soundscapes=None)
+    where, files = files_to_judge(data)
+    assert where == "training_files" and files and set(files) <= set(data.train_idx)
+    assert len(files) <= onnx_artifact.JUDGED_TRAINING_FILES
+    many = dataclasses.replace(data, train_idx=list(range(1000)))
+    assert len(files_to_judge(many)[1]) == onnx_artifact.JUDGED_TRAINING_FILES
+    assert files_to_judge(synthetic_training_data) == ("held_out", synthetic_training_data.val_idx)
+
+
+@needs_onnx
+def test_without_a_validation_split_the_int8_rule_is_judged_on_training_files(
     tiny_artifact, synthetic_training_data, tmp_path
 ):
-    model = load_artifact(tiny_artifact).model
+    """The sound-event recipe trains on every clip (val_fraction 0): int8 is still judged, on training files."""
     data = dataclasses.replace(synthetic_training_data, val_idx=[], soundscapes=None)
+    model = load_artifact(tiny_artifact).model
     config = TrainConfig(data_dir="unused", **TINY_TRAIN)
-    rule = int8_rule(model, data, config, "accuracy", tmp_path / "a.onnx", tmp_path / "b.onnx")
-    assert rule["passed"] is False and "no validation split" in rule["reason"]
+    lines: list[str] = []
+    int8 = export_for_artifact(model, data, config, "accuracy", tmp_path, lines.append).record["int8"]
+    assert set(int8["training_files"]) == {"fp32", "int8"} and "held_out" not in int8
+    assert int8["passed"] == int8_acceptable(int8["training_files"]["fp32"], int8["training_files"]["int8"])
+    assert "training_files accuracy fp32" in lines[-1]
 
 
 def test_the_time_budget_keeps_back_what_the_export_will_take(tiny_artifact, synthetic_training_data):

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from pipeline.core.config import DEFAULT_EPOCHS, TrainConfig
+from pipeline.core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TrainConfig
 from pipeline.training.recipe import EVENT_MAX_CROPS, auto_could_choose, follow_the_data, kind_of_data
 
 ESC = np.full(320, 5.0)  # ESC-10: 5 s clips
@@ -35,6 +35,7 @@ def test_sound_events_get_the_long_augmented_recipe_and_a_bigger_model_only_on_a
         0.5,
         "medium",
     )
+    assert config.val_fraction == 0.0 and "val_fraction 0" in said[-1]
     assert said[-1].startswith("data kind: sound events (one label per clip, median clip 5.0 s, 1600 crops")
     assert "model_size 'medium' (the CPU default is 'small')" in said[-1]
     assert "set a parameter to choose it" in said[-1]
@@ -54,7 +55,7 @@ def test_what_the_user_set_is_kept_and_other_data_gets_the_measured_defaults():
     assert "epochs" not in said[-1].split("auto:")[1] and "speed_probability 0.5" in said[-1]
     config, size = follow_the_data(TrainConfig(), "small", "cpu", FSDD, "aam", 100, said.append)
     assert (config.epochs, config.blend_probability, config.speed_probability) == (DEFAULT_EPOCHS, 0.0, 0.0)
-    assert size == "small"
+    assert config.val_fraction == DEFAULT_VAL_FRACTION and size == "small"
     assert said[-1].startswith(
         "data kind: other (one label per clip, median clip 0.45 s < 3.5 s); auto: epochs 12"
     )
@@ -72,16 +73,18 @@ def test_train_decides_from_the_table_and_the_log_and_artifact_say_what_it_chose
     result = train(TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "model"), **tiny))
     out = capsys.readouterr().out
     assert "data kind: sound events (one label per clip, median clip 4.0 s" in out
-    assert "auto: epochs 36, blend_probability 0.5, speed_probability 0.5;" in out  # model_size was set: tiny
+    # model_size was set (tiny): not in the list
+    assert "auto: epochs 36, blend_probability 0.5, speed_probability 0.5, val_fraction 0;" in out
     assert "blend" in out.split("augmentation: ")[1].splitlines()[0]
-    assert len(result.history) == 36
+    assert "validation: none; its 1 file train too" in out  # 10 clips: the split held out 1
+    assert len(result.history) == 36 and result.train_files == 10 and result.best_val_metric is None
     provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
-    assert provenance["epochs_planned"] == 36
+    assert provenance["epochs_planned"] == 36 and provenance["config"]["val_fraction"] == 0.0
 
 
 def test_what_auto_can_choose_is_known_to_whoever_compares_a_recorded_config():
     for config in (follow_the_data(TrainConfig(), "small", "cpu", clips, "aam", 1600, lambda _: None)[0]
                    for clips in (ESC, FSDD)):  # fmt: skip
-        for name in ("epochs", "blend_probability", "speed_probability"):
+        for name in ("epochs", "blend_probability", "speed_probability", "val_fraction"):
             assert auto_could_choose(name, getattr(config, name))
     assert not auto_could_choose("epochs", 5) and not auto_could_choose("seed", 0)
