@@ -1,24 +1,26 @@
 """Defaults that follow the data: what the training table decides for the parameters left to auto.
 
 `epochs`, `blend_probability`, `speed_probability` and `val_fraction` default to None (auto), and `model_size`
-to "auto". The hardware policy (devices/policy.py) sizes the model before any audio is read; once the table is decoded, the
-kind of data it holds decides the rest, and one log line says which kind, why, and what that chose:
+to "auto". The hardware policy (devices/policy.py) sizes the model before any audio is read; once the table is
+decoded, the kind of data it holds decides the rest, and one log line says which kind, why, and what it chose:
 
     sound events   one label per clip (objective aam), no noise_dir, a median clip of at least
                    EVENT_MIN_SECONDS, an epoch of at most EVENT_MAX_CROPS crops, trained from scratch (ESC-10
                    and ESC-50's 5 s clips): EnvNet-v2's long training with between-class blending and speed
-                   perturbation, and on a CPU the 'medium' ECAPA that such a small table can afford
+                   perturbation, on every clip (no validation split: the last epoch is kept), and on a CPU
+                   the 'medium' ECAPA that such a small table can afford
     anything else  12 epochs, no blending, no speed change, the hardware's model: what was measured on speech
                    (FSDD's digits and speakers: clips under a window) and on soundscapes (noise_dir)
 
-Why (docs/measurements.md, "Sound events"): ESC-10's official 5 folds through both notebooks, 3 training
-seeds, 15 paired folds: the defaults 0.873, this recipe 0.89-0.91 (every seed's fold 1 +0.06 to +0.11), 10 min
-a fold on this machine's 2 cores; on an H200 with the 'voxceleb' model 0.875 -> 0.910. Each part alone on the
-'small' model (blending, speed, 24-36 epochs) was within the seeds' spread: it is the bigger model that needs
-the long, augmented schedule. Speed perturbation moves pitch, which names a speaker or a species: the
-recipe stays off clips shorter than EVENT_MIN_SECONDS (FSDD's digits and speakers, the demo's utterances) and
-off soundscapes and multi-label tables (birds); a speech table of long one-label utterances gets it too, and
-the log line says how to turn it off.
+Why (docs/measurements.md, "Sound events"): ESC-10's official 5 folds through both notebooks, 3 training seeds, 15
+paired folds: the defaults 0.873, this recipe 0.89-0.91 (every seed's fold 1 +0.06 to +0.11), 10 min a fold on this
+machine's 2 cores; on an H200 with the 'voxceleb' model 0.875 -> 0.910. Each part alone on the 'small' model
+(blending, speed, 24-36 epochs) was within the seeds' spread: it is the bigger model that needs the long, augmented
+schedule. Its last epoch was the one validation kept in 15 of 23 folds, so the 10% held out to choose one now
+trains too: seeds 1-2, 10 paired folds, 0.891 -> 0.906 (+0.015, 7 wins, 1 loss). Speed perturbation moves pitch,
+which names a speaker or a species: the recipe stays off clips shorter than EVENT_MIN_SECONDS (FSDD's digits and
+speakers, the demo's utterances) and off soundscapes and multi-label tables (birds); a speech table of long
+one-label utterances gets it too, and the log line says how to turn it off.
 """
 
 from __future__ import annotations
