@@ -271,6 +271,12 @@ class TrainConfig:
                               "set self_training_rounds >= 1 and teacher (or pass its scores as focal_targets)")  # fmt: skip
 
     @property
+    def split_fraction(self) -> float:
+        """The fraction the table is split by when decoded: an auto val_fraction splits at the default, and the
+        recipe may give the held-out files back (training/train.py follow_the_data)."""
+        return DEFAULT_VAL_FRACTION if self.val_fraction is None else self.val_fraction
+
+    @property
     def window_samples(self) -> int:
         return int(round(self.window_seconds * self.sample_rate))
 

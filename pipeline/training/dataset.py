@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core import kaggle, tables
-from ..core.config import DEFAULT_VAL_FRACTION, ConfigError, TrainConfig
+from ..core.config import ConfigError, TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
 from ..core.tables import DataError, TrainRow, read_labelled_chunks, read_train_table, skip_or_stop
@@ -162,9 +162,7 @@ def load_training_data(
         note(f"{plural(secondary, 'secondary label')} left out: the aam objective learns one class per clip")
     class_of = {label: k for k, label in enumerate(labels)}
     targets = np.array([class_of[row.label] for row in rows], dtype=np.int64)
-    # Split at the default when val_fraction is auto: the recipe may give the held-out files back (train.py).
-    fraction = DEFAULT_VAL_FRACTION if config.val_fraction is None else config.val_fraction
-    train_idx, val_idx, split_note = split_files(rows, fraction, config.seed)
+    train_idx, val_idx, split_note = split_files(rows, config.split_fraction, config.seed)
     note(split_note)
     soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
     held_out = set(soundscapes.files) if soundscapes else set()

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..core.artifact import check_artifact_dir, save_artifact
-from ..core.config import DEFAULT_VAL_FRACTION, TrainConfig
+from ..core.config import TrainConfig
 from ..core.metrics import selection_metric
 from ..core.model import count_parameters, host_model
 from ..core.objectives import make_loss
@@ -99,8 +99,7 @@ def train(config: TrainConfig) -> TrainResult:
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
-    held_out = DEFAULT_VAL_FRACTION if config.val_fraction is None else config.val_fraction
-    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - held_out)))
+    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.split_fraction)))
     # Under torchrun every rank runs this: rank 0 says what it does.
     log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
     log(plan.describe())  # what was found and what will be done, before anything slow happens
