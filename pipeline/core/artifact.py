@@ -125,8 +125,7 @@ def save_artifact(
         manifest = {
             "format_version": FORMAT_VERSION,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            # fallback_label: predicted for test files that cannot be read (by default the most frequent
-            # training label)
+            # fallback_label: predicted for unreadable test files (default: the most frequent training label)
             **sealed,
             "provenance": provenance,
             "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
@@ -160,8 +159,7 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ArtifactError(f"{manifest_path}: not valid JSON ({error})") from error
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if (version := manifest.get("format_version")) != FORMAT_VERSION:
         raise ArtifactError(f"{manifest_path}: format_version {version!r} is not supported "
                             f"(this code reads version {FORMAT_VERSION}); retrain or update the code")  # fmt: skip
     files = manifest.get("files", {})
@@ -177,8 +175,7 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
                                 "(truncated or replaced)")  # fmt: skip
         if actual["sha256"] != expected["sha256"]:
             raise ArtifactError(f"{path}: sha256 does not match the manifest (file modified or corrupted)")
-    unlisted = [name for name in REQUIRED_FILES if name not in files]
-    if unlisted:
+    if unlisted := [name for name in REQUIRED_FILES if name not in files]:
         raise ArtifactError(f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
                             "this project lists every file it holds (was the manifest edited?)")  # fmt: skip
     weights = root / WEIGHTS

@@ -437,18 +437,15 @@ def from_params(config_cls: type, namespace: dict[str, Any]):
     uses it, so a typo would otherwise run silently with the default.
     """
     fields = {f.name: f for f in dataclasses.fields(config_cls)}
-    values: dict[str, Any] = {}
-    unknown: list[str] = []
-    for name, value in namespace.items():
-        if name.startswith("_") or name in _IPYTHON_NAMES or not isinstance(value, _PLAIN_TYPES):
-            continue
-        if name in fields:
-            values[name] = _coerce(name, value, fields[name].type)
-        else:
-            unknown.append(name)
-    if unknown:
+    params = {
+        name: value
+        for name, value in namespace.items()
+        if not name.startswith("_") and name not in _IPYTHON_NAMES and isinstance(value, _PLAIN_TYPES)
+    }
+    values = {name: _coerce(name, v, fields[name].type) for name, v in params.items() if name in fields}
+    if unknown := sorted(name for name in params if name not in fields):
         hints = []
-        for name in sorted(unknown):
+        for name in unknown:
             close = difflib.get_close_matches(name, fields, n=1)
             hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
         raise ConfigError(

@@ -46,8 +46,7 @@ def score(metric: str, truth: np.ndarray, scores: np.ndarray) -> float:
         if not has_label.any():
             raise MetricError("accuracy needs rows with a true class; no row has one")
         # Not the first positive: a secondary label may come before the file's own.
-        main = truth.argmax(axis=1)
-        return float((scores.argmax(axis=1) == main)[has_label].mean())
+        return float((scores.argmax(axis=1) == truth.argmax(axis=1))[has_label].mean())
     if metric == "macro_roc_auc":
         from sklearn.metrics import roc_auc_score
 

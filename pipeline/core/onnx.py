@@ -111,8 +111,7 @@ def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: in
     """Write `model.embedding_model` as ONNX to `path` (atomically), dynamic in batch and time, checked
     against torch at another batch and time. `model` itself is not touched (see pristine_encoder).
     ExportError when the exporter is missing, tracing or conversion fails, or the check fails."""
-    missing = exporter_missing() or onnxruntime_missing()
-    if missing:
+    if missing := exporter_missing() or onnxruntime_missing():
         raise ExportError(f"cannot export the embedding model: {missing}")
     started = time.perf_counter()
     encoder = pristine_encoder(model)

@@ -60,11 +60,10 @@ def most_confused_pairs(matrix: np.ndarray, limit: int = MAX_PAIRS) -> list[tupl
 def most_confused(matrix: np.ndarray, limit: int = MAX_CONFUSION_CLASSES) -> list[int]:
     """Class indices to draw: all of them up to `limit`, else the `limit` classes involved in the most errors
     (as truth or as prediction), in their original order so the diagonal stays a diagonal."""
-    n = matrix.shape[0]
     errors = matrix.sum(0) + matrix.sum(1) - 2 * np.diag(matrix)
     # Ties (e.g. no errors at all) fall back to the classes with the most validation files.
     support = matrix.sum(1)
-    ranked = sorted(range(n), key=lambda i: (-errors[i], -support[i], i))
+    ranked = sorted(range(len(matrix)), key=lambda i: (-errors[i], -support[i], i))
     return sorted(ranked[:limit])
 
 
@@ -301,8 +300,7 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
         (f"kept validation {result.metric}", f"{acc} (epoch {result.best_epoch})"),
         ("artifact", str(result.artifact_dir)),
     ]  # fmt: skip
-    timed = [r for r in result.history if "data_wait_share" in r]
-    if timed:
+    if timed := [r for r in result.history if "data_wait_share" in r]:
         waits = [r["data_wait_share"] for r in timed]
         rows.insert(4, ("input pipeline", f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
                         f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time"))  # fmt: skip
@@ -342,18 +340,15 @@ def inference_summary(result: Any) -> list[tuple[str, str]]:
         ("files per device", devices),
         ("time", f"{result.seconds:.1f} s"),
     ]
-    chunks = report.get("chunks")
-    if chunks:
+    if chunks := report.get("chunks"):
         rows.insert(2, ("chunks", f"{chunks['segment_seconds']:g} s, ids {chunks['template']!r}, windows pooled by "
                                   f"{chunks['pooling']}"))  # fmt: skip
-    engine = report.get("engine")
-    if engine:
+    if engine := report.get("engine"):
         threads = engine.get("threads")
         rows.append(("engine", f"{engine['ran']} ({engine['precision']})"
                                + (f", {threads} compute thread(s)" if threads else "")
                                + f"; length buckets {engine.get('length_buckets')}"))  # fmt: skip
-    speed = report.get("speed") or {}
-    if speed:
+    if speed := report.get("speed"):
         projected = speed.get("projected_seconds")
         rows.append(("rate", f"{speed['audio_seconds_per_second']:.1f} s of audio per second ({speed['measured_on']})"
                              + (f"; projected hidden set: {projected / 60:.1f} min" if projected else "")))  # fmt: skip
@@ -400,8 +395,7 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
     show_training_report)."""
     report = result.report or {}
     parts = [markdown_table(inference_summary(result), ("inference run", ""))]
-    fallbacks = report.get("fallbacks", [])
-    if fallbacks:
+    if fallbacks := report.get("fallbacks", []):
         rows = [(f["id"], f["reason"]) for f in fallbacks[:max_fallback_rows]]
         more = len(fallbacks) - len(rows)
         parts.append(f"**Fallbacks** (got label {report.get('fallback_label')!r}):\n\n"

@@ -26,7 +26,7 @@ RULES = ("linear", "sqrt", "none")
 TPU_BATCH_MULTIPLE = 8
 # Default warmup when a scaled-up lr is used without one: 25 steps per multiple of base_lr. This matches
 # Goyal et al.'s recipe (k=32 x lr reached after 5 epochs of ImageNet at batch 8k ~ 780 steps ~ 25 per
-# multiple); capped at 10% of training when total_steps is known (their 5 of 90 epochs is ~6%).
+# multiple); capped at 10% of training (their 5 of 90 epochs is ~6%).
 WARMUP_STEPS_PER_LR_MULTIPLE = 25
 WARMUP_MAX_FRACTION = 0.1
 
@@ -120,12 +120,10 @@ def warmup_lr_factor(step: int, warmup_steps: int) -> float:
     return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
 
 
-def default_warmup_steps(lr: float, base_lr: float, total_steps: int | None = None) -> int:
+def default_warmup_steps(lr: float, base_lr: float, total_steps: int) -> int:
     """Warmup used when none is given for a scaled-up lr (see WARMUP_STEPS_PER_LR_MULTIPLE)."""
     steps = math.ceil(WARMUP_STEPS_PER_LR_MULTIPLE * lr / base_lr)
-    if total_steps is not None:
-        steps = min(steps, max(1, int(total_steps * WARMUP_MAX_FRACTION)))
-    return steps
+    return min(steps, max(1, int(total_steps * WARMUP_MAX_FRACTION)))
 
 
 def plan_batch(

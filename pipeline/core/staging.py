@@ -137,13 +137,11 @@ def staged_directory(target: str | os.PathLike, is_ours: Callable[[Path], bool])
         if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or is_ours(target))):
             raise OutputRefused(f"{target} now holds files this project did not write; the new content was not "
                                 "put there (move them away and run again)")  # fmt: skip
+        retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
         if target.exists():
-            retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
             target.rename(retired)
-            staging.rename(target)
-            shutil.rmtree(retired, ignore_errors=True)
-        else:
-            staging.rename(target)
+        staging.rename(target)
+        shutil.rmtree(retired, ignore_errors=True)  # nothing there when there was no target
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

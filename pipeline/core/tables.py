@@ -104,8 +104,7 @@ def read_csv(csv_path: Path, columns: Sequence[str], hint: str = "") -> list[tup
     with csv_path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         header = [name.strip() for name in (reader.fieldnames or [])]
-        missing = [c for c in columns if c not in header]
-        if missing:
+        if missing := [c for c in columns if c not in header]:
             raise DataError(
                 f"{csv_path}: missing column(s) {missing}; the header is {header}. {hint}".rstrip()
             )
@@ -203,10 +202,9 @@ def read_train_table(
     extra = [layout.secondary_column] if layout.secondary_column else []
     for line, row in read_csv(csv_path, [layout.path_column, layout.label_column, *extra], hint):
         path, label = row[layout.path_column], row[layout.label_column]
-        problem = (f"empty {layout.label_column!r}" if not label else
-                   f"empty {layout.path_column!r}" if not path else None)  # fmt: skip
-        if problem is not None:
-            skip_or_stop(on_bad_row, skipped, csv_path, line, path, problem)
+        if not (label and path):
+            empty = layout.path_column if label else layout.label_column
+            skip_or_stop(on_bad_row, skipped, csv_path, line, path, f"empty {empty!r}")
             continue
         rel = locator.locate(path)
         rel = f"{prefix}/{rel}" if prefix else rel
@@ -316,8 +314,7 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
     with csv_path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.reader(handle)
         header = [name.strip() for name in next(reader, [])]
-        missing = [c for c in ("filename", "start", "end") if c not in header]
-        if missing:
+        if missing := [c for c in ("filename", "start", "end") if c not in header]:
             raise DataError(f"{csv_path}: missing column(s) {missing}; the header is {header}. {hint}")
         classes = [c for c in header if c and c not in ("filename", "start", "end")]
         known = [c for c in classes if c in labels]

@@ -244,10 +244,9 @@ def run_windows(
         flush(length, full_only=False)
     if bar is not None:
         bar.close()
-    result = pooling.result()  # (pooled scores, embeddings, ok): the first three fields
-    return SpanPredictions(
-        *result, problems, repairs, audio_seconds, time.perf_counter() - started, stopped, frozenset(seen)
-    )
+    pooled = pooling.result()  # (pooled scores, embeddings, ok): the first three fields
+    seconds = time.perf_counter() - started
+    return SpanPredictions(*pooled, problems, repairs, audio_seconds, seconds, stopped, frozenset(seen))
 
 
 def _by_length(

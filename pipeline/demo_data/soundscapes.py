@@ -73,9 +73,7 @@ def species_from_fsdd(
     train: dict[str, list[np.ndarray]] = {s: [] for s in speakers}
     test: dict[str, list[np.ndarray]] = {s: [] for s in speakers}
     rate = 0
-    for rec in sorted(found, key=lambda r: (r.speaker, r.digit, r.index)):
-        if rec.speaker not in train:
-            continue
+    for rec in sorted((r for r in found if r.speaker in train), key=lambda r: (r.speaker, r.digit, r.index)):
         samples, rate = sf.read(str(rec.path), dtype="float32", always_2d=True)
         (train if rec.index < first_test_take else test)[rec.speaker].append(_trim(samples.mean(axis=1)))
     return Species(train, test, rate)

@@ -77,12 +77,11 @@ def _draw_speakers(rng: np.random.Generator, n: int) -> list[_Speaker]:
     tries = 0
     while len(points) < n:
         cand = rng.uniform(0.0, 1.0, size=2)
+        tries += 1
         if all(np.hypot(*(cand - p)) >= min_dist for p in points):
             points.append(cand)
             tries = 0
-            continue
-        tries += 1
-        if tries > 500:
+        elif tries > 500:
             min_dist *= 0.9
             tries = 0
 

@@ -39,9 +39,8 @@ class DDPStrategy(SingleDevice):
         self.rank, self.world_size = rank, world_size
 
     def setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        model = model.to(self.device)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        return DistributedDataParallel(model.to(self.device), device_ids=device_ids)
 
     def shard(self, indices: Sequence[int]) -> list[int]:
         """Every world_size-th row from this rank's offset: disjoint shards that together cover the data."""

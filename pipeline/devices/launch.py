@@ -163,8 +163,7 @@ def _child_main(rank: int, env_updates: dict[str, str], payload: bytes, result_p
     except Exception as exc:
         blob = pickle.dumps(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
     tmp = f"{result_path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(blob)
+    Path(tmp).write_bytes(blob)
     os.replace(tmp, result_path)  # atomic: the parent never reads half a result
     if not ok:
         sys.stdout.flush()
@@ -346,10 +345,8 @@ class _OutputRelay:
 
     def pump(self) -> None:
         for rank, path in enumerate(self.paths):
-            try:
-                with open(
-                    path, "rb"
-                ) as handle:  # bytes: the offset must count what is on disk, \r\n included
+            try:  # bytes: the offset must count what is on disk, \r\n included
+                with open(path, "rb") as handle:
                     handle.seek(self.offsets[rank])
                     data = handle.read()
             except FileNotFoundError:
@@ -373,8 +370,7 @@ def _result_or_raise(rank: int, exitcode: int | None, path: str) -> Any:
             f"rank {rank} {_describe_exit(exitcode)} without reporting a result (crashed before or while "
             "running the worker; see its output above)",
         )
-    with open(path, "rb") as f:
-        status, value = pickle.load(f)
+    status, value = pickle.loads(Path(path).read_bytes())
     if status == "error":
         summary, tb = value
         raise WorkerFailed(

@@ -97,11 +97,8 @@ def resolve_precision(requested: str, topology: Topology) -> str:
                           "use 'bf16' (the default there) or 'fp32'")  # fmt: skip
     if requested != "auto":
         return requested
-    if topology.accelerator == "tpu":
-        return "bf16"
-    if topology.accelerator == "cuda":
-        return "bf16" if topology.bf16_native else "fp16"
-    return "fp32"
+    cuda = "bf16" if topology.bf16_native else "fp16"
+    return {"tpu": "bf16", "cuda": cuda}.get(topology.accelerator, "fp32")
 
 
 def resolve_model_size(requested: str, topology: Topology, env: dict[str, str] | None = None) -> str:
@@ -110,12 +107,10 @@ def resolve_model_size(requested: str, topology: Topology, env: dict[str, str] |
     than eager CPU, ../shared/NOTES.md)."""
     if requested != "auto":
         return requested
-    if topology.accelerator == "cuda":
-        return "voxceleb"
     if topology.accelerator == "tpu":
         stand_in = (os.environ if env is None else env).get("PJRT_DEVICE", "TPU").upper() == "CPU"
         return "tiny" if stand_in else "voxceleb"
-    return "small"
+    return "voxceleb" if topology.accelerator == "cuda" else "small"
 
 
 def loader_workers(requested: int | None, topology: Topology, cpus: int | None = None) -> int:

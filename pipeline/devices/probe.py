@@ -164,7 +164,13 @@ def _tpu_topology(e: Mapping[str, str], root: str) -> Topology:
     if not torch_xla_importable():
         raise RuntimeError("accelerator='tpu' but torch_xla is not installed (pip install torch_xla)")
     if e.get("PJRT_DEVICE", "").upper() == "CPU":
-        n = _positive_int_env(e, "CPU_NUM_DEVICES", default=1)
+        raw = e.get("CPU_NUM_DEVICES")
+        try:
+            n = int(raw) if raw and raw.strip() else 1
+        except ValueError:
+            raise ValueError(f"CPU_NUM_DEVICES={raw!r} is not an integer") from None
+        if n < 1:
+            raise ValueError(f"CPU_NUM_DEVICES={raw!r} must be >= 1")
         return Topology("tpu", n, "XLA CPU (stand-in for TPU)", True, f"PJRT_DEVICE=CPU, CPU_NUM_DEVICES={n}")
     if not tpu_available(e, root):
         raise RuntimeError(
@@ -334,10 +340,9 @@ def _torch_nvml_count() -> int:
     falls back to cudaGetDeviceCount, which poisons fork even though is_initialized() stays False."""
     import torch
 
-    fn = getattr(torch.cuda, "_device_count_nvml", None)
     try:
-        return int(fn()) if fn is not None else -1
-    except Exception:
+        return int(torch.cuda._device_count_nvml())
+    except Exception:  # AttributeError too: a torch without it
         return -1
 
 
@@ -383,19 +388,6 @@ def _cuda_topology(e: Mapping[str, str] | None, runner: Runner | None, root: str
 # ------------------------------------------------------------------------------------------ topology
 
 
-def _positive_int_env(e: Mapping[str, str], name: str, default: int) -> int:
-    raw = e.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
-    if value < 1:
-        raise ValueError(f"{name}={raw!r} must be >= 1")
-    return value
-
-
 def detect_topology(
     accelerator: str = "auto",
     devices: int | None = None,
@@ -423,21 +415,16 @@ def detect_topology(
     e = _environ(env)
 
     if acc == "auto":
-        if tpu_available(e, root):
-            acc = "tpu"
-        elif cuda_device_count(env, runner) > 0:
-            acc = "cuda"
-        else:
-            acc = "cpu"
-            if _torch_cuda_built() and (files := nvidia_device_files(root)):
-                warnings.warn(
-                    f"GPU device files exist ({', '.join(files[:2])}) but no GPU could be counted: neither "
-                    "pynvml, nvidia-smi nor libnvidia-ml answered, and asking CUDA itself would initialise it "
-                    "in this process. accelerator='auto' therefore chose the CPU. Pass accelerator='cuda' "
-                    "to train on the GPUs anyway, or install the NVIDIA driver's utilities.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
+        acc = "tpu" if tpu_available(e, root) else "cuda" if cuda_device_count(env, runner) > 0 else "cpu"
+        if acc == "cpu" and _torch_cuda_built() and (files := nvidia_device_files(root)):
+            warnings.warn(
+                f"GPU device files exist ({', '.join(files[:2])}) but no GPU could be counted: neither "
+                "pynvml, nvidia-smi nor libnvidia-ml answered, and asking CUDA itself would initialise it "
+                "in this process. accelerator='auto' therefore chose the CPU. Pass accelerator='cuda' "
+                "to train on the GPUs anyway, or install the NVIDIA driver's utilities.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     if acc == "tpu":
         topo = _tpu_topology(e, root)

@@ -83,8 +83,7 @@ def available_cores(
             cores = len(os.sched_getaffinity(0))
         except (AttributeError, OSError):  # not on Linux
             cores = os.cpu_count() or 1
-    limit = cgroup_cpu_limit(cgroup_root, self_cgroup)
-    if limit is not None:
+    if (limit := cgroup_cpu_limit(cgroup_root, self_cgroup)) is not None:
         cores = min(cores, max(1, math.floor(limit + 1e-9)))
     return max(1, cores)
 
@@ -115,7 +114,7 @@ def plan_threads(cores: int, decode_workers: int | None = None, threads: int | N
     if cores < 1:
         raise ValueError(f"cores={cores}: needs at least 1")
     if decode_workers is None:
-        decode_workers = 0 if cores < 4 else cores // 4
+        decode_workers = cores // 4  # 0 below 4 cores
     if decode_workers < 0:
         raise ValueError(f"decode_workers={decode_workers}: use 0 (decode in the compute process) or more")
     if threads is not None and threads < 1:

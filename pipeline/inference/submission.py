@@ -294,10 +294,9 @@ def write_all_probabilities(
 def write_embeddings(path: Path, plan: RowPlan, predictions: Predictions) -> None:
     """embeddings.npz: the mean unit window embedding of every row that has audio."""
     ids, spans = _rows_with_audio(plan)
+    predicted = predictions.spans
     with staged_file(path) as staging:
-        np.savez(
-            staging, ids=ids, embeddings=predictions.spans.embeddings[spans], ok=predictions.spans.ok[spans]
-        )
+        np.savez(staging, ids=ids, embeddings=predicted.embeddings[spans], ok=predicted.ok[spans])
 
 
 def _rows_with_audio(plan: RowPlan) -> tuple[np.ndarray, np.ndarray]:

@@ -153,9 +153,7 @@ class Scanner:
 
     def call(self, node: ast.Call) -> None:
         qual = self.dotted(node.func) or ""
-        last = qual.rsplit(".", 1)[-1] if qual else ""
-        if not last and isinstance(node.func, ast.Attribute):
-            last = node.func.attr
+        last = qual.rsplit(".", 1)[-1] or getattr(node.func, "attr", "")  # `x[0].connect`: no dotted name
         line = node.lineno
         args = node.args
 
@@ -182,8 +180,7 @@ class Scanner:
         offline = _const_true(_keyword(node, "local_files_only"))
         if last in _HUB_METHODS:
             source = _keyword(node, "source") or _keyword(node, "pretrained_model_name_or_path")
-            source = source if source is not None else (args[0] if args else None)
-            value = _const_str(source)
+            value = _const_str(source or (args[0] if args else None))
             if value is not None and not offline and self.looks_remote(value, bare=last == "from_pretrained"):
                 message = (f"{what} with source {value!r} fetches from the model hub; pass a local directory "
                            "(e.g. an attached /kaggle/input dataset) instead")  # fmt: skip

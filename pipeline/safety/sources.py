@@ -127,9 +127,7 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
         if bang.startswith("!"):
             shells.append(ShellCommand(start + 1, body))
         else:
-            name, _, rest = body.partition(" ")
-            if name.startswith("%"):  # a stray cell magic not on the first line
-                name = ""
+            name, _, rest = body.partition(" ")  # a stray cell magic (name "%bash") matches none below
             if name in ("pip", "conda", "mamba", "micromamba", "uv"):
                 shells.append(ShellCommand(start + 1, f"{name} {rest}"))
             elif name in ("system", "sx", "sc"):

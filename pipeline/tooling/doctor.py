@@ -47,7 +47,7 @@ def collect(
     env: Mapping[str, str] | None = None,
     runner: probe.Runner | None = None,
     root: str = "/",
-    version_of: Callable[[str], str | None] | None = None,
+    version_of: Callable[[str], str | None] = versions.installed_version,
 ) -> Report:
     """Gather the report. `env`, `runner` (nvidia-smi) and `root` (/dev, /sys) are for tests, as in probe;
     so is `version_of` (distribution name -> installed version or None; default importlib.metadata)."""
@@ -66,9 +66,7 @@ def collect(
     if "error" not in training:
         training.update(_training_plan(training["topology"]))
 
-    report = Report(
-        cpu, tpu, gpus, training, _kaggle_facts(e), versions.compare(version_of or versions.installed_version)
-    )
+    report = Report(cpu, tpu, gpus, training, _kaggle_facts(e), versions.compare(version_of))
     report.notes = _notes(report)
     return report
 

@@ -59,9 +59,8 @@ def score_soundscapes(
     """The teacher's probabilities for every window of the soundscapes under `soundscape_dir` (windows of the
     model's length, `hop_seconds` apart: default half a window), as a targets file at `out` (+ its .json);
     filenames relative to `soundscape_dir` (TrainConfig.soundscape_targets)."""
-    items = discover_test_files(Path(data_dir), soundscape_dir, "name", [])
+    files = [row.rel_path for row in discover_test_files(Path(data_dir), soundscape_dir, "name", []).rows]
     prefix = soundscape_dir.strip("/") + "/"
-    files = [row.rel_path for row in items.rows]
     # Independent sigmoids even from a one-label teacher: a stretch of soundscape holds any number of calls, or
     # none, where a softmax would share out a probability of 1.
     return score_windows(artifact_dir, data_dir, files, [f.removeprefix(prefix) for f in files], out,

@@ -68,13 +68,12 @@ class Image:
 
 
 # Common to both images per Kaggle's published requirements (and torch's own dependencies).
-_IMAGE_COMMON: dict[str, str | None] = {
-    name: None
-    for name in ("numpy", "scipy", "scikit-learn", "threadpoolctl", "tqdm", "pyyaml", "safetensors",
-                 "huggingface-hub", "joblib", "packaging",
-                 "requests", "cffi", "pycparser", "filelock", "typing-extensions", "sympy", "networkx",
-                 "jinja2", "fsspec", "setuptools")
-}  # fmt: skip
+_IMAGE_COMMON: dict[str, str | None] = dict.fromkeys(
+    ("numpy", "scipy", "scikit-learn", "threadpoolctl", "tqdm", "pyyaml", "safetensors",
+     "huggingface-hub", "joblib", "packaging",
+     "requests", "cffi", "pycparser", "filelock", "typing-extensions", "sympy", "networkx",
+     "jinja2", "fsspec", "setuptools")
+)  # fmt: skip
 
 KAGGLE_TPU = Image(
     name="kaggle-tpu",

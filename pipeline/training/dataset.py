@@ -195,7 +195,7 @@ def _cached(config: TrainConfig, files: list[str], log: Callable[[str], object],
 
 def _read_targets(config: TrainConfig, name: str, labels: list[str], log: Callable[[str], object]):
     """The targets file parameter `name` (absolute, or relative to data_dir) and what it holds (its notes said)."""
-    path = Path(name) if Path(name).is_absolute() else Path(config.data_dir) / name
+    path = Path(config.data_dir) / name  # an absolute `name` replaces data_dir
     found = tables.read_chunk_targets(path, labels)
     for line in found.notes:
         log(line)
@@ -284,13 +284,9 @@ def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Calla
     store = _cached(config, files, log, what=config.val_soundscapes_table)
     class_of = {label: k for k, label in enumerate(labels)}
     truth = np.zeros((len(chunks), len(labels)), dtype=np.float32)
-    unknown: set[str] = set()
     for row, chunk in enumerate(chunks):
-        for label in chunk.labels:
-            if label in class_of:
-                truth[row, class_of[label]] = 1.0
-            else:
-                unknown.add(label)
+        truth[row, [class_of[label] for label in chunk.labels if label in class_of]] = 1.0
+    unknown = {label for chunk in chunks for label in chunk.labels} - class_of.keys()
     position = {path: k for k, path in enumerate(files)}
     log(f"validation soundscapes: {plural(len(chunks), 'labelled chunk')} of {plural(len(files), 'soundscape')}"
         + (f"; {plural(len(unknown), 'label')} no class of the training table is left out: "
@@ -350,14 +346,10 @@ def per_file_targets(
     order = list(first.values())
     position = {path: k for k, path in enumerate(first)}
     targets = np.zeros((len(order), len(labels)), dtype=np.float32)
-    unknown: set[str] = set()
-    for row in rows:
-        k = position[row.rel_path]
-        for label in row.secondary:
-            if label in class_of:
-                targets[k, class_of[label]] = secondary_weight  # the primary labels' 1 is set below
-            else:
-                unknown.add(label)
+    for row in rows:  # secondary labels first: a primary label's 1, set below, wins
+        secondary = [class_of[label] for label in row.secondary if label in class_of]
+        targets[position[row.rel_path], secondary] = secondary_weight
+    unknown = {label for row in rows for label in row.secondary} - class_of.keys()
     for row in rows:
         targets[position[row.rel_path], class_of[row.label]] = 1.0
     notes = [f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as its label) "
@@ -410,8 +402,7 @@ def drop_repeated_rows(rows: list[TrainRow], csv_path: Path) -> tuple[list[Train
     if repeats:
         notes.append(f"{csv_path.name}: {len(repeats)} repeated row(s) dropped (same path and label as an "
                      f"earlier row): {', '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''}")  # fmt: skip
-    conflicts = sorted(path for path, labels in labels_of.items() if len(labels) > 1)
-    if conflicts:
+    if conflicts := sorted(path for path, labels in labels_of.items() if len(labels) > 1):
         notes.append(f"{csv_path.name}: {len(conflicts)} file(s) carry more than one label; each label is "
                      f"trained on: {', '.join(repr(p) for p in conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}")  # fmt: skip
     return kept, notes

@@ -35,19 +35,17 @@ class WeightAverage:
     """`module` is a copy of the model, on the model's device, holding the averaged weights.
 
     With `flat` (the default) the averaged floating-point tensors live in two vectors between reads of
-    `module` (the parameters, then the float buffers): an update is then a handful of operations and two graph
-    outputs whatever the number of tensors, where XLA traces every operation again at each step and pays per
-    operation and per output (a loop over ~150 tensors cost more host time than the forward pass). The integer buffers (BatchNorm's batch counters) are copies, not averages: they
-    are copied when `module` is read, not at every step (and so are the float buffers with
-    `average_buffers=False`). Reading `module` writes the vectors back into the module's tensors (lazily on
-    XLA: part of the next graph)."""
+    `module` (the parameters, then the float buffers): an update is a handful of operations and two graph
+    outputs whatever the number of tensors. XLA traces every operation again at each step and pays per
+    operation and output: a loop over ~150 tensors cost more host time than the forward pass. The integer
+    buffers (BatchNorm's batch counters), and the float ones with `average_buffers=False`, are copied when
+    `module` is read, not averaged at every step. Reading `module` writes the vectors back into the module's
+    tensors (lazily on XLA: part of the next graph)."""
 
     def __init__(
         self, model: torch.nn.Module, horizon_steps: float, flat: bool = True, average_buffers: bool = True
     ) -> None:
-        self._module = copy.deepcopy(model).eval()
-        for parameter in self._module.parameters():
-            parameter.requires_grad_(False)
+        self._module = copy.deepcopy(model).eval().requires_grad_(False)
         self.decay = 1.0 - 1.0 / max(1.0, float(horizon_steps))
         self.updates = 0
         self.flat = flat

@@ -29,6 +29,7 @@ from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
 from ..core.artifact import MANIFEST, WEIGHTS, ArtifactError, verify_artifact
 from ..core.config import SAMPLE_RATE, ConfigError, TrainConfig
 from ..core.model import ModelConfig, SpeakerClassifier
+from ..core.progress import first_line
 
 HYPERPARAMS = "hyperparams.yaml"
 ENCODER = "embedding_model"
@@ -229,8 +230,7 @@ def ecapa_args(tree: dict[str, Any], path: Path) -> dict[str, Any]:
                               "can initialise this model")  # fmt: skip
     given = node.value if isinstance(node.value, dict) else {}
     defaults = _defaults(ECAPA_TDNN)
-    unknown = sorted(set(given) - set(defaults) - {"input_size"})
-    if unknown:
+    if unknown := sorted(set(given) - set(defaults) - {"input_size"}):
         raise PretrainedError(f"{path}: `{ENCODER}` has argument(s) {unknown} that ECAPA_TDNN does not take")
     if "input_size" not in given:
         raise PretrainedError(f"{path}: `{ENCODER}` has no input_size (the number of mel bands)")
@@ -315,8 +315,6 @@ def read_encoder_state(weights: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - weights_only refusals, truncated zips, not a checkpoint...
-        from ..core.progress import first_line
-
         raise PretrainedError(f"{weights}: cannot be read as a weights-only checkpoint "
                               f"({type(error).__name__}: {first_line(error)})") from error  # fmt: skip
     if not isinstance(state, dict) or not all(

@@ -46,10 +46,9 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
                          "collective_timeout_minutes"}}  # fmt: skip
     rows = [[row.rel_path, row.label] for row in dataset.rows]
     shape = {"config": keep, "rows": rows, "devices": topology.num_devices}
-    if dataset.targets_record:  # a targets file's content, not only its name
-        shape["targets"] = dataset.targets_record["sha256"]
-    if dataset.focal_record:
-        shape["focal_targets"] = dataset.focal_record["sha256"]
+    for key, record in (("targets", dataset.targets_record), ("focal_targets", dataset.focal_record)):
+        if record:  # a targets file's content, not only its name
+            shape[key] = record["sha256"]
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -276,8 +276,7 @@ def run_epochs(run: Run) -> None:
     finally:
         if bar is not None:
             bar.close()
-        close = getattr(run.batches, "close", None)
-        if close is not None:
+        if (close := getattr(run.batches, "close", None)) is not None:
             close()  # stops the loader: its worker processes (and XLA's transfer threads) end here
 
 
@@ -451,12 +450,9 @@ def _onnx_files(run: Run, final: torch.nn.Module):
 
 
 def advance_schedule(scheduler: torch.optim.lr_scheduler.LRScheduler) -> None:
-    """One learning-rate step per training step, skipped optimizer steps included.
-
-    Under fp16 the GradScaler skips ``optimizer.step()`` while it calibrates its scale (the first few
-    steps overflow at 65536). The schedule still counts those steps, on purpose, and torch would warn
-    about the call order in every T4 run's log; that one warning is silenced here.
-    """
+    """One learning-rate step per training step, on purpose also for the ``optimizer.step()`` calls that fp16's
+    GradScaler skips while it calibrates its scale (the first steps overflow at 65536): torch's warning about
+    the call order, in every T4 run's log, is silenced."""
     with warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", re.escape("Detected call of `lr_scheduler.step()` before"), UserWarning
@@ -470,8 +466,7 @@ def train_step(
     """One optimizer step over `grad_accum` micro-batches already on the device; returns the loss (on device)."""
     total = None
     for index, batch in enumerate(micro_batches):
-        last = index == len(micro_batches) - 1
-        with strategy.no_sync(model) if not last else contextlib.nullcontext():
+        with strategy.no_sync(model) if index < len(micro_batches) - 1 else contextlib.nullcontext():
             loss = strategy.forward_backward(model, loss_fn, batch, len(micro_batches))
         total = loss if total is None else total + loss
     # An ensemble's members have independent gradients whose norms add in quadrature: each keeps one model's clip.
