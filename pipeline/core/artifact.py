@@ -219,8 +219,7 @@ def _speechbrain_yaml(config: ModelConfig) -> str:
     `EncoderClassifier.classify_batch` on whole files gives the project's predictions (see model.py);
     `label_encoder` makes SpeechBrain check the label count against the classifier's. An ensemble's encoder is
     `MemberEncoders` (its members are SpeechBrain's ECAPA_TDNN)."""
-    encoder = "speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN"
-    members = ""
+    encoder, members = "speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN", ""
     if config.members > 1:
         encoder, members = "pipeline.core.model.MemberEncoders", f"\n        members: {config.members}"
     return f"""# Written by pipeline.core.artifact. Load offline (the `pipeline` package must be importable) with

@@ -55,8 +55,7 @@ def load_audio(
         samples = samples.mean(axis=1, keepdims=True)
         repairs.append(f"{info.channels} channels mixed down")
     mono = samples[:, 0]
-    if not np.isfinite(mono).all():
-        bad = int((~np.isfinite(mono)).sum())
+    if bad := int((~np.isfinite(mono)).sum()):
         if bad == mono.size:
             raise AudioError("non-finite", path, "every sample is NaN or infinite")
         mono = np.nan_to_num(mono, nan=0.0, posinf=0.0, neginf=0.0)

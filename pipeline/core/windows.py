@@ -118,11 +118,10 @@ class SpanPooling:
 
     def __init__(self, n_spans: int, emb_dim: int, class_weight: torch.Tensor) -> None:
         self.unit_classes = torch.nn.functional.normalize(class_weight.detach().float().cpu(), dim=1)
-        n_classes = len(self.unit_classes)
         self.emb_sum = torch.zeros(n_spans, emb_dim)
         self.weight = torch.zeros(n_spans)
-        self.score_sum = torch.zeros(n_spans, n_classes)
-        self.score_max = torch.full((n_spans, n_classes), -torch.inf)
+        self.score_sum = torch.zeros(n_spans, len(self.unit_classes))
+        self.score_max = torch.full_like(self.score_sum, -torch.inf)
 
     def add(self, embeddings: torch.Tensor, lens: torch.Tensor, owner: torch.Tensor) -> None:
         add_windows(self.emb_sum, self.weight, embeddings, lens, owner)
@@ -276,7 +275,7 @@ def span_windows(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The windows of a decoded file's spans ((span index, start s, end s)): [n, window], [n] relative lengths,
     [n] owning span. A span past the decoded audio has no window (it keeps no prediction)."""
-    cut, lens, owner = [], [], []
+    cuts = []  # each span's (windows, relative lengths, owner)
     for span_index, start, end in spans:
         first = int(round(start * plan.sample_rate))
         if end is None:
@@ -287,9 +286,7 @@ def span_windows(
         if part.size == 0:
             continue
         wavs, rel = windows(part, plan.window, limit, hop, quiet)
-        cut.append(wavs)
-        lens.append(rel)
-        owner.append(np.full(len(wavs), span_index, dtype=np.int64))
-    if not cut:
+        cuts.append((wavs, rel, np.full(len(wavs), span_index, dtype=np.int64)))
+    if not cuts:
         return np.zeros((0, plan.window), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
-    return np.concatenate(cut), np.concatenate(lens), np.concatenate(owner)
+    return tuple(np.concatenate(column) for column in zip(*cuts, strict=True))

@@ -166,19 +166,17 @@ def _glottal_source(spk: _Speaker, rng: np.random.Generator, n: int, sr: int) ->
     # Aspiration noise is louder while the glottis is open, as in real breathy phonation.
     # The sqrt(sr) factor keeps the noise's spectral density, hence breathiness, independent of sample rate.
     aspiration = rng.standard_normal(n) * (0.3 + flow) * spk.breathiness * 2.0 * math.sqrt(sr / 16000)
-    source = dflow + aspiration
     # Spectral tilt: one-pole low-pass with a speaker-specific corner (defined in Hz, so rate-independent).
     a = math.exp(-2.0 * math.pi * min(spk.tilt_hz, 0.45 * sr) / sr)
-    return signal.lfilter([1.0 - a], [1.0, -a], source)
+    return signal.lfilter([1.0 - a], [1.0, -a], dflow + aspiration)
 
 
 def _ramp(n: int, sr: int, ramp_s: float = 0.015) -> np.ndarray:
     env = np.ones(n)
-    k = min(int(ramp_s * sr), n // 2)
-    if k > 0:
-        edge = 0.5 * (1.0 - np.cos(np.pi * np.arange(k) / k))
-        env[:k] = edge
-        env[n - k :] = edge[::-1]
+    k = min(int(ramp_s * sr), n // 2)  # segments are at least 10 ms long: k > 0
+    edge = 0.5 * (1.0 - np.cos(np.pi * np.arange(k) / k))
+    env[:k] = edge
+    env[n - k :] = edge[::-1]
     return env
 
 
@@ -198,16 +196,12 @@ def _vocal_tract(excitation: np.ndarray, track: tuple, spk: _Speaker, sr: int) -
     out = np.empty_like(excitation)
     zi = np.zeros((formants.shape[1], 2))
     # Coefficients change every block while the formants move; the steady part is one call.
-    starts = list(range(0, glide_end, block)) + [max(glide_end, 0)]
+    # Tracks start at sample 0 and have 2-3 points; the excitation rings on past the last one.
+    starts = [*range(0, glide_end, block), glide_end]
     for b0, b1 in zip(starts, [*starts[1:], len(excitation)], strict=True):
-        if b1 <= b0:
-            continue
         j = min(int(np.searchsorted(times, b0, side="right")) - 1, len(times) - 2)
-        if j < 0:  # single-point track: steady formants
-            freqs = formants[0]
-        else:
-            w = np.clip((b0 - times[j]) / max(times[j + 1] - times[j], 1.0), 0.0, 1.0)
-            freqs = formants[j] + w * (formants[j + 1] - formants[j])
+        w = np.clip((b0 - times[j]) / max(times[j + 1] - times[j], 1.0), 0.0, 1.0)
+        freqs = formants[j] + w * (formants[j + 1] - formants[j])
         sos = _resonator_sos(freqs, bws, sr)
         out[b0:b1], zi = signal.sosfilt(sos, excitation[b0:b1], zi=zi)
     return out
@@ -255,16 +249,13 @@ def _render_utterance(spk: _Speaker, rng: np.random.Generator, sr: int) -> np.nd
 
     n_speech = sum(seg[1] for seg in plan)
     source = _glottal_source(spk, rng, n_speech, fs)
-    speech = np.zeros(n_speech)
-    consonants = np.zeros(n_speech)
+    speech, consonants = np.zeros(n_speech), np.zeros(n_speech)
     voiced = np.zeros(n_speech, dtype=bool)
     fric_level = 10.0 ** (rng.uniform(-18.0, -8.0) / 20.0)
     ring = int(0.03 * fs)  # let resonators ring out past the vowel end
 
     pos = 0
-    for kind, n, params in plan:
-        if n <= 0:
-            continue
+    for kind, n, params in plan:  # every segment is at least 10 ms long
         if kind == "vowel":
             excitation = np.concatenate([source[pos : pos + n] * _ramp(n, fs), np.zeros(ring)])
             out = _vocal_tract(excitation, params, spk, fs)
@@ -284,22 +275,19 @@ def _render_utterance(spk: _Speaker, rng: np.random.Generator, sr: int) -> np.nd
     # The voice is always synthesised at one rate and then resampled, like a recording made at another
     # rate: a speaker's spectrum must not depend on the file's rate (8 kHz files just lose the top band).
     if sr != fs:
-        g = math.gcd(sr, fs)
-        speech = signal.resample_poly(speech, sr // g, fs // g)
+        speech = signal.resample_poly(speech, sr, fs)  # it divides both rates by their gcd
 
     # Place the speech inside a buffer of the target length at a random offset.
     n_total = max(int(target_s * sr), len(speech) + int(0.1 * sr))
     offset = int(rng.integers(int(0.05 * sr), n_total - len(speech) - int(0.05 * sr) + 1))
-    audio = np.zeros(n_total)
-    audio[offset : offset + len(speech)] = speech
+    audio = np.pad(speech, (offset, n_total - offset - len(speech)))
 
     # Background noise: white, at a random SNR to the active speech as measured at 16 kHz; scaling by
     # sqrt(sr) fixes its spectral density so the in-band noise floor does not depend on the sample rate.
     snr_db = rng.uniform(*_SNR_DB)
     audio += rng.standard_normal(n_total) * 10.0 ** (-snr_db / 20.0) * math.sqrt(sr / fs)
 
-    peak_db = rng.uniform(*_PEAK_DBFS)
-    audio *= 10.0 ** (peak_db / 20.0) / np.max(np.abs(audio))
+    audio *= 10.0 ** (rng.uniform(*_PEAK_DBFS) / 20.0) / np.max(np.abs(audio))
     return audio
 
 

@@ -292,11 +292,10 @@ def launch(
     stall_limit = math.inf if stall_timeout is None else stall_timeout
     with tempfile.TemporaryDirectory(prefix="launch-") as tmp:
         paths = [os.path.join(tmp, f"rank{r}.pkl") for r in range(nprocs)]
+        beats = [os.path.join(tmp, f"rank{r}.beat") for r in range(nprocs)]
         try:
-            beats = [os.path.join(tmp, f"rank{r}.beat") for r in range(nprocs)]
-            for beat in beats:
-                Path(beat).touch()
             for rank in range(nprocs):
+                Path(beats[rank]).touch()
                 rank_env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), _CHILD_MARKER: "1",
                             _HEARTBEAT: beats[rank]}  # fmt: skip
                 p = ctx.Process(
@@ -351,8 +350,7 @@ class _OutputRelay:
                     data = handle.read()
             except FileNotFoundError:
                 continue
-            complete = data.rfind(b"\n") + 1  # relay whole lines only; the rest comes next time
-            if not complete:
+            if not (complete := data.rfind(b"\n") + 1):  # relay whole lines only; the rest comes next time
                 continue
             self.offsets[rank] += complete
             lines = data[:complete].decode("utf-8", errors="replace")

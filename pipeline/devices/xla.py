@@ -44,11 +44,9 @@ class XLASpmdStrategy(SingleDevice):
     # The step's trace remedies (module docstring), all on. benchmarks/xla_step.py and the tests switch them off
     # on an instance, before its first step, to compare the step without each.
     flat_adam = True  # Adam and gradient clipping on one flat vector (flat_adam.py)
-    # The flat Adam's parameter vector reused by its next step and by the weight average (flat_adam.py); off,
-    # both flatten the parameters at every step.
-    reuse_flat_vectors = True
-    # Forward, loss and backward traced once per input shape (xla_traced.py); off, at every step. A step that
-    # cannot be traced once (NotTraceable) turns it off for this instance.
+    reuse_flat_vectors = True  # that vector reused by the next step and by the weight average (flat_adam.py)
+    # Forward, loss and backward traced once per input shape (xla_traced.py); a step that cannot be
+    # (NotTraceable) turns it off for this instance.
     trace_once = True
 
     def __init__(self, topology: Topology, precision: str) -> None:

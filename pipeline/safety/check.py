@@ -46,15 +46,12 @@ def analyse(
     report = SafetyReport(shown)
     local_dirs = (Path.cwd(), root_dir, target.resolve().parent)
 
-    context = None
-    if target.suffix == ".ipynb":
-        units = notebook_units(target)
-    else:
-        try:
-            units = script_units(target.read_text(encoding="utf-8"))
-        except UnicodeDecodeError as exc:
-            raise SafetyError(f"{target}: not UTF-8 text: {exc}") from exc
-        context = project.module_name(target)
+    notebook = target.suffix == ".ipynb"
+    try:  # notebook_units reports its own decoding errors
+        units = notebook_units(target) if notebook else script_units(target.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise SafetyError(f"{target}: not UTF-8 text: {exc}") from exc
+    context = None if notebook else project.module_name(target)
 
     # Parse every cell first: imports in one cell bind names used by calls in later cells.
     parsed: list[tuple[Unit, ast.Module, list[ShellCommand]]] = []

@@ -126,7 +126,6 @@ def package(
     download: bool = True,
     allow_incomplete: bool = False,
     train_internet: bool = True,
-    python_versions: tuple[str, ...] = KAGGLE_PYTHONS,
 ) -> PackageResult:
     """Write DIR/train, DIR/infer and DIR/code (see the module docstring). DIR must be new, empty or an earlier
     output of this command; it is replaced only once the new folders are complete."""
@@ -136,21 +135,42 @@ def package(
     out = check_output_dir(
         out, name="--out", is_ours=is_package_output, what="a `kaggle package` output folder"
     )
+    notebooks = {
+        "train": (MACHINE_SHAPES[train_accelerator], train_internet),
+        "infer": (MACHINE_SHAPES["t4x2"], False),
+    }
     with staged_directory(out, is_package_output) as staging:
-        wheels, missing = _write_folders(staging, slugs, train_accelerator, wheels_dir, download, train_internet,
-                                         python_versions)  # fmt: skip
+        for notebook, (machine_shape, internet) in notebooks.items():
+            folder = staging / notebook
+            folder.mkdir(parents=True)
+            write_notebook(REPO / "notebooks" / f"{notebook}.ipynb", folder / f"{notebook}.ipynb")
+            meta = kernel_metadata(slugs, notebook, machine_shape, internet)
+            _write_json(folder / "kernel-metadata.json", meta)
+        code_dir = staging / "code"
+        code_dir.mkdir(parents=True)
+        wheels = [build_project_wheel(code_dir).name]
+        if wheels_dir is not None:
+            wheels += copy_wheels(Path(wheels_dir), code_dir)
+        needed = missing_wheels(code_dir)
+        if download and needed:
+            print(f"downloading wheels for {', '.join(needed)} (Python {', '.join(KAGGLE_PYTHONS)}, "
+                  "Linux x86_64) from the package index; --no-download skips this")  # fmt: skip
+            wheels += download_extra_wheels(code_dir, KAGGLE_PYTHONS, needed)
+        missing = missing_wheels(code_dir)
+        _write_json(code_dir / "dataset-metadata.json", dataset_metadata(slugs.owner, slugs.code))
+        (code_dir / "README.md").write_text(code_readme(code_dir, missing))
         if missing and not allow_incomplete:
             raise PackagingError(
                 f"the code dataset would lack wheels for {', '.join(missing)}, so the offline infer "
                 "notebook could not install them. Rerun without --no-download (needs a package index), or with "
                 "--wheels-dir DIR holding Linux x86_64 wheels for CPython "
-                f"{' and '.join(python_versions)}, or with --allow-incomplete to write it anyway"
+                f"{' and '.join(KAGGLE_PYTHONS)}, or with --allow-incomplete to write it anyway"
             )
         # Every bundled wheel must install on Kaggle's Python 3.12 images without replacing their torch.
-        wheelcheck.require_installable(staging / "code", missing=missing, error=PackagingError)
+        wheelcheck.require_installable(code_dir, missing=missing, error=PackagingError)
         (staging / "README.md").write_text(push_readme(out, slugs, train_accelerator))  # with the final paths
         mark(staging, PACKAGE_KIND)
-    return PackageResult(out, out / "train", out / "infer", out / "code", wheels, missing)
+    return PackageResult(out, out / "train", out / "infer", out / "code", sorted(set(wheels)), missing)
 
 
 def is_package_output(folder: Path) -> bool:
@@ -159,38 +179,6 @@ def is_package_output(folder: Path) -> bool:
     return marked_as(folder, PACKAGE_KIND) or (
         "code" in names and names <= {"train", "infer", "code", "README.md"}
     )
-
-
-def _write_folders(
-    out: Path, slugs: Slugs, train_accelerator: str, wheels_dir: str | Path | None, download: bool,
-    train_internet: bool, python_versions: tuple[str, ...],
-) -> tuple[list[str], list[str]]:  # fmt: skip
-    """The three folders; returns (the wheels bundled, the EXTRA_WHEELS still missing)."""
-    notebooks = {
-        "train": (MACHINE_SHAPES[train_accelerator], train_internet),
-        "infer": (MACHINE_SHAPES["t4x2"], False),
-    }
-    for notebook, (machine_shape, internet) in notebooks.items():
-        folder = out / notebook
-        folder.mkdir(parents=True)
-        write_notebook(REPO / "notebooks" / f"{notebook}.ipynb", folder / f"{notebook}.ipynb")
-        meta = kernel_metadata(slugs, notebook, machine_shape, internet)
-        _write_json(folder / "kernel-metadata.json", meta)
-
-    code_dir = out / "code"
-    code_dir.mkdir(parents=True)
-    wheels = [build_project_wheel(code_dir).name]
-    if wheels_dir is not None:
-        wheels += copy_wheels(Path(wheels_dir), code_dir)
-    needed = missing_wheels(code_dir)
-    if download and needed:
-        print(f"downloading wheels for {', '.join(needed)} (Python {', '.join(python_versions)}, "
-              "Linux x86_64) from the package index; --no-download skips this")  # fmt: skip
-        wheels += download_extra_wheels(code_dir, python_versions, needed)
-    missing = missing_wheels(code_dir)
-    _write_json(code_dir / "dataset-metadata.json", dataset_metadata(slugs.owner, slugs.code))
-    (code_dir / "README.md").write_text(code_readme(code_dir, missing))
-    return sorted(set(wheels)), missing
 
 
 def kernel_metadata(slugs: Slugs, notebook: str, machine_shape: str, enable_internet: bool) -> dict[str, Any]:

@@ -143,26 +143,21 @@ def augment(
         if plan.targets is not None and plan.target_probability and labels.ndim == 2:
             wavs, lens, labels = _mix_targets(wavs, lens, labels, rng, plan.targets, plan.target_probability)
         if plan.noise is not None and plan.background_probability and labels.ndim == 2:
-            rows = _chosen(rng, len(wavs), plan.background_probability)
-            if len(rows):
+            if len(rows := _chosen(rng, len(wavs), plan.background_probability)):
                 wavs, lens, labels = wavs.clone(), lens.clone(), labels.clone()
                 wavs[rows] = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
                 lens[rows], labels[rows] = 1.0, 0.0
-        if plan.noise is not None and plan.noise_probability:
-            rows = _chosen(rng, len(wavs), plan.noise_probability)
-            if len(rows):
-                noise = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
-                adder = AddNoise(snr_low=plan.noise_snr_db[0], snr_high=plan.noise_snr_db[1],
-                                 noise_funct=lambda _, noise=noise: noise)  # fmt: skip
-                wavs[rows] = adder(wavs[rows], lens[rows])
-        rows = _chosen(rng, len(wavs), plan.time_mask_probability)
-        if len(rows):
+        if plan.noise is not None and len(rows := _chosen(rng, len(wavs), plan.noise_probability)):
+            noise = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
+            adder = AddNoise(snr_low=plan.noise_snr_db[0], snr_high=plan.noise_snr_db[1],
+                             noise_funct=lambda _, noise=noise: noise)  # fmt: skip
+            wavs[rows] = adder(wavs[rows], lens[rows])
+        if len(rows := _chosen(rng, len(wavs), plan.time_mask_probability)):
             window = wavs.shape[1]
             dropper = DropChunk(drop_length_low=window // 20, drop_length_high=window // 8, drop_count_low=1,
                                 drop_count_high=3)  # fmt: skip
             wavs[rows] = dropper(wavs[rows], lens[rows])
-        rows = _chosen(rng, len(wavs), plan.freq_mask_probability)
-        if len(rows):
+        if len(rows := _chosen(rng, len(wavs), plan.freq_mask_probability)):
             wavs[rows] = DropFreq(drop_freq_count_low=1, drop_freq_count_high=3)(wavs[rows])
     return wavs, lens, labels
 
@@ -176,8 +171,7 @@ def _speed(
     """Rows chosen with `probability` resampled to a random speed factor s (duration x 1/s, pitch x s). A slower
     crop is longer than the window: a random window of it is kept. A faster one is shorter: it is zero-padded
     and its relative length says so, as a short clip's does (the front end and pooling ignore the padding)."""
-    rows = _chosen(rng, len(wavs), probability)
-    if not len(rows):
+    if not len(rows := _chosen(rng, len(wavs), probability)):
         return wavs, lens
     window = wavs.shape[1]
     speeds = np.exp(rng.uniform(np.log(SPEED_RANGE[0]), np.log(SPEED_RANGE[1]), len(rows)))
@@ -222,8 +216,7 @@ def _mix_targets(
     """Rows chosen with `probability` get a random stretch's crop (a window inside it, or around it when it is
     shorter) added at the RMS of the row's own audio, and the maximum of both targets; the row is then a
     whole window long."""
-    rows = _chosen(rng, len(wavs), probability)
-    if not len(rows):
+    if not len(rows := _chosen(rng, len(wavs), probability)):
         return wavs, lens, labels
     window = wavs.shape[1]
     picks = rng.integers(len(targets), size=len(rows))
@@ -261,8 +254,7 @@ def _blend(
     p = 1 / (1 + 10^((G1 - G2) / 20) (1 - r) / r), so that r is the ratio a listener hears, and the target is
     r of the row's class and 1 - r of the other's."""
     targets = _soft(labels, classes)
-    rows = _chosen(rng, len(wavs), probability)
-    if not len(rows) or len(wavs) < 2:
+    if not len(rows := _chosen(rng, len(wavs), probability)) or len(wavs) < 2:
         return wavs, lens, targets
     main = targets.argmax(dim=1).numpy()  # soft targets (focal_targets): the class each row mostly is
     chosen, partners = [], []
@@ -304,8 +296,7 @@ def _mix(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows chosen with `probability` get another row's crop added at 0.3-1x its peak-relative level and the
     union of both rows' targets (their element-wise maximum)."""
-    rows = _chosen(rng, len(wavs), probability)
-    if not len(rows) or len(wavs) < 2:
+    if not len(rows := _chosen(rng, len(wavs), probability)) or len(wavs) < 2:
         return wavs, lens, labels
     partners = torch.from_numpy((rows.numpy() + rng.integers(1, len(wavs), len(rows))) % len(wavs))
     level = torch.from_numpy(rng.uniform(0.3, 1.0, len(rows)).astype(np.float32))

@@ -287,8 +287,7 @@ def _build(
     envelopes: list[np.ndarray] = [np.zeros(0, np.float32)] * n
     failures = {i: source.problem for i, source in enumerate(files) if source.path is None}
     if stop_at_first_failure and failures:
-        first = min(failures)
-        raise CacheBuildStopped(first, failures[first])
+        raise CacheBuildStopped(*min(failures.items()))  # the first unusable file
     tasks = _tasks(files, records)
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(tasks) or 1))
     total_gb = sum(r[1] for r in records if r[1] > 0) / 1e9
@@ -313,8 +312,7 @@ def _build(
                 if bar is not None:
                     bar.update(len(tasks[k]))
         except BaseException:
-            for future in futures:
-                future.cancel()
+            pool.shutdown(cancel_futures=True)  # the tasks not started yet are dropped
             raise
         finally:
             if bar is not None:

@@ -337,7 +337,6 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
     compiles_before = strategy.compile_count()
     kept = validation_model(run.model, run.average, strategy, run.calibration)
     result = evaluate(kept, strategy, run.data, config, run.metric)
-    seconds = time.perf_counter() - started
     steps = max(1, timing["steps"])
     loop = timing["data_wait_s"] + timing["step_s"]
     record = {
@@ -350,7 +349,7 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
         "step_ms": round(1000 * timing["step_s"] / steps, 2),
         "data_wait_ms": round(1000 * timing["data_wait_s"] / steps, 2),
         "data_wait_share": round(timing["data_wait_s"] / loop, 4) if loop else 0.0,
-        "validation_s": round(seconds, 2),
+        "validation_s": round(time.perf_counter() - started, 2),
     }
     if timing["first_step_at"] is not None:  # the first step of this session
         record.update(loader_start_s=timing["loader_start_s"], first_step_at=timing["first_step_at"])
@@ -404,8 +403,7 @@ def finish(run: Run) -> TrainResult:
     # Self-training and distillation: the teachers' scores, and their lineage.
     provenance["soundscape_targets"], provenance["focal_targets"] = data.targets_record, data.focal_record
     truth = data.targets[np.asarray(data.val_idx, dtype=np.int64)]  # the first label of each validation file
-    predictions = state.best_predictions
-    if predictions is None:  # no validation split, or no epoch validated: curves only
+    if (predictions := state.best_predictions) is None:  # no epoch validated (or no split): curves only
         truth = predictions = np.zeros(0, dtype=np.int64)
     with tempfile.TemporaryDirectory() as folder:
         figures = save_training_figures(state.history, truth, predictions, data.labels, Path(folder),

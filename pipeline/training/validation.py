@@ -73,9 +73,8 @@ def validation_model(
     """The weights an epoch validates and may keep (the average, else the model itself), on the training
     device, in eval mode, with BatchNorm statistics of their own (computed in one batch: on XLA one graph)."""
     kept = average.module if average is not None else strategy.unwrap(model)
-    if calibration is not None:
-        wavs, lens = calibration
-        recompute_batchnorm(kept, wavs, lens, forward=functools.partial(strategy.embeddings, kept))
+    if calibration is not None:  # (wavs, lens)
+        recompute_batchnorm(kept, *calibration, forward=functools.partial(strategy.embeddings, kept))
     strategy.sync_buffers(kept)  # DDP: every rank validates (and may keep) exactly rank 0's statistics
     return kept.eval()
 
