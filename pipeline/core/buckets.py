@@ -49,11 +49,8 @@ class Buckets:
             raise ValueError(f"length_buckets={count}: use 1 (every window full length) or more")
         hop = max(1, int(round(FRAME_SECONDS * sample_rate)))
         margin = int(round(MARGIN_SECONDS * sample_rate))
-        lengths = {window}
-        if margin < window:
-            for k in range(1, count):
-                length = margin + (window - margin) * k // count
-                lengths.add(min(window, math.ceil(length / hop) * hop))
+        spaced = (margin + (window - margin) * k // count for k in range(1, count)) if margin < window else ()
+        lengths = {window, *(min(window, math.ceil(length / hop) * hop) for length in spaced)}
         return cls(window, tuple(sorted(lengths)), hop, margin)
 
     def length_of(self, lens: np.ndarray) -> np.ndarray:

@@ -59,9 +59,7 @@ def input_dir() -> Path:
 def find_dirs_with(marker_files: tuple[str, ...], roots: list[Path] | None = None) -> list[Path]:
     """Directories under `roots` (default: the input root) holding all `marker_files`, shallowest first."""
     found = []
-    for root in roots or [input_dir()]:
-        if not root.is_dir():
-            continue
+    for root in roots or [input_dir()]:  # os.walk yields nothing for a missing root
         base_depth = len(root.parts)
         for current, subdirs, files in os.walk(root, followlinks=True):
             depth = len(Path(current).parts) - base_depth

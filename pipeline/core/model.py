@@ -108,12 +108,11 @@ class SpeakerClassifier(torch.nn.Module):
         """Unit class centres [n_classes, embedding_size] whose cosine with an embedding is `scores`: each
         member's centres at unit length, side by side and scaled by 1/sqrt(members), as its embeddings are
         (MemberEncoders). What inference scores windows with and what SpeechBrain's Classifier is given."""
-        device = self.classifier.weight.device
         # A few kB, computed on the host: torch_xla refuses a view (unflatten) of an inference-mode tensor.
         weight = self.classifier.weight.detach().to("cpu", torch.float32)
         members = self.config.members
         unit = torch.nn.functional.normalize(weight.unflatten(-1, (members, -1)), dim=-1)
-        return (unit.flatten(-2) / members**0.5).to(device)
+        return (unit.flatten(-2) / members**0.5).to(self.classifier.weight.device)
 
     def forward(
         self, inputs: torch.Tensor, wav_lens: torch.Tensor, features_ready: bool = False
@@ -249,10 +248,8 @@ class WindowedEncoder(torch.nn.Module):
         chunks, lens, owners = [], [], []
         for index in range(wavs.shape[0]):
             valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))
-            cut, rel = windows(
-                wavs[index, :valid].detach().cpu().numpy(), self.window_samples, self.max_windows,
-                quiet_db=self.quiet_db,
-            )  # fmt: skip
+            audio = wavs[index, :valid].detach().cpu().numpy()
+            cut, rel = windows(audio, self.window_samples, self.max_windows, quiet_db=self.quiet_db)
             chunks.append(cut)
             lens.append(rel)
             owners += [index] * len(cut)

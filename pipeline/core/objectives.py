@@ -38,9 +38,9 @@ def is_multi_label(objective: str) -> bool:
 
 @functools.cache
 def make_loss(objective: str, margin: float, scale: float) -> Loss:
-    """loss(cosine scores [B, C], targets) -> scalar: targets are class indices [B] for aam, else [B, C] in
-    [0, 1] (aam: soft targets, rows summing to 1). Computed in fp32 whatever autocast says. The same arguments give the same (stateless) function:
-    the XLA step traced once is keyed on it (devices/xla_traced.py), and training asks for it every epoch."""
+    """loss(cosine scores [B, C], targets) -> scalar, in fp32 whatever autocast says: targets are class
+    indices [B] for aam, else [B, C] in [0, 1] (aam: soft targets, rows summing to 1). Cached, and stateless:
+    training asks for it every epoch, and the XLA step traced once is keyed on it (devices/xla_traced.py)."""
     if objective == "aam":
         from speechbrain.nnet.losses import AdditiveAngularMargin, LogSoftmaxWrapper
 

@@ -24,18 +24,15 @@ def progress_bar(total: int, desc: str, unit: str, enabled: bool, initial: int =
 
 def plural(count: int, noun: str, plural_form: str | None = None) -> str:
     """`1 class`, `2 classes`, `1 epoch`, `3 epochs`."""
-    if count == 1:
-        return f"{count} {noun}"
-    if plural_form is None:
-        plural_form = noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
-    return f"{count} {plural_form}"
+    if count != 1:
+        noun = plural_form or noun + ("es" if noun.endswith(("s", "sh", "ch", "x")) else "s")
+    return f"{count} {noun}"
 
 
 def heartbeat() -> None:
     """Called by a worker as it makes progress (e.g. after every batch): under `launch(..., stall_timeout=s)` a
     rank that has not called it for `s` seconds counts as hung. Outside a launched process: does nothing."""
-    path = os.environ.get(HEARTBEAT_VARIABLE)
-    if path:
+    if path := os.environ.get(HEARTBEAT_VARIABLE):
         with contextlib.suppress(OSError):
             os.utime(path)
 

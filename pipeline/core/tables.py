@@ -96,18 +96,16 @@ class TestLayout:
 # --------------------------------------------------------------------------------------------- CSV
 
 
-def read_csv(csv_path: Path, columns: Sequence[str], hint: str = "") -> list[tuple[int, dict[str, str]]]:
+def read_csv(csv_path: Path, columns: Sequence[str], hint: str) -> list[tuple[int, dict[str, str]]]:
     """Rows of `csv_path` as (line number, row) pairs, after checking the header has `columns`. Values are
     exactly what the CSV holds; header names are matched without surrounding spaces."""
     if not csv_path.is_file():
-        raise DataError(f"{csv_path}: file not found.{' ' + hint if hint else ''}")
+        raise DataError(f"{csv_path}: file not found. {hint}")
     with csv_path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         header = [name.strip() for name in (reader.fieldnames or [])]
         if missing := [c for c in columns if c not in header]:
-            raise DataError(
-                f"{csv_path}: missing column(s) {missing}; the header is {header}. {hint}".rstrip()
-            )
+            raise DataError(f"{csv_path}: missing column(s) {missing}; the header is {header}. {hint}")
         reader.fieldnames = header
         # DictReader's line_num is the physical line just read: the header is line 1.
         return [(reader.line_num, {k: v or "" for k, v in row.items() if k}) for row in reader]
@@ -175,10 +173,9 @@ class AudioLocator:
                 names = [name for name in os.listdir(folder) if Path(name).suffix.lower() in AUDIO_SUFFIXES]
             except OSError:
                 names = []
-            stems: dict[str, str] = {}  # a stem several files share: the first suffix of AUDIO_SUFFIXES wins
-            for name in sorted(names, key=lambda n: AUDIO_SUFFIXES.index(Path(n).suffix.lower())):
-                stems.setdefault(Path(name).stem, name)
-            self._stems[folder] = stems
+            # A stem several files share: the first suffix of AUDIO_SUFFIXES wins (written last below).
+            ordered = sorted(names, key=lambda n: AUDIO_SUFFIXES.index(Path(n).suffix.lower()))
+            self._stems[folder] = {Path(name).stem: name for name in reversed(ordered)}
         found = self._stems[folder].get(Path(rel).name)
         return rel if found is None else str(Path(rel).with_name(found))
 
@@ -350,8 +347,7 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
         line = lines[int(np.argmax(bad))]
         raise DataError(f"{csv_path} line {line}: needs end > start and probabilities in 0..1. {hint}")
     probs = np.zeros((len(files), len(labels)), dtype=np.float32)
-    column = {label: k for k, label in enumerate(labels)}
-    probs[:, [column[name] for name in known]] = found
+    probs[:, [labels.index(name) for name in known]] = found
     return ChunkTargets(files, spans[:, 0].copy(), spans[:, 1].copy(), probs, notes)
 
 
@@ -390,19 +386,17 @@ def read_test_items(data_dir: str | Path, layout: TestLayout, sample_ids: Sequen
     root, prefix = audio_root(data_dir, layout.audio_dir, "audio_dir")
     locator = AudioLocator(root)
     hint = "Set test_table, id_column and path_column to the competition's own names, or use test_audio_dir."
-    rows: list[TestRow] = []
-    first_line: dict[str, int] = {}
+    by_id: dict[str, TestRow] = {}
     notes: list[str] = []
     for line, row in read_csv(csv_path, (layout.id_column, layout.path_column), hint):
         item_id = row[layout.id_column]
-        if item_id in first_line:
-            notes.append(f"{csv_path.name} line {line} repeats id {item_id!r} of line {first_line[item_id]}; "
+        if item_id in by_id:
+            notes.append(f"{csv_path.name} line {line} repeats id {item_id!r} of line {by_id[item_id].line}; "
                          "the first row is used")  # fmt: skip
             continue
-        first_line[item_id] = line
         rel = locator.locate(row[layout.path_column])
-        rows.append(TestRow(line, item_id, f"{prefix}/{rel}" if prefix and rel else rel))
-    return TestItems(rows, "table", notes)
+        by_id[item_id] = TestRow(line, item_id, f"{prefix}/{rel}" if prefix and rel else rel)
+    return TestItems(list(by_id.values()), "table", notes)
 
 
 def discover_test_files(data_dir: Path, folder: str, test_id: str, sample_ids: Sequence[str]) -> TestItems:
@@ -418,8 +412,7 @@ def discover_test_files(data_dir: Path, folder: str, test_id: str, sample_ids: S
     if test_id == "auto":
         test_id, why = _id_form(found, sample_ids)
         notes.append(f"test ids: each file's {test_id} ({why})")
-    rows: list[TestRow] = []
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # id -> the first file with it
     for path in found:
         rel = path.relative_to(root).as_posix()
         item_id = path.name if test_id == "name" else path.stem
@@ -429,7 +422,7 @@ def discover_test_files(data_dir: Path, folder: str, test_id: str, sample_ids: S
             )
             continue
         seen[item_id] = rel
-        rows.append(TestRow(0, item_id, f"{prefix}/{rel}" if prefix else rel))
+    rows = [TestRow(0, item_id, f"{prefix}/{rel}" if prefix else rel) for item_id, rel in seen.items()]
     notes.insert(0, f"test items: {len(rows)} audio file(s) under {folder}")
     return TestItems(rows, "folder", notes)
 

@@ -88,12 +88,10 @@ def split_recordings(
 ) -> tuple[list[Recording], list[Recording]]:
     """(train, test): `test_fraction` of every (digit, speaker) cell, shuffled by `seed`. Every cell keeps at
     least one file in train (every label of either task is trainable) and gives one to test if it has two."""
-    cells: dict[tuple[str, str], list[Recording]] = {}
-    for rec in recordings:
-        cells.setdefault((rec.digit, rec.speaker), []).append(rec)
+    ordered = sorted(recordings, key=lambda r: (r.digit, r.speaker, r.index))
     train, test = [], []
-    for key in sorted(cells):
-        members = sorted(cells[key], key=lambda r: r.index)
+    for key, cell in itertools.groupby(ordered, key=lambda r: (r.digit, r.speaker)):
+        members = list(cell)
         # One generator per cell, keyed by the cell itself: adding a speaker never reshuffles the others.
         cell_seed = int.from_bytes(hashlib.sha256(f"{key[0]}|{key[1]}".encode()).digest()[:4], "little")
         order = np.random.default_rng([seed, cell_seed]).permutation(len(members))

@@ -112,12 +112,11 @@ def ddp_entry(
     device = rank_device(topology.accelerator, local_rank, visible)
     if device.type == "cuda":
         torch.cuda.set_device(device)
-        backend = "nccl"
     else:
         # Share this node's cores instead of oversubscribing them: N ranks x all cores each thrashes.
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE") or world_size)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-        backend = "gloo"
+    backend = "nccl" if device.type == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=collective_timeout_s)
     # gloo prints "[Gloo] Rank N is connected ..." from C++, interleaved per rank
     with _native_stdout_silenced():

@@ -68,12 +68,10 @@ class FlatAdam:
         if self.optimizer.state:  # a loaded checkpoint, or torch's own step before
             self._take_over()
         group = self.optimizer.param_groups[0]
-        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
-        weight_decay = group["weight_decay"]
+        lr, (beta1, beta2), eps, weight_decay = (group[k] for k in ("lr", "betas", "eps", "weight_decay"))
         grads = gradient if gradient is not None else flatten([p.grad for p in self.params])
         # clip_grad_norm_: the norm of the per-tensor norms is the norm of the whole vector.
-        clip = torch.clamp(max_grad_norm / (torch.linalg.vector_norm(grads) + 1e-6), max=1.0)
-        grads = grads * clip
+        grads = grads * torch.clamp(max_grad_norm / (torch.linalg.vector_norm(grads) + 1e-6), max=1.0)
         params = self._flat_params if self.flat_parameters() is not None else flatten(self.params)
         if weight_decay != 0:
             grads = grads.add(params, alpha=weight_decay)
@@ -82,10 +80,8 @@ class FlatAdam:
         self.steps += 1
         self.exp_avg.lerp_(grads, 1 - beta1)
         self.exp_avg_sq.mul_(beta2).addcmul_(grads, grads, value=1 - beta2)
-        bias_correction1 = 1 - beta1**self.steps
-        bias_correction2 = 1 - beta2**self.steps
-        denom = self.exp_avg_sq.sqrt().div_(bias_correction2**0.5).add_(eps)
-        params.addcdiv_(self.exp_avg, denom, value=-lr / bias_correction1)
+        denom = self.exp_avg_sq.sqrt().div_((1 - beta2**self.steps) ** 0.5).add_(eps)
+        params.addcdiv_(self.exp_avg, denom, value=-lr / (1 - beta1**self.steps))  # bias-corrected
         torch._foreach_copy_(self.params, unflatten(params, self.params))
         self._flat_params, self._versions_after_copy = params, [p._version for p in self.params]
 
@@ -101,8 +97,7 @@ class FlatAdam:
         whose own count then falls behind): one vector can hold their state."""
         if not gradient_given and any(p.grad is None for p in self.params):
             return False
-        state = self.optimizer.state
-        if not state:
+        if not (state := self.optimizer.state):
             return True
         counts = {float(state[p]["step"]) if "step" in state.get(p, {}) else None for p in self.params}
         return len(counts) == 1 and None not in counts

@@ -74,9 +74,8 @@ def session_topology(
         raise ConfigError(f"torchrun started {local} processes on this node (LOCAL_WORLD_SIZE) but only "
                           f"{here.num_devices} GPU(s) are visible ({here.detail}); use --nproc_per_node "
                           f"{here.num_devices}")  # fmt: skip
-    nodes = max(1, world // local)
     return dataclasses.replace(here, num_devices=world, detail=f"{here.detail}; torchrun: {world} processes "
-                               f"on {plural(nodes, 'node')}")  # fmt: skip
+                               f"on {plural(max(1, world // local), 'node')}")  # fmt: skip
 
 
 def describe_topology(topology: Topology) -> str:

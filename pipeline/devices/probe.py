@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 ACCELERATORS = ("auto", "tpu", "cuda", "cpu")
-_ALIASES = {"gpu": "cuda"}
 
 Runner = Callable[[Sequence[str]], str]
 """Runs a command and returns its stdout; raises OSError / subprocess.SubprocessError on failure."""
@@ -150,14 +149,11 @@ def tpu_available(env: Mapping[str, str] | None = None, root: str = "/") -> bool
     ``PJRT_DEVICE=CPU`` is the CPU stand-in and only counts when the TPU path is asked for explicitly.
     """
     e = _environ(env)
-    if not torch_xla_importable() or e.get("PJRT_DEVICE", "").upper() == "CPU":
+    pjrt = e.get("PJRT_DEVICE", "").upper()
+    if not torch_xla_importable() or pjrt == "CPU":
         return False
-    return (
-        e.get("ISTPUVM") == "1"
-        or e.get("PJRT_DEVICE", "").upper() == "TPU"
-        or bool(e.get("TPU_ACCELERATOR_TYPE"))
-        or _scan_tpu_files(root) is not None
-    )
+    signalled = e.get("ISTPUVM") == "1" or pjrt == "TPU" or bool(e.get("TPU_ACCELERATOR_TYPE"))
+    return signalled or _scan_tpu_files(root) is not None
 
 
 def _tpu_topology(e: Mapping[str, str], root: str) -> Topology:
@@ -405,7 +401,7 @@ def detect_topology(
     ``env``/``runner``/``root`` are for tests.
     """
     acc = str(accelerator).strip().lower()
-    acc = _ALIASES.get(acc, acc)
+    acc = {"gpu": "cuda"}.get(acc, acc)
     if acc not in ACCELERATORS:
         raise ValueError(
             f"accelerator must be one of {', '.join(map(repr, ACCELERATORS))}; got {accelerator!r}"
@@ -442,9 +438,7 @@ def detect_topology(
         return dataclasses.replace(topo, num_devices=devices, detail=f"{devices} gloo processes on CPU")
     if acc == "tpu":
         # SPMD shards every batch over all devices the runtime sees; it cannot leave some of them out.
-        hint = (
-            "set CPU_NUM_DEVICES instead" if topo.device_kind.startswith("XLA CPU") else "leave devices unset"
-        )
+        hint = "set CPU_NUM_DEVICES instead" if "XLA CPU" in topo.device_kind else "leave devices unset"
         raise ValueError(
             f"devices={devices} but TPU training uses all {topo.num_devices} {topo.device_kind} device(s) "
             f"({topo.detail}) through SPMD; {hint}"

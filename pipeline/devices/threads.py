@@ -113,8 +113,7 @@ def plan_threads(cores: int, decode_workers: int | None = None, threads: int | N
     """
     if cores < 1:
         raise ValueError(f"cores={cores}: needs at least 1")
-    if decode_workers is None:
-        decode_workers = cores // 4  # 0 below 4 cores
+    decode_workers = cores // 4 if decode_workers is None else decode_workers  # 0 below 4 cores
     if decode_workers < 0:
         raise ValueError(f"decode_workers={decode_workers}: use 0 (decode in the compute process) or more")
     if threads is not None and threads < 1:

@@ -77,8 +77,7 @@ class TracedGradients:
         with autocast():
             cast = (torch.is_autocast_enabled("xla"), torch.get_autocast_dtype("xla"))
         key = (*((tuple(t.shape), t.dtype) for t in step_inputs[:3]), self.model.training, cast, loss_fn)
-        traced = self._traced.get(key)
-        if traced is None:
+        if (traced := self._traced.get(key)) is None:
             traced = self._traced[key] = self._trace(loss_fn, step_inputs, autocast)
         arguments = [
             step_inputs[i] if i is not None else traced.constants[p] for p, i in enumerate(traced.inputs)

@@ -46,11 +46,9 @@ def smooth(block: np.ndarray, kernel: np.ndarray) -> np.ndarray:
     scores: at a file's ends and beside an unusable chunk the weights that remain are renormalised."""
     valid = ~np.isnan(block).any(axis=1)
     values = np.where(valid[:, None], block, 0.0)
-    half = len(kernel) // 2
     total = np.zeros_like(values, dtype=np.float64)
     weight = np.zeros(len(block))
-    for offset, k in enumerate(kernel):
-        shift = offset - half
+    for shift, k in enumerate(kernel, start=-(len(kernel) // 2)):  # the kernel centred on each row
         source = slice(max(0, shift), len(block) + min(0, shift))
         target = slice(max(0, -shift), len(block) - max(0, shift))
         total[target] += k * values[source]
@@ -65,5 +63,4 @@ def boost_towards_file_max(block: np.ndarray, weight: float) -> np.ndarray:
     valid = ~np.isnan(block).any(axis=1)
     if not valid.any():
         return block
-    peak = block[valid].max(axis=0)
-    return ((1.0 - weight) * block + weight * peak[None, :]).astype(block.dtype)
+    return ((1.0 - weight) * block + weight * block[valid].max(axis=0)).astype(block.dtype)

@@ -40,7 +40,7 @@ from typing import NamedTuple
 from ..core.config import DEFAULT_TEMPLATE, ConfigError, InferConfig
 from ..core.data import audio_seconds
 from ..core.progress import plural
-from ..core.tables import DataError, SampleSubmission, TestItems, TestLayout, resolve_inside
+from ..core.tables import DataError, SampleSubmission, TestItems, resolve_inside
 from ..core.windows import Span
 
 # `<file>_<seconds>`; seconds written with a leading zero ("007") number files, they are not seconds.
@@ -75,8 +75,7 @@ def plan_rows(sample: SampleSubmission, items: TestItems, config: InferConfig) -
     """The rows of `config`'s competition: file or chunk rows (choose_segment), with the files' header
     durations (they order the work and count the chunks)."""
     root = Path(config.data_dir)
-    layout = TestLayout.of(config)
-    where = layout.table if items.source == "table" else f"the files under {layout.test_audio_dir}"
+    where = config.test_table if items.source == "table" else f"the files under {config.test_audio_dir}"
     seconds = [_header_seconds(root, row.rel_path) for row in items.rows]
     segment, why = choose_segment(config.segment_seconds, sample.ids, items)
     if segment is None:
@@ -175,7 +174,7 @@ def recognise_template(sample_ids: Sequence[str], segment: float) -> tuple[str, 
     if not sample_ids or not all(matches):
         return DEFAULT_TEMPLATE, (f"{'no' if not sample_ids else 'not every'} sample_submission id has the form "
                                   f"<file>_<seconds>: using BirdCLEF's {DEFAULT_TEMPLATE!r}")  # fmt: skip
-    seconds = [float(m["seconds"]) for m in matches if m]
+    seconds = [float(m["seconds"]) for m in matches]
     if off_grid := [s for s in seconds if abs(s / segment - round(s / segment)) > 1e-6]:
         return DEFAULT_TEMPLATE, (f"sample_submission ids end in seconds that are not multiples of "
                                   f"segment_seconds={segment:g} (e.g. {off_grid[0]:g}): using {DEFAULT_TEMPLATE!r}")  # fmt: skip

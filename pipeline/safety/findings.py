@@ -55,8 +55,7 @@ class SafetyReport:
 
     def summary(self) -> str:
         """The closing line of the CLI output."""
-        if self.findings:
-            n = len(self.findings)
+        if n := len(self.findings):
             return f"check-safety: {n} problem{'s' if n != 1 else ''} in {self.target}"
         mods = f"{len(self.modules)} modules checked"
         if self.modules:

@@ -15,8 +15,7 @@ class Project:
     def __init__(self, root: Path, packages: Sequence[str]) -> None:
         self.root = root
         self.packages = tuple(packages)
-        found = {name: self._locate(name) for name in self.packages}
-        self.dirs: dict[str, Path] = {name: path for name, path in found.items() if path is not None}
+        self.dirs = {name: path for name in self.packages if (path := self._locate(name)) is not None}
 
     def _locate(self, name: str) -> Path | None:
         for base in (self.root, self.root / "src"):
@@ -55,20 +54,14 @@ class Project:
         """Dotted name of a file inside one of the packages (so a module can be a target)."""
         path = path.resolve()
         for name, top in self.dirs.items():
-            try:
-                rel = path.relative_to(top.resolve())
-            except ValueError:
-                continue
-            parts = [name, *rel.with_suffix("").parts]
-            if parts[-1] == "__init__":
-                parts.pop()
-            return ".".join(parts)
+            if path.is_relative_to(top.resolve()):
+                rel = path.relative_to(top.resolve()).with_suffix("")
+                return ".".join([name, *rel.parts]).removesuffix(".__init__")
         return None
 
     def star_names(self, module: str) -> tuple[str, ...]:
         """Literal ``__all__`` of a package (a star import of a package imports those submodules)."""
-        path = self.file(module)
-        if path is None:
+        if (path := self.file(module)) is None:
             return ()
         try:
             tree = ast.parse(path.read_bytes())
@@ -100,8 +93,6 @@ class Project:
         pieces = base.split(".")
         out = [(".".join(pieces[:k]), True) for k in range(1, len(pieces) + 1)]
         names = self.star_names(base) if event.names == ("*",) else event.names
-        for name in names:
-            sub = f"{base}.{name}"
-            if self.exists(sub):  # `from pkg import x` imports the submodule x if there is one
-                out.append((sub, False))
-        return out
+        # `from pkg import x` imports the submodule x if there is one
+        subs = (f"{base}.{name}" for name in names)
+        return out + [(sub, False) for sub in subs if self.exists(sub)]

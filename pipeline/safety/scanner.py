@@ -274,8 +274,7 @@ def _command_tokens(node: ast.AST, scanner: Scanner) -> str | list[str] | None:
     """The command a subprocess/os.system call runs, as a string or an argv list."""
 
     def piece(part: ast.AST) -> str:
-        text = _const_str(part)
-        if text is not None:
+        if (text := _const_str(part)) is not None:
             return text
         if isinstance(part, ast.FormattedValue):
             return piece(part.value)
@@ -292,7 +291,6 @@ def _command_tokens(node: ast.AST, scanner: Scanner) -> str | list[str] | None:
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _command_tokens(node.left, scanner), _command_tokens(node.right, scanner)
         return left + right if isinstance(left, str) and isinstance(right, str) else None
-    if isinstance(node, (ast.Constant, ast.JoinedStr)):
-        text = piece(node)
-        return None if text == "{}" else text
+    if isinstance(node, (ast.Constant, ast.JoinedStr)) and (text := piece(node)) != "{}":
+        return text
     return None

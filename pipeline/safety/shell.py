@@ -48,9 +48,8 @@ def _analyse_segment(tokens: list[str], problems: list[tuple[str, str]], runs: l
     cmd = toks[0].rsplit("/", 1)[-1]
     text = " ".join(tokens)
     if cmd in ("bash", "sh", "zsh") and "-c" in toks[:-1]:
-        sub_problems, sub_runs = analyse_shell(toks[toks.index("-c") + 1])
-        problems.extend(sub_problems)
-        runs.extend(sub_runs)
+        for segment in _split_segments(toks[toks.index("-c") + 1]):
+            _analyse_segment(segment, problems, runs)
         return
 
     online = f"`{text}` needs the internet (off in the submission)"

@@ -83,11 +83,9 @@ _TIMEIT_OPTS = re.compile(r"^(?:-\w+(?:[ \t]+\d+)?[ \t]+)*")
 _UNCOMMENT = re.compile(r"^[ \t]*#[ \t]?")  # jupytext's comment before a magic or a shell cell's line
 
 
-def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[ShellCommand]]:
-    """Replace magic lines by ``pass`` (keeping line numbers) and collect their shell commands.
-
-    ``raw`` handles real magics (``!pip``); ``commented`` handles jupytext's ``# !pip`` form.
-    """
+def _strip_magics(source: str, commented: bool) -> tuple[str, list[ShellCommand]]:
+    """Replace magic lines by ``pass`` (keeping line numbers) and collect their shell commands: real magics
+    (``!pip``), or with ``commented`` jupytext's ``# !pip`` form."""
     lines = source.split("\n")
     shells: list[ShellCommand] = []
     first = next(
@@ -106,13 +104,10 @@ def _strip_magics(source: str, commented: bool, raw: bool) -> tuple[str, list[Sh
                 body = [_UNCOMMENT.sub("", line) if commented else line for line in lines[first + 1 :]]
                 return "\n" * (len(lines) - 1), _shell_lines(body, first + 2) if shell else []
             lines[first] = ""  # Python-bodied (and unknown) cell magics: analyse the body as Python.
+    magic = _COMMENTED_MAGIC if commented else _MAGIC_LINE
     i = 0
     while i < len(lines):
-        line = lines[i]
-        match = (_MAGIC_LINE.match(line) if raw else None) or (
-            _COMMENTED_MAGIC.match(line) if commented else None
-        )
-        if not match:
+        if not (match := magic.match(lines[i])):
             i += 1
             continue
         indent, bang, body = match.group("indent"), match.group("bang"), match.group("body")
@@ -167,13 +162,13 @@ def parse_unit(unit: Unit, filename: str) -> tuple[ast.Module, list[ShellCommand
         body = [_UNCOMMENT.sub("", line) for line in source.split("\n")[1:]]
         return ast.Module(body=[], type_ignores=[]), _shell_lines(body, 2)
     if unit.commented_magics:
-        source, shells = _strip_magics(source, commented=True, raw=False)
+        source, shells = _strip_magics(source, commented=True)
     try:
         return ast.parse(source, filename), shells
     except SyntaxError as first_error:
         error = first_error
     # Real magics make the cell invalid Python; convert them line by line (keeps line numbers).
-    converted, more = _strip_magics(source, commented=False, raw=True)
+    converted, more = _strip_magics(source, commented=False)
     try:
         return ast.parse(converted, filename), shells + more
     except SyntaxError:

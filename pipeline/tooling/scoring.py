@@ -28,8 +28,8 @@ def score_submission(
         metric = "macro_roc_auc" if classes else "accuracy"
     if metric not in metrics.METRICS:
         raise DataError(f"metric {metric!r} is not one of {list(metrics.METRICS)}")
-    truth_rows = _rows_by_id(Path(solution_path), "solution")
-    submitted = _rows_by_id(Path(submission_path), "submission")
+    _, truth_rows = _rows_by_id(Path(solution_path), "solution")
+    submission_sample, submitted = _rows_by_id(Path(submission_path), "submission")
     missing = truth_rows.keys() - submitted.keys()
     extra = submitted.keys() - truth_rows.keys()
     if missing or extra:
@@ -40,7 +40,6 @@ def score_submission(
     ids = list(truth_rows)
     if classes is None:  # id,label
         classes = sorted({truth_rows[i][solution_sample.value_columns[0]] for i in ids})
-    submission_sample = read_sample_submission(Path(submission_path))
     if _labels_only(submission_sample, classes):  # a submitted label the solution lacks: a class of its own
         column = submission_sample.value_columns[0]
         classes = classes + sorted({submitted[i][column] for i in ids} - set(classes))
@@ -52,8 +51,9 @@ def score_submission(
         raise DataError(f"{solution_path}: {error}") from error
 
 
-def _rows_by_id(path: Path, what: str) -> dict[str, dict[str, str]]:
-    sample = read_sample_submission(path)  # the same reading: first column the id
+def _rows_by_id(path: Path, what: str) -> tuple[SampleSubmission, dict[str, dict[str, str]]]:
+    """The file's header (as a sample submission's: first column the id) and its rows by id."""
+    sample = read_sample_submission(path)
     hint = f"A {what} file has an id column, then a label column or one column per class."
     rows: dict[str, dict[str, str]] = {}
     for line, row in read_csv(path, [sample.id_column, *sample.value_columns], hint):
@@ -61,7 +61,7 @@ def _rows_by_id(path: Path, what: str) -> dict[str, dict[str, str]]:
         if item_id in rows:
             raise DataError(f"{path} line {line}: duplicate id {item_id!r}; every id must appear once")
         rows[item_id] = row
-    return rows
+    return sample, rows
 
 
 def _labels_only(sample: SampleSubmission, classes: list[str]) -> bool:
@@ -76,14 +76,10 @@ def _matrix(
 ) -> np.ndarray:  # fmt: skip
     """[ids, classes] values of a label file (one-hot) or a class-column file (its numbers; a class it has no
     column for is an error, or with `absent_ok` a column of zeros)."""
-    matrix = np.zeros((len(ids), len(classes)))
     if _labels_only(sample, classes):
-        column = {c: k for k, c in enumerate(classes)}
-        for r, item_id in enumerate(ids):
-            label = rows[item_id][sample.value_columns[0]]
-            if label in column:
-                matrix[r, column[label]] = 1.0
-        return matrix
+        labels = np.array([rows[item_id][sample.value_columns[0]] for item_id in ids], dtype=object)
+        return (labels[:, None] == np.array(classes, dtype=object)).astype(float)
+    matrix = np.zeros((len(ids), len(classes)))
     absent = [c for c in classes if c not in set(sample.value_columns)]
     if absent and not absent_ok:
         raise DataError(f"{path}: no column for class(es) {absent[:5]} of the solution; a submission has "

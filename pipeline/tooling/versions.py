@@ -90,12 +90,10 @@ KAGGLE_GPU = Image(
 )  # fmt: skip
 IMAGES = {image.name: image for image in (KAGGLE_TPU, KAGGLE_GPU)}
 
-# Besides torch/torchaudio/torch_xla, what a leg copies from its image.
-_IMAGE_PINS = ("torchcodec", "soundfile")
-
 
 def _image_extra(image: Image) -> dict[str, str]:
-    return {n: v for n, v in image.preinstalled.items() if n in _IMAGE_PINS and v is not None}
+    """Besides torch/torchaudio/torch_xla, what a leg copies from its image."""
+    return {n: v for n, v in image.preinstalled.items() if n in ("torchcodec", "soundfile") and v is not None}
 
 
 # The ONNX engine's stack (pipeline/inference/engines.py: the runtime, and torch's exporter): one tested version of
@@ -236,8 +234,7 @@ def compare(version_of: Callable[[str], str | None] = installed_version) -> Comp
         nearest = next((leg.name for leg in LEGS if _release(leg.torch)[:2] == _release(torch)[:2]), None)
     out_of_range = []
     for name, version in session.items():
-        spec = tested_range(name)
-        if version and spec and not _in_range(version, spec):
+        if version and (spec := tested_range(name)) and not _in_range(version, spec):
             out_of_range.append(f"{name} {version} is outside the tested {spec}")
     notes = []
     if xla and torch and _release(xla)[:2] != _release(torch)[:2]:

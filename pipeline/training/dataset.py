@@ -349,9 +349,8 @@ def per_file_targets(
     for row in rows:  # secondary labels first: a primary label's 1, set below, wins
         secondary = [class_of[label] for label in row.secondary if label in class_of]
         targets[position[row.rel_path], secondary] = secondary_weight
+    targets[[position[row.rel_path] for row in rows], [class_of[row.label] for row in rows]] = 1.0
     unknown = {label for row in rows for label in row.secondary} - class_of.keys()
-    for row in rows:
-        targets[position[row.rel_path], class_of[row.label]] = 1.0
     notes = [f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as its label) "
              f"and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}"] if unknown else []  # fmt: skip
     return order, targets, notes
@@ -422,11 +421,9 @@ def stratified_split(
     by_label: dict[str, list[int]] = {}
     for index, label in enumerate(labels):
         by_label.setdefault(label, []).append(index)
-    held: dict[str, int] = {}
     for label in sorted(by_label):
-        members = by_label[label]
-        rng.shuffle(members)
-        held[label] = min(int(round(len(members) * fraction)), len(members) - 1)
+        rng.shuffle(by_label[label])
+    held = {label: min(int(round(len(m) * fraction)), len(m) - 1) for label, m in by_label.items()}
     spare_clips = sum(len(m) - 1 for m in by_label.values())
     wanted = 0 if fraction <= 0 else min(max(1, round(fraction * len(labels))), spare_clips)
     topped_up = 0
@@ -438,10 +435,8 @@ def stratified_split(
                 break
             held[can_spare[k]] += 1
             topped_up += 1
-    train_idx, val_idx = [], []
-    for label in sorted(by_label):
-        val_idx += by_label[label][: held[label]]
-        train_idx += by_label[label][held[label] :]
+    val_idx = sorted(i for label, members in by_label.items() for i in members[: held[label]])
+    train_idx = sorted(set(range(len(labels))) - set(val_idx))
     note = None
     if not val_idx:
         why = "val_fraction=0" if fraction <= 0 else "every class has a single clip, which training needs"
@@ -452,4 +447,4 @@ def stratified_split(
         note = (f"validation: {len(val_idx)} files; val_fraction={fraction:g} of each class gives "
                 f"{len(val_idx) - topped_up} with {len(counts)} classes of {min(counts.values())}-"
                 f"{max(counts.values())} clips, so {topped_up} more came from classes that could spare a clip")  # fmt: skip
-    return sorted(train_idx), sorted(val_idx), note
+    return train_idx, val_idx, note

@@ -236,11 +236,9 @@ def ecapa_args(tree: dict[str, Any], path: Path) -> dict[str, Any]:
         raise PretrainedError(f"{path}: `{ENCODER}` has no input_size (the number of mel bands)")
     args: dict[str, Any] = {}
     for name, value in {**defaults, **given}.items():
-        if name in _IGNORED:
-            continue
         if name in _MAPPED:
             args[_MAPPED[name]] = _as_ints(value, f"{path}: `{ENCODER}.{name}`")
-        elif not _same(value, defaults[name]):
+        elif name not in _IGNORED and not _same(value, defaults[name]):
             raise PretrainedError(
                 f"{path}: `{ENCODER}.{name}` is {_show(value)}; this project's model builds ECAPA_TDNN with "
                 f"the default {_show(defaults[name])} (supported: {', '.join(_MAPPED)})"
@@ -330,9 +328,8 @@ def load_encoder_weights(model: SpeakerClassifier, weights: Path) -> None:
     expected = model.embedding_model.state_dict()
     # BatchNorm's step counter is not a weight: checkpoints saved before torch 0.4.1 lack it and SpeechBrain
     # loads them anyway (strict=False), so a missing one keeps its initial value. Every other key must match.
-    for key, value in expected.items():
-        if key.endswith("num_batches_tracked") and key not in state:
-            state[key] = value
+    for key in [k for k in expected if k.endswith("num_batches_tracked")]:
+        state.setdefault(key, expected[key])
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
     wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()

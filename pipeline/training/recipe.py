@@ -44,6 +44,13 @@ EVENT_BLEND = 0.5
 EVENT_SPEED = 0.5
 EVENT_VAL_FRACTION = 0.0
 EVENT_CPU_MODEL_SIZE = "medium"
+# What each parameter left to auto becomes: (for anything else, for sound events).
+AUTO_VALUES = {
+    "epochs": (DEFAULT_EPOCHS, EVENT_EPOCHS),
+    "blend_probability": (0.0, EVENT_BLEND),
+    "speed_probability": (0.0, EVENT_SPEED),
+    "val_fraction": (DEFAULT_VAL_FRACTION, EVENT_VAL_FRACTION),
+}
 
 
 @dataclass(frozen=True)
@@ -73,10 +80,7 @@ def kind_of_data(clip_seconds: np.ndarray, config: TrainConfig, objective: str, 
 def auto_could_choose(name: str, value: object) -> bool:
     """Whether `value` of parameter `name` is one this module decides when the parameter is left to auto (an
     artifact trained with epochs None records the 12 or 36 the data chose)."""
-    choices = {"epochs": (DEFAULT_EPOCHS, EVENT_EPOCHS), "blend_probability": (0.0, EVENT_BLEND),
-               "speed_probability": (0.0, EVENT_SPEED),
-               "val_fraction": (DEFAULT_VAL_FRACTION, EVENT_VAL_FRACTION)}  # fmt: skip
-    return value in choices.get(name, ())
+    return value in AUTO_VALUES.get(name, ())
 
 
 def follow_the_data(
@@ -92,13 +96,7 @@ def follow_the_data(
     (`hardware_size`, policy.resolve_model_size, unless the data asks for more on a CPU)."""
     kind = kind_of_data(clip_seconds, config, objective, epoch_crops)
     events = kind.name == "sound events"
-    wanted = {
-        "epochs": EVENT_EPOCHS if events else DEFAULT_EPOCHS,
-        "blend_probability": EVENT_BLEND if events else 0.0,
-        "speed_probability": EVENT_SPEED if events else 0.0,
-        "val_fraction": EVENT_VAL_FRACTION if events else DEFAULT_VAL_FRACTION,
-    }
-    chosen = {name: value for name, value in wanted.items() if getattr(config, name) is None}
+    chosen = {name: values[events] for name, values in AUTO_VALUES.items() if getattr(config, name) is None}
     size = hardware_size
     if events and config.model_size == "auto" and accelerator == "cpu":
         size = EVENT_CPU_MODEL_SIZE
