@@ -1,7 +1,7 @@
 """Real sound events: ESC-10's official 5-fold cross-validation through both notebooks, with the defaults.
 
     python -m benchmarks.esc10 [--folds 1,2,3,4,5] [--seeds 0,1,2] [--set NAME=VALUE ...] [--infer-set NAME=VALUE ...]
-                               [--variant NAME:PARAM=VALUE,PARAM=VALUE ...] [--source DIR] [--out FILE]
+                               [--variant NAME:PARAM=VALUE,PARAM=VALUE ...] [--source DIR] [--out FILE] [--keep DIR]
 
 ESC-10 (Piczak, ACM MM 2015; ../shared/esc10, CC BY 3.0): 400 clips of 5 s, 44.1 kHz Ogg/Vorbis, 10 classes of
 40, five official folds (the first digit of a file name; clips cut from one recording share a fold). Protocol:
@@ -10,7 +10,8 @@ competition folder in this project's layout (train.csv, test.csv, sample_submiss
 notebooks/train.ipynb` then `papermill notebooks/infer.ipynb` with no parameter but the folders, and
 `pipeline score`. `--set` / `--infer-set` change one notebook parameter, for experiments against the defaults
 (the result records them). `--variant` runs the infer notebook again on each fold's artifact with other
-parameters (e.g. `max:clip_pooling=max`): inference choices measured on the same trained models. One fold is 80 clips: its accuracy has a standard error of ~4.5 points, so compare
+parameters (e.g. `max:clip_pooling=max`): inference choices measured on the same trained models; `--keep DIR`
+keeps each fold's folder and artifact (DIR/run<seed>-<fold>) to try more of them later. One fold is 80 clips: its accuracy has a standard error of ~4.5 points, so compare
 5-fold means, and more than one seed where a difference is small.
 """
 
@@ -213,9 +214,13 @@ def run(
     quick: bool = False,
     variants: dict[str, dict[str, Any]] | None = None,
     seeds: tuple[int, ...] | None = None,
+    keep: Path | None = None,
 ) -> dict[str, Any]:
     """The cross-validation, once per training seed in `seeds` (None: the train notebook's seed);
-    `quick` runs one fold for 2 epochs (the path, not the accuracy)."""
+    `quick` runs one fold for 2 epochs (the path, not the accuracy); `keep`: where each fold's work folder
+    (its competition folder, artifact and submissions) is moved instead of deleted."""
+    if keep is not None and keep.exists() and any(keep.iterdir()):
+        raise FileExistsError(f"--keep {keep}: not empty; name a new folder (nothing is overwritten)")
     clips = scan(Path(source))
     train_overrides = dict(train_overrides or {})
     if quick:
@@ -233,7 +238,11 @@ def run(
                     f"seed {seed} fold {fold}: {done['accuracy']:.4f} in {done['minutes']:.1f} min",
                     file=sys.stderr,
                 )
-                shutil.rmtree(work, ignore_errors=True)
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    shutil.move(work, keep / work.name)
+                else:
+                    shutil.rmtree(work, ignore_errors=True)
     return summarise(results, {"quick": quick, "train_overrides": train_overrides,
                                "infer_overrides": infer_overrides or {}, **meter.result})  # fmt: skip
 
@@ -253,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
+    parser.add_argument("--keep", type=Path, help="keep each fold's folder and artifact here (a new folder)")
     args = parser.parse_args(argv)
     folds = tuple(int(f) for f in args.folds.split(","))
     variants = {}
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, params = text.partition(":")
         variants[name] = _parse_sets(params.split(",") if params else [])
     result = run(args.source, folds, _parse_sets(args.set), _parse_sets(args.infer_set), quick=args.quick,
-                 variants=variants, seeds=tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None)  # fmt: skip
+                 variants=variants, seeds=tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None, keep=args.keep)  # fmt: skip
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
