@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -48,6 +49,9 @@ REQUIRED_FILES = (
 # What the manifest says about the weights is also sealed inside model.safetensors (its header metadata),
 # which the manifest hashes: editing the labels in manifest.json cannot silently rename the classes.
 SEALED_FIELDS = ("model_config", "labels", "fallback_label")
+# Sealed too when present: the training clips' mean embedding (aam artifacts of this version on; see
+# pipeline/training/validation.embedding_centre), which inference subtracts before cosine scoring.
+OPTIONAL_SEALED_FIELDS = ("embedding_centre",)
 
 
 class ArtifactError(RuntimeError):
@@ -64,6 +68,12 @@ class Artifact:
     @property
     def window_samples(self) -> int:
         return int(self.manifest["model_config"]["window_samples"])
+
+    @property
+    def embedding_centre(self) -> torch.Tensor | None:
+        """The training clips' mean embedding [embedding_size] (None: an artifact written without one)."""
+        centre = self.manifest.get("embedding_centre")
+        return None if centre is None else torch.tensor(centre, dtype=torch.float32)
 
     def listed_file(self, name: str) -> Path | None:
         """The path of an optional file (e.g. the ONNX engine's) if the manifest lists it -- and so verified
@@ -93,13 +103,17 @@ def save_artifact(
     provenance: dict[str, Any],
     extra_files: dict[str, Path] | None = None,
     fallback_label: str | None = None,
+    embedding_centre: list[float] | None = None,
 ) -> Path:
     """Write the artifact atomically to `artifact_dir` and return its path. It replaces only an earlier
-    artifact or an empty folder (see check_artifact_dir)."""
+    artifact or an empty folder (see check_artifact_dir). `embedding_centre`: the training clips' mean
+    embedding, sealed with the weights (inference subtracts it before scoring)."""
     target = check_artifact_dir(artifact_dir)
     with staged_directory(target, is_artifact) as staging:
         fallback = fallback_label if fallback_label is not None else labels[0]
         sealed = {"model_config": model.config.to_dict(), "labels": list(labels), "fallback_label": fallback}
+        if embedding_centre is not None:
+            sealed["embedding_centre"] = [float(v) for v in embedding_centre]
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
@@ -187,6 +201,10 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
         if json.loads(sealed[name]) != manifest.get(name):
             raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
                                 "(manifest.json was edited); restore it or retrain")  # fmt: skip
+    for name in OPTIONAL_SEALED_FIELDS:
+        if (json.loads(sealed[name]) if name in sealed else None) != manifest.get(name):
+            raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
+                                "(manifest.json was edited); restore it or retrain")  # fmt: skip
     return manifest
 
 
@@ -199,6 +217,10 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
         model.load_state_dict(load_file(str(root / WEIGHTS), device="cpu"))
     except RuntimeError as error:
         raise ArtifactError(f"{root / WEIGHTS}: weights do not fit the model config ({error})") from error
+    centre = manifest.get("embedding_centre")
+    if centre is not None and (len(centre) != model.config.embedding_size or not np.all(np.isfinite(centre))):
+        raise ArtifactError(f"{root / MANIFEST}: embedding_centre is not {model.config.embedding_size} finite "
+                            "numbers; retrain")  # fmt: skip
     return Artifact(model=model.eval(), labels=list(manifest["labels"]), manifest=manifest, path=root)
 
 

@@ -10,6 +10,10 @@ windows exactly like the training crops (`span_windows`, `WindowPlan`), batched 
     max       the highest cosine score of each class over the span's windows (a call anywhere in the chunk)
     mean_max  the average of the windows' mean cosine score and their maximum, per class
 
+With a `centre` (the training clips' mean embedding, which an aam artifact carries), every pooling scores
+unit embeddings minus the centre: the direction all clips share is taken out of the cosine, as speaker
+verification subtracts its training mean before cosine scoring (docs/measurements.md: ESC-10).
+
 Validation (pipeline/training/validation.py) scores held-out files through these functions, so it measures
 what the infer stage computes; pipeline/inference/predict.py decodes test files and runs them on the
 session's devices. This module never imports torch_xla.
@@ -116,8 +120,11 @@ class SpanPooling:
     """Running per-span sums and maxima of window embeddings and scores (windows of a span may come in several
     batches)."""
 
-    def __init__(self, n_spans: int, emb_dim: int, class_weight: torch.Tensor) -> None:
+    def __init__(
+        self, n_spans: int, emb_dim: int, class_weight: torch.Tensor, centre: torch.Tensor | None = None
+    ) -> None:
         self.unit_classes = torch.nn.functional.normalize(class_weight.detach().float().cpu(), dim=1)
+        self.centre = None if centre is None else centre.detach().float().cpu()
         self.emb_sum = torch.zeros(n_spans, emb_dim)
         self.weight = torch.zeros(n_spans)
         self.score_sum = torch.zeros(n_spans, len(self.unit_classes))
@@ -125,7 +132,7 @@ class SpanPooling:
 
     def add(self, embeddings: torch.Tensor, lens: torch.Tensor, owner: torch.Tensor) -> None:
         add_windows(self.emb_sum, self.weight, embeddings, lens, owner)
-        scores = cosine_scores(embeddings, self.unit_classes)
+        scores = cosine_scores(embeddings, self.unit_classes, self.centre)
         self.score_sum.index_add_(0, owner, scores * lens.float()[:, None])
         self.score_max.scatter_reduce_(0, owner[:, None].expand_as(scores), scores, reduce="amax")
 
@@ -135,7 +142,7 @@ class SpanPooling:
         embeddings[ok] = self.emb_sum[ok] / self.weight[ok][:, None]
         mean_score = self.score_sum / self.weight.clamp_min(1e-12)[:, None]
         pooled = {
-            "mean": cosine_scores(embeddings, self.unit_classes),
+            "mean": cosine_scores(embeddings, self.unit_classes, self.centre),
             "max": self.score_max,
             "mean_max": 0.5 * (mean_score + self.score_max),
         }
@@ -144,10 +151,14 @@ class SpanPooling:
         return {k: v.numpy().astype(np.float32) for k, v in pooled.items()}, embeddings.numpy(), ok.numpy()
 
 
-def cosine_scores(embeddings: torch.Tensor, unit_classes: torch.Tensor) -> torch.Tensor:
+def cosine_scores(
+    embeddings: torch.Tensor, unit_classes: torch.Tensor, centre: torch.Tensor | None = None
+) -> torch.Tensor:
     """Cosine of each embedding with each class centre, in fp32 on the host (what SpeechBrain's classify_batch
-    returns for one embedding)."""
+    returns for one embedding); with a `centre`, of each unit embedding minus it."""
     unit = torch.nn.functional.normalize(embeddings.float(), dim=1)
+    if centre is not None:
+        unit = torch.nn.functional.normalize(unit - centre, dim=1)
     return torch.nn.functional.linear(unit, unit_classes)
 
 
@@ -162,6 +173,7 @@ def run_windows(
     n_files: int | None = None,
     deadline: float | None = None,
     buckets: Buckets | None = None,
+    centre: torch.Tensor | None = None,
 ) -> SpanPredictions:
     """Consume per-file windows, batch them densely, and pool window embeddings back to their spans.
 
@@ -171,7 +183,7 @@ def run_windows(
     that length (as many windows per batch as keep the batch's samples at `batch_windows` full windows); the
     pooling still weighs every window by its valid share of a full window. With a `deadline` (time.time()), a
     file is taken only while the measured seconds per window say that it and the windows already waiting
-    finish before it (with DEADLINE_SAFETY); the files left have no predictions."""
+    finish before it (with DEADLINE_SAFETY); the files left have no predictions. `centre`: see SpanPooling."""
     embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
     window = model.config.window_samples
     # CUDA: every batch is staged in one page-locked buffer, so the copy to the GPU is a DMA that needs no
@@ -179,7 +191,7 @@ def run_windows(
     # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
     # the buffer is free again before the next one is staged.
     staging = None
-    pooling = SpanPooling(n_spans, model.config.embedding_size, model.class_centres())
+    pooling = SpanPooling(n_spans, model.config.embedding_size, model.class_centres(), centre)
     problems: dict[int, str] = {}
     repairs: dict[int, list[str]] = {}
     pending: dict[int, list[tuple[np.ndarray, ...]]] = {}  # tensor length -> windows (see _by_length)

@@ -95,7 +95,7 @@ def predict(
     windows = runtime.windows
     result = run_windows(model, iter(loader), len(plan.spans), windows.batch_windows, runtime.device,
                          runtime.progress, embed=embed, n_files=len(wanted), deadline=deadline,
-                         buckets=windows.buckets())  # fmt: skip
+                         buckets=windows.buckets(), centre=runtime.centre)  # fmt: skip
     if result.stopped:  # the files the deadline left: every one is named in the report
         left = {i: "time limit: not predicted" for i in wanted if i not in result.seen}
         result = replace(result, problems={**result.problems, **left})

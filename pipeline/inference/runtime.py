@@ -72,6 +72,7 @@ class Runtime:
     threads: int | None  # compute threads of this process (torch's and ONNX Runtime's); None: torch's own
     engine: EngineChoice
     progress: bool = False
+    centre: torch.Tensor | None = None  # subtracted from unit embeddings before scoring (core/windows.py)
 
     def describe(self) -> str:
         threads = f", {plural(self.threads, 'compute thread')}" if self.threads else ""
@@ -93,8 +94,9 @@ def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware 
     threads = None
     if device.type == "cpu" or config.num_threads:
         threads = plan_threads(hardware.cores, workers, config.num_threads).compute_threads
+    centre = artifact.embedding_centre if config.centre_embeddings else None
     return Runtime(device, window_plan(config, model, batch), workers, threads,
-                   choose_engine(config, artifact, device), config.progress)  # fmt: skip
+                   choose_engine(config, artifact, device), config.progress, centre)  # fmt: skip
 
 
 def choose_device(device: str, hardware: Hardware) -> torch.device:

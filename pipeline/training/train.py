@@ -52,7 +52,7 @@ from .dataset import TrainingData, load_training_data
 from .ema import WeightAverage
 from .pretrained import initial_model
 from .provenance import build_provenance, run_fingerprint, weights_digest
-from .validation import calibration_windows, evaluate, recalibrates, validation_model
+from .validation import calibration_windows, embedding_centre, evaluate, recalibrates, validation_model
 
 GRAD_CLIP = 5.0
 # Under DDP every "stop now?" / "checkpoint now?" decision is rank 0's, broadcast to the others: a collective
@@ -399,6 +399,7 @@ def finish(run: Run) -> TrainResult:
     )
     if not strategy.is_main:
         return result  # no collective follows: the other ranks leave while rank 0 saves
+    centre = _embedding_centre(run, final)
     provenance = build_provenance(config, run.plan, strategy, result)
     # Self-training and distillation: the teachers' scores, and their lineage.
     provenance["soundscape_targets"], provenance["focal_targets"] = data.targets_record, data.focal_record
@@ -412,7 +413,8 @@ def finish(run: Run) -> TrainResult:
             provenance["onnx"] = result.onnx = onnx.record
             result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
                                                 extra_files={**figures, **onnx.files},
-                                                fallback_label=data.labels[int(np.bincount(data.targets).argmax())])  # fmt: skip
+                                                fallback_label=data.labels[int(np.bincount(data.targets).argmax())],
+                                                embedding_centre=centre)  # fmt: skip
     if run.stopped_early:
         run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
                 "parameters to continue training")  # fmt: skip
@@ -420,6 +422,16 @@ def finish(run: Run) -> TrainResult:
         ckpt.remove(run.checkpoint_dir, run.fingerprint)
     run.log(result.summary())
     return result
+
+
+def _embedding_centre(run: Run, final: torch.nn.Module) -> list[float] | None:
+    """The training files' mean embedding that inference subtracts before scoring (aam only), on the host copy."""
+    started = time.monotonic()
+    centre = embedding_centre(final, run.data, run.config)
+    if centre is not None:
+        run.log(f"embedding centre: the training files' mean unit embedding (length {np.linalg.norm(centre):.3f}, "
+                f"{time.monotonic() - started:.0f} s); inference scores embeddings minus it")  # fmt: skip
+    return centre
 
 
 @contextlib.contextmanager

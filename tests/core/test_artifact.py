@@ -31,6 +31,24 @@ def test_roundtrip_reproduces_outputs_and_labels(tmp_path):
     assert {"model.safetensors", "hyperparams.yaml", "embedding_model.ckpt", "classifier.ckpt"} <= files
 
 
+def test_the_embedding_centre_is_sealed_with_the_weights_and_checked_at_load(tmp_path):
+    model = small_model()
+    assert (
+        load_artifact(save_artifact(tmp_path / "plain", model, ["x", "y", "z"], {})).embedding_centre is None
+    )
+    centre = [0.1] * model.config.embedding_size
+    path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {}, embedding_centre=centre)
+    assert load_artifact(path).embedding_centre.tolist() == pytest.approx(centre)
+    manifest = json.loads((path / "manifest.json").read_text())
+    for edited in ([0.2] * len(centre), None):  # changed, or taken out: either is refused
+        (path / "manifest.json").write_text(json.dumps({**manifest, "embedding_centre": edited}))
+        with pytest.raises(ArtifactError, match=r"'embedding_centre' differs from the value sealed"):
+            load_artifact(path)
+    short = save_artifact(tmp_path / "b", model, ["x", "y", "z"], {}, embedding_centre=[0.1, float("nan")])
+    with pytest.raises(ArtifactError, match=r"embedding_centre is not \d+ finite numbers"):
+        load_artifact(short)
+
+
 def test_artifact_refers_to_nothing_outside_itself(tiny_artifact):
     for name in ("manifest.json", "hyperparams.yaml"):
         text = (tiny_artifact / name).read_text()

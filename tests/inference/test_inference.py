@@ -135,6 +135,38 @@ def test_chunk_spans_pool_their_own_overlapping_windows(tiny_artifact):
     assert result.ok.all()
 
 
+def test_the_artifacts_centre_is_taken_out_of_every_pooling_and_the_infer_config_can_keep_it_in(
+    tiny_artifact, synthetic_data
+):
+    """The tiny artifact (aam) carries its training files' mean embedding; the runtime scores unit embeddings
+    minus it (mean: the span's mean unit embedding minus it; max: each window's), and not with
+    centre_embeddings=False."""
+    from pipeline.core.config import InferConfig
+    from pipeline.inference.runtime import Hardware, resolve_runtime
+
+    artifact = load_artifact(tiny_artifact)
+    centre = artifact.embedding_centre
+    assert centre is not None and centre.shape == (artifact.model.config.embedding_size,)
+    config = InferConfig(
+        data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact), num_workers=0, engine="torch"
+    )
+    runtime = resolve_runtime(config, artifact, Hardware(0, 2))
+    assert torch.equal(runtime.centre, centre)
+    plain = resolve_runtime(dataclasses.replace(config, centre_embeddings=False), artifact, Hardware(0, 2))
+    assert plain.centre is None
+    files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows][:6]
+    plan = span_plan(synthetic_data, files)
+    centred = predict(artifact.model, plan, runtime, log=lambda _: None).spans
+    uncentred = predict(artifact.model, plan, plain, log=lambda _: None).spans
+    unit_classes = torch.nn.functional.normalize(artifact.model.class_centres(), dim=1)
+    unit = torch.nn.functional.normalize(torch.from_numpy(uncentred.embeddings), dim=1)
+    expected = torch.nn.functional.normalize(unit - centre, dim=1) @ unit_classes.T
+    np.testing.assert_allclose(centred.pooled["mean"], expected.numpy(), atol=2e-5)
+    np.testing.assert_allclose(centred.embeddings, uncentred.embeddings)  # the embeddings file: as computed
+    assert not np.allclose(centred.pooled["mean"], uncentred.pooled["mean"], atol=1e-3)
+    assert not np.allclose(centred.pooled["max"], uncentred.pooled["max"], atol=1e-3)
+
+
 def test_a_span_past_the_decoded_audio_has_no_prediction(tiny_artifact):
     from pipeline.core.windows import FileWindows, run_windows, span_windows
 

@@ -76,3 +76,29 @@ def test_no_validation_split_means_no_validation(synthetic_data, synthetic_train
     model = torch.nn.Identity()  # never called: there is nothing to score
     without = dataclasses.replace(data, val_idx=[])
     assert evaluate(model, SingleDevice(torch.device("cpu")), without, config, "accuracy") is None
+
+
+def test_the_embedding_centre_is_the_mean_of_training_files_unit_embeddings(
+    tiny_artifact, synthetic_data, synthetic_training_data
+):
+    from pipeline.core.artifact import load_artifact
+    from pipeline.core.data import windows
+    from pipeline.training.validation import embedding_centre
+
+    data = synthetic_training_data
+    config = TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN)
+    model = load_artifact(tiny_artifact).model
+    centre = torch.tensor(embedding_centre(model, data, config))
+    files = []  # each training file as inference computes it: its windows' mean unit embedding
+    for row in data.train_idx:
+        wavs, lens = windows(data.store.read(int(data.items[row])), config.window_samples, 8, quiet_db=40.0)
+        wavs, lens = torch.from_numpy(wavs), torch.from_numpy(lens)
+        with torch.inference_mode():
+            unit = torch.nn.functional.normalize(model.embed(model.features(wavs, lens), lens), dim=1)
+        files.append(torch.nn.functional.normalize((unit * lens[:, None]).sum(0) / lens.sum(), dim=0))
+    torch.testing.assert_close(centre, torch.stack(files).mean(0), atol=1e-5, rtol=1e-4)
+    assert 0.0 < float(centre.norm()) < 1.0  # files differ, and share a direction
+    multi_label = dataclasses.replace(data, objective="bce")
+    assert (
+        embedding_centre(model, multi_label, config) is None
+    )  # its sigmoid scores are not cosines to centre
