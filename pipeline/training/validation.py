@@ -150,13 +150,21 @@ CENTRE_FILES = 256
 CENTRE_WINDOWS_PER_FILE = 8
 
 
+def spread_evenly(rows: list[int], count: int) -> list[int]:
+    """At most `count` of `rows`, evenly spaced from the first to the last (tables are often sorted by class: a
+    stride cut off at `count` would leave the last classes out)."""
+    return [
+        rows[i] for i in np.unique(np.linspace(0, len(rows) - 1, min(count, len(rows))).round().astype(int))
+    ]
+
+
 def embedding_centre(model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> list[float] | None:
     """The mean of training files' unit embeddings, each computed as inference computes a file's (its windows'
     mean unit embedding, quiet windows left out) by `model` on the host: what inference subtracts before its
     cosines (core/windows.py). None unless the objective is aam (one class per clip, the cosine classifier)."""
     if data.objective != "aam" or not data.train_idx:
         return None
-    chosen = data.train_idx[:: max(1, len(data.train_idx) // CENTRE_FILES)][:CENTRE_FILES]
+    chosen = spread_evenly(data.train_idx, CENTRE_FILES)
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, CENTRE_WINDOWS_PER_FILE,
                       quiet_db=QUIET_WINDOW_DB)  # fmt: skip
 

@@ -102,3 +102,12 @@ def test_the_embedding_centre_is_the_mean_of_training_files_unit_embeddings(
     assert (
         embedding_centre(model, multi_label, config) is None
     )  # its sigmoid scores are not cosines to centre
+
+
+def test_files_are_spread_evenly_over_the_whole_table():
+    from pipeline.training.validation import spread_evenly
+
+    picked = spread_evenly(list(range(320)), 256)  # ESC-10's training files, sorted by class
+    assert len(picked) == 256 and picked[0] == 0 and picked[-1] == 319
+    assert max(np.diff(picked)) <= 2  # every class is in
+    assert spread_evenly([5, 7], 256) == [5, 7] and spread_evenly([], 8) == []
