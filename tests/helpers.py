@@ -106,9 +106,11 @@ def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
 # ------------------------------------------------------------------------- inference without tables
 
 
-def classify_clips(model, clips, window, batch_windows=64, max_windows=None, device=None, length_buckets=1):
+def classify_clips(
+    model, clips, window, batch_windows=64, max_windows=None, device=None, length_buckets=1, centre=None
+):
     """Whole-file predictions (SpanPredictions) for clips already in memory, one span per clip, through the
-    infer stage's windows and batches."""
+    infer stage's windows and batches (scored minus `centre`, an artifact's embedding_centre, when given)."""
     import torch
 
     from pipeline.core.config import MAX_WINDOWS_PER_FILE
@@ -118,7 +120,13 @@ def classify_clips(model, clips, window, batch_windows=64, max_windows=None, dev
     plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows or MAX_WINDOWS_PER_FILE, None,
                       length_buckets)  # fmt: skip
     return run_windows(
-        model, clip_items(clips, plan), len(clips), batch_windows, device, buckets=plan.buckets()
+        model,
+        clip_items(clips, plan),
+        len(clips),
+        batch_windows,
+        device,
+        buckets=plan.buckets(),
+        centre=centre,
     )
 
 

@@ -133,7 +133,9 @@ def save_artifact(
         for label in labels:
             encoder.add_label(label)
         encoder.save(str(staging / "label_encoder.ckpt"))
-        (staging / "hyperparams.yaml").write_text(_speechbrain_yaml(model.config))
+        (staging / "hyperparams.yaml").write_text(
+            _speechbrain_yaml(model.config, sealed.get("embedding_centre"))
+        )
         for name, source in (extra_files or {}).items():
             shutil.copyfile(source, staging / name)
         manifest = {
@@ -232,7 +234,7 @@ def _file_record(path: Path) -> dict[str, Any]:
     return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
 
 
-def _speechbrain_yaml(config: ModelConfig) -> str:
+def _speechbrain_yaml(config: ModelConfig, centre: list[float] | None = None) -> str:
     """A SpeechBrain inference recipe whose Pretrainer lists loadables but no `paths`: SpeechBrain then loads
     `<name>.ckpt` from whatever `source` directory it is given, so the artifact is relocatable.
 
@@ -259,6 +261,7 @@ embedding_model: !new:pipeline.core.model.WindowedEncoder
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
     length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
     quiet_db: {QUIET_WINDOW_DB}  # its quiet_window_db default: padding silence left out
+    centre: {json.dumps(centre)}  # the training files' mean embedding, taken out before scoring (null: none)
     frontend: {config.frontend}
     encoder: !new:{encoder}
         input_size: !ref <n_mels>

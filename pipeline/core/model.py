@@ -219,8 +219,9 @@ class WindowedEncoder(torch.nn.Module):
     The ECAPA-TDNN was trained on fixed windows (padding included: see data.windows), so a whole short file
     fed to it unpadded gets other, worse, scores. This wrapper cuts every file of the batch into the same
     windows, embeds them with the same front end, and returns the length-weighted mean of the unit-length
-    window embeddings [B, 1, D]; SpeechBrain's cosine `Classifier` then scores it. In the yaml,
-    `compute_features` and `mean_var_norm` are `PassThrough`s, so this module receives the waveforms.
+    window embeddings [B, 1, D] -- minus the artifact's `centre` when it carries one (core/windows.py) --;
+    SpeechBrain's cosine `Classifier` then scores it. In the yaml, `compute_features` and `mean_var_norm` are
+    `PassThrough`s, so this module receives the waveforms.
     """
 
     def __init__(
@@ -233,9 +234,11 @@ class WindowedEncoder(torch.nn.Module):
         length_buckets: int = 1,
         frontend: str = "logmel",
         quiet_db: float | None = QUIET_WINDOW_DB,
+        centre: list[float] | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
+        self.centre = None if centre is None else torch.tensor(centre, dtype=torch.float32)
         self.quiet_db = quiet_db  # a clip's windows this far below its loudest are left out, as at inference
         self.frontend = Frontend(n_mels, sample_rate, frontend)
         self.window_samples, self.max_windows = window_samples, max_windows
@@ -262,7 +265,12 @@ class WindowedEncoder(torch.nn.Module):
         totals = torch.zeros(wavs.shape[0], device=wavs.device)
         owner = torch.tensor(owners, device=wavs.device)
         add_windows(sums, totals, embeddings, torch.from_numpy(rel).to(wavs.device), owner)
-        return (sums / totals.clamp_min(1e-12)[:, None]).unsqueeze(1)
+        mean = sums / totals.clamp_min(1e-12)[:, None]
+        if (
+            self.centre is not None
+        ):  # the classifier normalises what it is given: as inference's cosine_scores
+            mean = _unit(mean) - self.centre.to(mean.device)
+        return mean.unsqueeze(1)
 
     def _embed(self, batch: np.ndarray, rel: np.ndarray, device: torch.device) -> torch.Tensor:
         """Window embeddings [n, D], each window at its bucket's length (all at full length without buckets)."""
