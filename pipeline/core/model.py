@@ -266,9 +266,8 @@ class WindowedEncoder(torch.nn.Module):
         owner = torch.tensor(owners, device=wavs.device)
         add_windows(sums, totals, embeddings, torch.from_numpy(rel).to(wavs.device), owner)
         mean = sums / totals.clamp_min(1e-12)[:, None]
-        if (
-            self.centre is not None
-        ):  # the classifier normalises what it is given: as inference's cosine_scores
+        # Minus the centre, as inference's cosine_scores (SpeechBrain's classifier normalises what it is given).
+        if self.centre is not None:
             mean = _unit(mean) - self.centre.to(mean.device)
         return mean.unsqueeze(1)
 
