@@ -5,7 +5,8 @@
 
 Each variant is a way a clip's 1 s window embeddings become its class scores (docs/measurements.md, "Scores
 without the direction every clip shares"). It reads each kept fold's artifact, test clips and solution.csv,
-and the training files for the training-mean variants (all of them, not the artifact's own 256-file centre).
+and the training files for the training-mean variants and back ends (all of them, not the artifact's own 256-file
+centre).
 """
 
 from __future__ import annotations
@@ -71,11 +72,13 @@ def rescore_fold(run: Path) -> dict[str, float]:
     views = [clip_views(model, window, load_audio(folder / row["path"], sample_rate=rate)[0])
              for row in csv.DictReader(open(folder / "test.csv"))]  # fmt: skip
     expected = list(truth.values())
+    train_rows = list(csv.DictReader(open(folder / "train.csv")))
     trained = torch.stack([
         unit(embed(model, windows(load_audio(folder / row["path"], sample_rate=rate)[0], window, 64, None,
                                   QUIET_DB)[0]).mean(0))
-        for row in csv.DictReader(open(folder / "train.csv"))
+        for row in train_rows
     ])  # fmt: skip
+    train_labels = [row["label"] for row in train_rows]
     means = torch.stack([v["mean"] for v in views])
 
     def accuracy(embeddings: torch.Tensor, class_centres: torch.Tensor = centres) -> float:
@@ -94,10 +97,40 @@ def rescore_fold(run: Path) -> dict[str, float]:
         "minus_class_centres_mean": accuracy(means - centres.mean(0)),
         "minus_test_mean": accuracy(means - test_mean),
         "minus_half_test_mean": accuracy(means - 0.5 * test_mean),
+        **backends(means - train_mean, trained - train_mean, train_labels, labels, centres - train_mean, expected),
+        "minus_training_mean_quarter_hop_rms": accuracy(torch.stack([v["quarter_hop_rms_weighted"] for v in views])
+                                                        - train_mean),
         "training_mean_length": float(train_mean.norm()),
         "cosine_training_test_means": float(unit(train_mean) @ unit(test_mean)),
     })  # fmt: skip
     return result
+
+
+def backends(
+    test: torch.Tensor,
+    train: torch.Tensor,
+    train_labels: list[str],
+    labels: list[str],
+    centres: torch.Tensor,
+    expected: list[str],
+) -> dict[str, float]:
+    """Speaker-ID back ends on centred embeddings: class means of the training files' own embeddings (instead of
+    the classifier's weight rows), their average with the weight rows, and LDA (scikit-learn) fitted on them."""
+    from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+    index = {name: i for i, name in enumerate(labels)}
+    y = np.array([index[name] for name in train_labels])
+    class_means = torch.stack([unit(train[torch.from_numpy(y == c)].mean(0)) for c in range(len(labels))])
+
+    def hits(predicted) -> float:
+        return float(np.mean([labels[int(i)] == t for i, t in zip(predicted, expected, strict=True)]))
+
+    lda = LinearDiscriminantAnalysis(solver="eigen", shrinkage="auto").fit(unit(train).numpy(), y)
+    return {
+        "centred_class_means": hits((unit(test) @ class_means.T).argmax(1)),
+        "centred_class_means_and_weights": hits((unit(test) @ (class_means + unit(centres)).T).argmax(1)),
+        "centred_lda": hits(lda.predict(unit(test).numpy())),
+    }
 
 
 def main(argv: list[str]) -> int:
