@@ -21,7 +21,7 @@ import torch
 from scipy.signal import resample_poly
 
 from pipeline.core.artifact import load_artifact
-from pipeline.core.data import load_audio, windows
+from pipeline.core.data import energy_weights, load_audio, windows
 
 QUIET_DB = 40.0
 
@@ -38,7 +38,9 @@ def embed(model, wavs: np.ndarray) -> torch.Tensor:
 
 def clip_views(model, window: int, samples: np.ndarray) -> dict[str, torch.Tensor]:
     """Scores-to-be of one clip: each a [D] embedding, or [n, C]-ready window embeddings ('windows')."""
-    tiled = embed(model, windows(samples, window, 64, None, QUIET_DB)[0])
+    tiled_windows, tiled_lens = windows(samples, window, 64, None, QUIET_DB)
+    tiled = embed(model, tiled_windows)
+    energy = torch.from_numpy(energy_weights(tiled_windows, tiled_lens))
     quarter_windows = windows(samples, window, 64, window // 4, QUIET_DB)[0]
     quarter = embed(model, quarter_windows)
     rms = np.sqrt(np.mean(np.square(quarter_windows.astype(np.float64)), axis=1))
@@ -50,6 +52,7 @@ def clip_views(model, window: int, samples: np.ndarray) -> dict[str, torch.Tenso
     ]
     return {
         "mean": unit(tiled.mean(0)),
+        "energy_weighted": unit((tiled * energy[:, None]).sum(0)),
         "windows": tiled,
         "quarter_hop": unit(quarter.mean(0)),
         "quarter_hop_rms_weighted": unit(
@@ -98,6 +101,8 @@ def rescore_fold(run: Path) -> dict[str, float]:
         "minus_test_mean": accuracy(means - test_mean),
         "minus_half_test_mean": accuracy(means - 0.5 * test_mean),
         **backends(means - train_mean, trained - train_mean, train_labels, labels, centres - train_mean, expected),
+        "minus_training_mean_energy_weighted": accuracy(torch.stack([v["energy_weighted"] for v in views])
+                                                        - train_mean),
         "minus_training_mean_quarter_hop_rms": accuracy(torch.stack([v["quarter_hop_rms_weighted"] for v in views])
                                                         - train_mean),
         "training_mean_length": float(train_mean.norm()),

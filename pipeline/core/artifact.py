@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .buckets import DEFAULT_COUNT
-from .config import MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB
+from .config import ENERGY_WEIGHTED_WINDOWS, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 from .staging import check_output_dir, staged_directory
 
@@ -261,6 +261,7 @@ embedding_model: !new:pipeline.core.model.WindowedEncoder
     max_windows: {MAX_WINDOWS_PER_FILE}  # the infer notebook's max_windows_per_file default
     length_buckets: {DEFAULT_COUNT}  # its length_buckets default: short windows at shorter lengths
     quiet_db: {QUIET_WINDOW_DB}  # its quiet_window_db default: padding silence left out
+    energy_weighted: {str(ENERGY_WEIGHTED_WINDOWS).lower()}  # its energy_weighted_windows default: loud windows count more
     centre: {json.dumps(centre)}  # the training files' mean embedding, taken out before scoring (null: none)
     frontend: {config.frontend}
     encoder: !new:{encoder}

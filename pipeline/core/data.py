@@ -155,3 +155,15 @@ def windows(
         rms = np.sqrt(np.mean(np.square(stacked, dtype=np.float64), axis=1))
         stacked = stacked[rms >= rms.max() * 10 ** (-quiet_db / 20)]  # the loudest window always stays
     return stacked, np.ones(len(stacked), dtype=np.float32)
+
+
+def energy_weights(wavs: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """Each of a clip's windows' weight in its mean embedding: its valid share (`lens`) times its energy (mean
+    square) relative to the loudest window's. Training draws its crops of a long clip with a chance
+    proportional to their energy (crop_span), so a clip's embedding weighs its windows the way training saw them:
+    the loud part of an event counts, the background between events little. A silent clip keeps `lens`."""
+    energy = np.mean(np.square(wavs, dtype=np.float64), axis=1)
+    loudest = float(energy.max()) if energy.size else 0.0
+    if not loudest > 0.0:
+        return np.asarray(lens, dtype=np.float32)
+    return (np.asarray(lens, dtype=np.float64) * energy / loudest).astype(np.float32)

@@ -19,7 +19,7 @@ from speechbrain.processing.features import InputNormalization
 
 from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, QUIET_WINDOW_DB, SAMPLE_RATE
-from .data import windows  # the numpy windowing inference uses, shared by WindowedEncoder
+from .data import energy_weights, windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
 
 @dataclass
@@ -218,8 +218,9 @@ class WindowedEncoder(torch.nn.Module):
 
     The ECAPA-TDNN was trained on fixed windows (padding included: see data.windows), so a whole short file
     fed to it unpadded gets other, worse, scores. This wrapper cuts every file of the batch into the same
-    windows, embeds them with the same front end, and returns the length-weighted mean of the unit-length
-    window embeddings [B, 1, D] -- minus the artifact's `centre` when it carries one (core/windows.py) --;
+    windows, embeds them with the same front end, and returns the weighted mean of the unit-length window
+    embeddings [B, 1, D] (each window weighs its valid length, and with `energy_weighted` its energy: data.
+    energy_weights) -- minus the artifact's `centre` when it carries one (core/windows.py) --;
     SpeechBrain's cosine `Classifier` then scores it. In the yaml, `compute_features` and `mean_var_norm` are
     `PassThrough`s, so this module receives the waveforms.
     """
@@ -235,11 +236,14 @@ class WindowedEncoder(torch.nn.Module):
         frontend: str = "logmel",
         quiet_db: float | None = QUIET_WINDOW_DB,
         centre: list[float] | None = None,
+        energy_weighted: bool = False,
     ) -> None:
         super().__init__()
         self.encoder = encoder
         self.centre = None if centre is None else torch.tensor(centre, dtype=torch.float32)
         self.quiet_db = quiet_db  # a clip's windows this far below its loudest are left out, as at inference
+        # False for artifacts written before the infer stage weighed windows by energy (their yaml lacks it).
+        self.energy_weighted = energy_weighted
         self.frontend = Frontend(n_mels, sample_rate, frontend)
         self.window_samples, self.max_windows = window_samples, max_windows
         # Short windows at shorter lengths, as the infer stage runs them (pipeline/core/buckets.py; 1: full windows).
@@ -248,23 +252,25 @@ class WindowedEncoder(torch.nn.Module):
         )
 
     def forward(self, wavs: torch.Tensor, wav_lens: torch.Tensor) -> torch.Tensor:
-        chunks, lens, owners = [], [], []
+        chunks, lens, weights, owners = [], [], [], []
         for index in range(wavs.shape[0]):
             valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))
             audio = wavs[index, :valid].detach().cpu().numpy()
             cut, rel = windows(audio, self.window_samples, self.max_windows, quiet_db=self.quiet_db)
             chunks.append(cut)
             lens.append(rel)
+            weights.append(energy_weights(cut, rel) if self.energy_weighted else rel)
             owners += [index] * len(cut)
         rel = np.concatenate(lens)
         embeddings = self._embed(np.concatenate(chunks), rel, wavs.device)
-        # Per file, the length-weighted mean of its unit window embeddings: scored by the cosine classifier, it
-        # ranks classes as the weighted mean of the windows' cosines would (the classifier's own normalisation
+        # Per file, the weighted mean of its unit window embeddings: scored by the cosine classifier, it ranks
+        # classes as the weighted mean of the windows' cosines would (the classifier's own normalisation
         # rescales every class alike).
         sums = torch.zeros(wavs.shape[0], embeddings.shape[1], device=wavs.device)
         totals = torch.zeros(wavs.shape[0], device=wavs.device)
         owner = torch.tensor(owners, device=wavs.device)
-        add_windows(sums, totals, embeddings, torch.from_numpy(rel).to(wavs.device), owner)
+        pooling_weights = torch.from_numpy(np.concatenate(weights)).to(wavs.device)
+        add_windows(sums, totals, embeddings, pooling_weights, owner)
         mean = sums / totals.clamp_min(1e-12)[:, None]
         # Minus the centre, as inference's cosine_scores (SpeechBrain's classifier normalises what it is given).
         if self.centre is not None:

@@ -5,8 +5,10 @@ windows exactly like the training crops (`span_windows`, `WindowPlan`), batched 
 (`run_windows`: every batch the same shape, so GPU kernels are reused), embedded, and pooled per span
 (`SpanPooling`):
 
-    mean      the valid-length-weighted mean of the windows' unit embeddings, scored by the cosine classifier
-              (a file's prediction: it is what SpeechBrain's EncoderClassifier computes from an artifact)
+    mean      the weighted mean of the windows' unit embeddings, scored by the cosine classifier (a file's
+              prediction: it is what SpeechBrain's EncoderClassifier computes from an artifact); each window
+              weighs its valid share of a full window, and in a whole file also its energy relative to the
+              loudest window's (`WindowPlan.energy_weighted`: as training draws a long clip's crops)
     max       the highest cosine score of each class over the span's windows (a call anywhere in the chunk)
     mean_max  the average of the windows' mean cosine score and their maximum, per class
 
@@ -30,7 +32,7 @@ import torch
 
 from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE
-from .data import windows
+from .data import energy_weights, windows
 from .model import SpeakerClassifier, add_windows, embed_waveforms
 from .progress import heartbeat, progress_bar
 
@@ -69,6 +71,8 @@ class WindowPlan:
     file_hop: int | None = None  # samples between a whole-file span's windows (None: as many as cover it)
     # A whole file's windows this far below its loudest are left out (data.windows).
     quiet_db: float | None = None
+    # A whole file's windows weigh their energy in its pooling (data.energy_weights); a chunk's weigh alike.
+    energy_weighted: bool = False
 
     def buckets(self) -> Buckets | None:
         count = self.length_buckets
@@ -83,6 +87,7 @@ class FileWindows:
     windows: np.ndarray | None  # [n, window] float32, None when the file could not be used
     lens: np.ndarray | None  # [n] relative lengths
     owner: np.ndarray | None  # [n] the span each window belongs to
+    weights: np.ndarray | None = None  # [n] each window's weight in its span's pooling (None: `lens`)
     problem: str | None = None  # why the file's spans fall back
     repairs: list[str] = field(default_factory=list)
     seconds: float = 0.0  # audio decoded
@@ -130,10 +135,10 @@ class SpanPooling:
         self.score_sum = torch.zeros(n_spans, len(self.unit_classes))
         self.score_max = torch.full_like(self.score_sum, -torch.inf)
 
-    def add(self, embeddings: torch.Tensor, lens: torch.Tensor, owner: torch.Tensor) -> None:
-        add_windows(self.emb_sum, self.weight, embeddings, lens, owner)
+    def add(self, embeddings: torch.Tensor, weights: torch.Tensor, owner: torch.Tensor) -> None:
+        add_windows(self.emb_sum, self.weight, embeddings, weights, owner)
         scores = cosine_scores(embeddings, self.unit_classes, self.centre)
-        self.score_sum.index_add_(0, owner, scores * lens.float()[:, None])
+        self.score_sum.index_add_(0, owner, scores * weights.float()[:, None])
         self.score_max.scatter_reduce_(0, owner[:, None].expand_as(scores), scores, reduce="amax")
 
     def result(self) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
@@ -207,24 +212,30 @@ def run_windows(
     def flush(length: int, full_only: bool) -> None:
         """Run full batches (or everything) of the pending windows of one tensor length."""
         nonlocal staging
-        wavs, lens, lens_at, owner = (np.concatenate(part) for part in zip(*pending[length], strict=True))
+        wavs, lens, lens_at, owner, weights = (
+            np.concatenate(part) for part in zip(*pending[length], strict=True)
+        )
         size = batch_size(length)
         stop = (len(wavs) // size) * size if full_only else len(wavs)
         for start in range(0, stop, size):
             end = min(start + size, stop)
             began = time.perf_counter()
-            batch_lens, model_lens = torch.from_numpy(lens[start:end]), torch.from_numpy(lens_at[start:end])
+            model_lens = torch.from_numpy(lens_at[start:end])
             batch = torch.from_numpy(wavs[start:end])
             if device.type == "cuda":
                 if staging is None:
                     staging = torch.empty(batch_windows * window, pin_memory=True)
                 batch = staging[: batch.numel()].view(batch.shape).copy_(batch)
-            # Pooled by the valid share of a full window, whatever length the window ran at.
-            pooling.add(embed(batch, model_lens), batch_lens, torch.from_numpy(owner[start:end]))
+            # Pooled by the window's weight (its valid share of a full window, whatever length it ran at).
+            pooling.add(
+                embed(batch, model_lens),
+                torch.from_numpy(weights[start:end]),
+                torch.from_numpy(owner[start:end]),
+            )
             computed["windows"] += end - start
             computed["seconds"] += time.perf_counter() - began
             heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
-        pending[length] = [(wavs[stop:], lens[stop:], lens_at[stop:], owner[stop:])]
+        pending[length] = [(wavs[stop:], lens[stop:], lens_at[stop:], owner[stop:], weights[stop:])]
 
     def waiting() -> int:
         return sum(len(part[0]) for parts in pending.values() for part in parts)
@@ -262,15 +273,17 @@ def run_windows(
 
 def _by_length(
     item: FileWindows, buckets: Buckets | None, window: int
-) -> Iterator[tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]]:
+) -> Iterator[tuple[int, tuple[np.ndarray, ...]]]:
     """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], relative lengths
-    of the full window, relative lengths at `length`, owner))."""
+    of the full window, relative lengths at `length`, owner, pooling weights))."""
     wavs, lens, owner = np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)
+    weights = lens if item.weights is None else np.asarray(item.weights, dtype=np.float32)
     for length, chosen, lens_at in length_groups(lens, window, buckets):
         if len(chosen) == len(lens):  # one group: every window at this length, no copy needed
-            yield length, (wavs[:, :length], lens, lens_at, owner)
+            yield length, (wavs[:, :length], lens, lens_at, owner, weights)
         else:
-            yield length, (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], lens_at, owner[chosen])
+            yield length, (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], lens_at, owner[chosen],
+                           weights[chosen])  # fmt: skip
 
 
 def _fits(deadline: float, windows: int, computed: dict[str, float], started: float) -> bool:
@@ -284,21 +297,24 @@ def _fits(deadline: float, windows: int, computed: dict[str, float], started: fl
 
 def span_windows(
     samples: np.ndarray, spans: Sequence[tuple[int, float, float | None]], plan: WindowPlan
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The windows of a decoded file's spans ((span index, start s, end s)): [n, window], [n] relative lengths,
-    [n] owning span. A span past the decoded audio has no window (it keeps no prediction)."""
-    cuts = []  # each span's (windows, relative lengths, owner)
+    [n] owning span, [n] pooling weights. A span past the decoded audio has no window (it keeps no prediction)."""
+    cuts = []  # each span's (windows, relative lengths, owner, pooling weights)
     for span_index, start, end in spans:
         first = int(round(start * plan.sample_rate))
         if end is None:
             part, limit, hop, quiet = samples[first:], plan.max_windows, plan.file_hop, plan.quiet_db
+            by_energy = plan.energy_weighted
         else:
             stop = int(round(end * plan.sample_rate))
-            part, limit, hop, quiet = samples[first:stop], 1 << 30, plan.hop, None
+            part, limit, hop, quiet, by_energy = samples[first:stop], 1 << 30, plan.hop, None, False
         if part.size == 0:
             continue
         wavs, rel = windows(part, plan.window, limit, hop, quiet)
-        cuts.append((wavs, rel, np.full(len(wavs), span_index, dtype=np.int64)))
+        weights = energy_weights(wavs, rel) if by_energy else rel
+        cuts.append((wavs, rel, np.full(len(wavs), span_index, dtype=np.int64), weights))
     if not cuts:
-        return np.zeros((0, plan.window), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64)
+        empty = np.zeros(0, np.float32)
+        return np.zeros((0, plan.window), np.float32), empty, np.zeros(0, np.int64), empty
     return tuple(np.concatenate(column) for column in zip(*cuts, strict=True))

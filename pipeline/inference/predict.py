@@ -151,9 +151,15 @@ class SpanWindows(Dataset):
         except Exception as error:  # noqa: BLE001 - a bad file must cost its rows' scores, never the run
             problem = f"{rel_path}: {type(error).__name__}: {error}"
         else:
-            wavs, lens, owner = span_windows(samples, spans, self.plan)
+            wavs, lens, owner, weights = span_windows(samples, spans, self.plan)
             return FileWindows(
-                index, wavs, lens, owner, repairs=repairs, seconds=len(samples) / self.plan.sample_rate
+                index,
+                wavs,
+                lens,
+                owner,
+                weights,
+                repairs=repairs,
+                seconds=len(samples) / self.plan.sample_rate,
             )
         return FileWindows(index, None, None, None, problem=problem)
 

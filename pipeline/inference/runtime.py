@@ -134,7 +134,8 @@ def window_plan(config: InferConfig, model: ModelConfig, batch_windows: int) -> 
     tiled = config.clip_pooling == "mean" and config.clip_hop_seconds is None
     file_hop = None if tiled else chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate)
     return WindowPlan(model.window_samples, model.sample_rate, batch_windows, config.max_windows_per_file, hop,
-                      config.length_buckets, file_hop, config.quiet_window_db)  # fmt: skip
+                      config.length_buckets, file_hop, config.quiet_window_db,
+                      config.energy_weighted_windows)  # fmt: skip
 
 
 def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device) -> EngineChoice:

@@ -17,7 +17,13 @@ import numpy as np
 import torch
 
 from ..core import metrics
-from ..core.config import DEFAULT_CHUNK_POOLING, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB, TrainConfig
+from ..core.config import (
+    DEFAULT_CHUNK_POOLING,
+    ENERGY_WEIGHTED_WINDOWS,
+    MAX_WINDOWS_PER_FILE,
+    QUIET_WINDOW_DB,
+    TrainConfig,
+)
 from ..core.objectives import validation_loss
 from ..core.windows import FileWindows, WindowPlan, chunk_hop, run_windows, span_windows
 from ..devices.strategy import Strategy
@@ -127,8 +133,9 @@ def file_scores(
     (default: all of them), their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     val_idx = data.val_idx
     mine = list(range(len(val_idx))) if positions is None else positions
-    # The infer stage's defaults (max_windows, quiet_db): selection measures what it computes.
-    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, quiet_db=QUIET_WINDOW_DB)
+    # The infer stage's defaults (max_windows, quiet_db, energy weights): selection measures what it computes.
+    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, quiet_db=QUIET_WINDOW_DB,
+                      energy_weighted=ENERGY_WEIGHTED_WINDOWS)  # fmt: skip
 
     def files():
         for k, position in enumerate(mine):
@@ -160,13 +167,13 @@ def spread_evenly(rows: list[int], count: int) -> list[int]:
 
 def embedding_centre(model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> list[float] | None:
     """The mean of training files' unit embeddings, each computed as inference computes a file's (its windows'
-    mean unit embedding, quiet windows left out) by `model` on the host: what inference subtracts before its
+    weighted mean unit embedding, quiet windows left out) by `model` on the host: what inference subtracts before its
     cosines (core/windows.py). None unless the objective is aam (one class per clip, the cosine classifier)."""
     if data.objective != "aam" or not data.train_idx:
         return None
     chosen = spread_evenly(data.train_idx, CENTRE_FILES)
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, CENTRE_WINDOWS_PER_FILE,
-                      quiet_db=QUIET_WINDOW_DB)  # fmt: skip
+                      quiet_db=QUIET_WINDOW_DB, energy_weighted=ENERGY_WEIGHTED_WINDOWS)  # fmt: skip
 
     def files():
         for k, row in enumerate(chosen):

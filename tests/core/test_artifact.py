@@ -130,17 +130,25 @@ def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_cop
     window = ours.window_samples
     rng = np.random.default_rng(1)
     lengths = [int(0.3 * window), window, int(1.7 * window), int(3.2 * window)]
-    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
+    # Loudness that rises through each clip: its windows weigh their energy in the mean, as inference weighs them.
+    clips = [(np.linspace(0.01, 0.2, n) * rng.standard_normal(n)).astype(np.float32) for n in lengths]
     # The yaml runs short windows at shorter lengths as the infer notebook's default does.
     buckets = InferConfig().length_buckets
     assert f"length_buckets: {buckets}" in (moved / "hyperparams.yaml").read_text()
     assert (
         ours.embedding_centre is not None
     )  # an aam artifact: the yaml takes the centre out as inference does
+    assert "energy_weighted: true" in (moved / "hyperparams.yaml").read_text()
     expected = classify_clips(ours.model, clips, window, device=torch.device("cpu"), length_buckets=buckets,
-                              centre=ours.embedding_centre)  # fmt: skip
-    plain = classify_clips(ours.model, clips, window, device=torch.device("cpu"), length_buckets=buckets)
+                              centre=ours.embedding_centre, energy_weighted=True)  # fmt: skip
+    plain = classify_clips(ours.model, clips, window, device=torch.device("cpu"), length_buckets=buckets,
+                           energy_weighted=True)  # fmt: skip
+    by_length = classify_clips(ours.model, clips, window, device=torch.device("cpu"), length_buckets=buckets,
+                               centre=ours.embedding_centre, energy_weighted=False)  # fmt: skip
     assert not np.allclose(plain.scores, expected.scores, atol=1e-3)
+    assert not np.allclose(
+        by_length.scores[2:], expected.scores[2:], atol=1e-4
+    )  # the clips of several windows
     batch = torch.zeros(len(clips), max(lengths))
     for row, clip in enumerate(clips):
         batch[row, : clip.size] = torch.from_numpy(clip)
@@ -163,7 +171,7 @@ def test_speechbrain_encoder_classifier_loads_it_offline_and_agrees(artifact_cop
     sf.write(tmp_path / "clip.wav", clips[2][::2], 8000)
     from_file = classify_clips(ours.model, [load_audio(tmp_path / "clip.wav")[0]], window,
                                device=torch.device("cpu"), length_buckets=buckets,
-                               centre=ours.embedding_centre)  # fmt: skip
+                               centre=ours.embedding_centre, energy_weighted=True)  # fmt: skip
     sb_file_scores, _, _, sb_file_label = sb.classify_file(str(tmp_path / "clip.wav"))
     np.testing.assert_allclose(sb_file_scores.numpy()[0], from_file.scores[0], atol=1e-4)
     assert sb_file_label == [ours.labels[int(from_file.scores[0].argmax())]]

@@ -79,7 +79,7 @@ def test_bucketed_predictions_equal_full_windows_and_no_compute_runs_on_padding(
         with torch.inference_mode():
             return model.embed(model.features(wavs, lens), lens)
 
-    plan = WindowPlan(window, model.config.sample_rate, 8, length_buckets=4)
+    plan = WindowPlan(window, model.config.sample_rate, 8, length_buckets=4, energy_weighted=True)
     items = clip_items(clips, plan)
     bucketed = run_windows(model, items, len(clips), 8, cpu, embed=recording, buckets=plan.buckets())
     full = classify_clips(model, clips, window, batch_windows=8, device=cpu)
@@ -140,10 +140,10 @@ def test_speechbrains_windowed_encoder_buckets_as_the_infer_stage_does(tiny_arti
     model = load_artifact(tiny_artifact).model
     config = model.config
     encoder = WindowedEncoder(model.embedding_model, config.n_mels, config.window_samples,
-                              sample_rate=config.sample_rate, length_buckets=4).eval()  # fmt: skip
+                              sample_rate=config.sample_rate, length_buckets=4, energy_weighted=True).eval()  # fmt: skip
     rng = np.random.default_rng(2)
     lengths = [int(f * config.window_samples) for f in (0.1, 0.35, 0.7, 1.0, 2.4)]
-    clips = [(0.1 * rng.standard_normal(n)).astype(np.float32) for n in lengths]
+    clips = [(np.linspace(0.02, 0.2, n) * rng.standard_normal(n)).astype(np.float32) for n in lengths]
     batch = torch.zeros(len(clips), max(lengths))
     for row, clip in enumerate(clips):
         batch[row, : clip.size] = torch.from_numpy(clip)

@@ -26,23 +26,31 @@ def test_batched_windows_equal_one_file_at_a_time(tiny_artifact, synthetic_data)
     assert batched.ok.all()
 
 
-def test_long_file_score_is_the_length_weighted_mean_of_its_windows(tiny_artifact):
+def test_long_file_score_is_the_energy_weighted_mean_of_its_windows(tiny_artifact):
     artifact = load_artifact(tiny_artifact)
     window = artifact.window_samples
     rng = np.random.default_rng(0)
     clip = (0.1 * rng.standard_normal(int(2.5 * window))).astype(np.float32)
+    clip[window:] *= 0.5  # the first window is louder than the rest
     whole = classify_clips(artifact.model, [clip], window, device=torch.device("cpu"))
     # ceil(2.5) = 3 evenly spaced windows: the first at the start, the last ending at the end
     step = (clip.size - window) // 2
     parts = [clip[:window], clip[step : step + window], clip[-window:]]
     each = classify_clips(artifact.model, parts, window, device=torch.device("cpu"))
-    # The file's embedding is the mean of its windows' unit embeddings; the classifier ranks classes on it
-    # exactly as the mean of the windows' cosine scores does.
-    np.testing.assert_allclose(whole.embeddings[0], each.embeddings.mean(0), atol=2e-6)
+    energy = np.array([np.mean(np.square(p, dtype=np.float64)) for p in parts])
+    weights = energy / energy.max()
+    assert weights[0] == 1.0 and weights[2] < 0.3  # the windows weigh differently
+    # The file's embedding is the energy-weighted mean of its windows' unit embeddings (as training draws its
+    # crops); the classifier ranks classes on it exactly as the same mean of the windows' cosine scores does.
+    mean = (weights[:, None] * each.embeddings).sum(0) / weights.sum()
+    np.testing.assert_allclose(whole.embeddings[0], mean, atol=2e-6)
+    assert not np.allclose(whole.embeddings[0], each.embeddings.mean(0), atol=1e-4)
     np.testing.assert_allclose(np.linalg.norm(each.embeddings, axis=1), 1.0, atol=1e-5)
-    assert whole.scores[0].argmax() == each.scores.mean(0).argmax()
-    np.testing.assert_allclose(whole.scores[0] * np.linalg.norm(each.embeddings.mean(0)), each.scores.mean(0),
-                               atol=2e-5)  # fmt: skip
+    mean_score = (weights[:, None] * each.scores).sum(0) / weights.sum()
+    assert whole.scores[0].argmax() == mean_score.argmax()
+    np.testing.assert_allclose(whole.scores[0] * np.linalg.norm(mean), mean_score, atol=2e-5)
+    equal = classify_clips(artifact.model, [clip], window, device=torch.device("cpu"), energy_weighted=False)
+    np.testing.assert_allclose(equal.embeddings[0], each.embeddings.mean(0), atol=2e-6)
 
 
 def test_prediction_with_decode_workers_matches_in_process(tiny_artifact, synthetic_data):
@@ -201,8 +209,8 @@ def test_a_whole_file_span_overlaps_its_windows_by_file_hop():
 
     rate, window = 1000, 1000
     clip = np.arange(5000, dtype=np.float32)
-    tiled, _, _ = span_windows(clip, [(0, 0.0, None)], WindowPlan(window, rate, 8))
-    halves, _, owner = span_windows(clip, [(0, 0.0, None)], WindowPlan(window, rate, 8, file_hop=500))
+    tiled, _, _, _ = span_windows(clip, [(0, 0.0, None)], WindowPlan(window, rate, 8))
+    halves, _, owner, _ = span_windows(clip, [(0, 0.0, None)], WindowPlan(window, rate, 8, file_hop=500))
     assert [int(w[0]) for w in tiled] == [0, 1000, 2000, 3000, 4000]
     assert [int(w[0]) for w in halves] == [0, 500, 1000, 1500, 2000, 2500, 3000, 3500, 4000]
     assert (owner == 0).all()
@@ -218,13 +226,34 @@ def test_a_files_silent_windows_are_left_out_with_quiet_window_db():
     clip[1200:1700] = 0.5  # the event, inside the second window only
     clip[3000:4000] = 0.002  # a window 45 dB below it
     plan = WindowPlan(window, rate, 8)
-    every, _, _ = span_windows(clip, [(0, 0.0, None)], plan)
-    kept, lens, _ = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=40.0))
-    wide, _, _ = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=60.0))
-    chunk, _, _ = span_windows(clip, [(0, 0.0, 5.0)], dataclasses.replace(plan, quiet_db=40.0, hop=window))
+    every, _, _, _ = span_windows(clip, [(0, 0.0, None)], plan)
+    kept, lens, _, _ = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=40.0))
+    wide, _, _, _ = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=60.0))
+    chunk, _, _, _ = span_windows(clip, [(0, 0.0, 5.0)], dataclasses.replace(plan, quiet_db=40.0, hop=window))
     assert len(every) == 5 and len(kept) == 1 and float(kept[0].max()) == 0.5 and lens.tolist() == [1.0]
     assert len(wide) == 2 and len(chunk) == 5
-    silent, _, _ = span_windows(
+    silent, _, _, _ = span_windows(
         np.zeros(3000, np.float32), [(0, 0.0, None)], dataclasses.replace(plan, quiet_db=40.0)
     )
     assert len(silent) == 3  # all equally quiet: nothing to leave out
+
+
+def test_a_files_windows_weigh_their_energy_and_a_chunks_weigh_alike():
+    """energy_weighted: a whole file's windows weigh their valid share times their energy relative to the
+    loudest window's (as training draws crops); chunk spans and plans without it weigh the valid share alone,
+    and a silent file keeps its valid shares (its embedding must not vanish)."""
+    from pipeline.core.windows import span_windows
+
+    rate, window = 1000, 1000
+    clip = np.full(2500, 0.1, dtype=np.float32)
+    clip[:1000] = 0.2  # the first window holds 4x the energy of the second
+    plan = WindowPlan(window, rate, 8, energy_weighted=True)
+    _, lens, _, weights = span_windows(clip, [(0, 0.0, None)], plan)
+    _, _, _, plain = span_windows(clip, [(0, 0.0, None)], dataclasses.replace(plan, energy_weighted=False))
+    _, chunk_lens, _, chunk = span_windows(clip, [(0, 0.0, 2.5)], dataclasses.replace(plan, hop=window))
+    # Windows start at 0, 750 and 1500 (the last ends at the file's end): 1, (250 * 4 + 750) / 4000, 1/4.
+    np.testing.assert_allclose(weights, [1.0, 0.4375, 0.25], rtol=1e-5)
+    np.testing.assert_array_equal(plain, lens)
+    np.testing.assert_array_equal(chunk, chunk_lens)
+    _, silent_lens, _, silent = span_windows(np.zeros(2500, np.float32), [(0, 0.0, None)], plan)
+    np.testing.assert_array_equal(silent, silent_lens)

@@ -82,20 +82,21 @@ def test_the_embedding_centre_is_the_mean_of_training_files_unit_embeddings(
     tiny_artifact, synthetic_data, synthetic_training_data
 ):
     from pipeline.core.artifact import load_artifact
-    from pipeline.core.data import windows
+    from pipeline.core.data import energy_weights, windows
     from pipeline.training.validation import embedding_centre
 
     data = synthetic_training_data
     config = TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN)
     model = load_artifact(tiny_artifact).model
     centre = torch.tensor(embedding_centre(model, data, config))
-    files = []  # each training file as inference computes it: its windows' mean unit embedding
+    files = []  # each training file as inference computes it: its windows' energy-weighted mean unit embedding
     for row in data.train_idx:
         wavs, lens = windows(data.store.read(int(data.items[row])), config.window_samples, 8, quiet_db=40.0)
+        weights = torch.from_numpy(energy_weights(wavs, lens))
         wavs, lens = torch.from_numpy(wavs), torch.from_numpy(lens)
         with torch.inference_mode():
             unit = torch.nn.functional.normalize(model.embed(model.features(wavs, lens), lens), dim=1)
-        files.append(torch.nn.functional.normalize((unit * lens[:, None]).sum(0) / lens.sum(), dim=0))
+        files.append(torch.nn.functional.normalize((unit * weights[:, None]).sum(0) / weights.sum(), dim=0))
     torch.testing.assert_close(centre, torch.stack(files).mean(0), atol=1e-5, rtol=1e-4)
     assert 0.0 < float(centre.norm()) < 1.0  # files differ, and share a direction
     multi_label = dataclasses.replace(data, objective="bce")
