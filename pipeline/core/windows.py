@@ -212,9 +212,7 @@ def run_windows(
     def flush(length: int, full_only: bool) -> None:
         """Run full batches (or everything) of the pending windows of one tensor length."""
         nonlocal staging
-        wavs, lens, lens_at, owner, weights = (
-            np.concatenate(part) for part in zip(*pending[length], strict=True)
-        )
+        wavs, lens_at, owner, weights = (np.concatenate(part) for part in zip(*pending[length], strict=True))
         size = batch_size(length)
         stop = (len(wavs) // size) * size if full_only else len(wavs)
         for start in range(0, stop, size):
@@ -235,7 +233,7 @@ def run_windows(
             computed["windows"] += end - start
             computed["seconds"] += time.perf_counter() - began
             heartbeat()  # progress, for the launcher's stall check when this runs in a device worker
-        pending[length] = [(wavs[stop:], lens[stop:], lens_at[stop:], owner[stop:], weights[stop:])]
+        pending[length] = [(wavs[stop:], lens_at[stop:], owner[stop:], weights[stop:])]
 
     def waiting() -> int:
         return sum(len(part[0]) for parts in pending.values() for part in parts)
@@ -275,15 +273,17 @@ def _by_length(
     item: FileWindows, buckets: Buckets | None, window: int
 ) -> Iterator[tuple[int, tuple[np.ndarray, ...]]]:
     """A file's windows grouped by the tensor length they run at: (length, (wavs [n, length], relative lengths
-    of the full window, relative lengths at `length`, owner, pooling weights))."""
+    at `length`, owner, pooling weights))."""
     wavs, lens, owner = np.asarray(item.windows), np.asarray(item.lens), np.asarray(item.owner)
     weights = lens if item.weights is None else np.asarray(item.weights, dtype=np.float32)
     for length, chosen, lens_at in length_groups(lens, window, buckets):
         if len(chosen) == len(lens):  # one group: every window at this length, no copy needed
-            yield length, (wavs[:, :length], lens, lens_at, owner, weights)
+            yield length, (wavs[:, :length], lens_at, owner, weights)
         else:
-            yield length, (np.ascontiguousarray(wavs[chosen, :length]), lens[chosen], lens_at, owner[chosen],
-                           weights[chosen])  # fmt: skip
+            yield (
+                length,
+                (np.ascontiguousarray(wavs[chosen, :length]), lens_at, owner[chosen], weights[chosen]),
+            )
 
 
 def _fits(deadline: float, windows: int, computed: dict[str, float], started: float) -> bool:
