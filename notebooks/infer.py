@@ -40,6 +40,7 @@ clip_hop_seconds = None  # between a file's windows (None: tiled for mean, half 
 quiet_window_db = 40.0  # a file's windows this far below its loudest are left out (None: every window)
 centre_embeddings = True  # score embeddings minus the training clips' mean (aam artifacts carry it)
 energy_weighted_windows = True  # a file's windows weigh their energy in its mean, as training drew crops
+test_time_speeds = "auto"  # a file also read at these speeds (auto: the artifact's; None: as it is)
 # Time: stop predicting in time (the rest gets the prior) and project the hidden set's time
 time_limit_minutes = None  # e.g. 85 for a 90-minute limit
 expected_test_files = None  # e.g. 700

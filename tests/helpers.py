@@ -108,11 +108,12 @@ def tone(seconds=0.3, freq=220.0, rate=SAMPLE_RATE):
 
 def classify_clips(
     model, clips, window, batch_windows=64, max_windows=None, device=None, length_buckets=1, centre=None,
-    energy_weighted=True,
+    energy_weighted=True, speeds=(1.0,),
 ):  # fmt: skip
     """Whole-file predictions (SpanPredictions) for clips already in memory, one span per clip, through the
     infer stage's windows and batches (scored minus `centre`, an artifact's embedding_centre, when given; each
-    file's windows weighted by their energy, as the infer stage's default, unless `energy_weighted` is False)."""
+    file's windows weighted by their energy, as the infer stage's default, unless `energy_weighted` is False;
+    each file also read at `speeds`)."""
     import torch
 
     from pipeline.core.config import MAX_WINDOWS_PER_FILE
@@ -120,7 +121,7 @@ def classify_clips(
 
     device = device or torch.device("cpu")
     plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows or MAX_WINDOWS_PER_FILE, None,
-                      length_buckets, energy_weighted=energy_weighted)  # fmt: skip
+                      length_buckets, energy_weighted=energy_weighted, speeds=tuple(speeds))  # fmt: skip
     return run_windows(
         model,
         clip_items(clips, plan),

@@ -51,7 +51,8 @@ REQUIRED_FILES = (
 SEALED_FIELDS = ("model_config", "labels", "fallback_label")
 # Sealed too when present: the training clips' mean embedding (aam artifacts of this version on; see
 # pipeline/training/validation.embedding_centre), which inference subtracts before cosine scoring.
-OPTIONAL_SEALED_FIELDS = ("embedding_centre",)
+# And the speeds a whole file is read at (a model trained with speed perturbation: core/data.file_windows).
+OPTIONAL_SEALED_FIELDS = ("embedding_centre", "test_time_speeds")
 
 
 class ArtifactError(RuntimeError):
@@ -74,6 +75,12 @@ class Artifact:
         """The training clips' mean embedding [embedding_size] (None: an artifact written without one)."""
         centre = self.manifest.get("embedding_centre")
         return None if centre is None else torch.tensor(centre, dtype=torch.float32)
+
+    @property
+    def test_time_speeds(self) -> tuple[float, ...] | None:
+        """The speeds training asks a whole file to be read at (None: as it is; older artifacts have none)."""
+        speeds = self.manifest.get("test_time_speeds")
+        return None if not speeds else tuple(float(v) for v in speeds)
 
     def listed_file(self, name: str) -> Path | None:
         """The path of an optional file (e.g. the ONNX engine's) if the manifest lists it -- and so verified
@@ -104,16 +111,20 @@ def save_artifact(
     extra_files: dict[str, Path] | None = None,
     fallback_label: str | None = None,
     embedding_centre: list[float] | None = None,
+    test_time_speeds: list[float] | None = None,
 ) -> Path:
     """Write the artifact atomically to `artifact_dir` and return its path. It replaces only an earlier
     artifact or an empty folder (see check_artifact_dir). `embedding_centre`: the training clips' mean
-    embedding, sealed with the weights (inference subtracts it before scoring)."""
+    embedding, sealed with the weights (inference subtracts it before scoring); `test_time_speeds`: the speeds
+    the infer stage reads a whole file at by default (sealed too; None: as it is)."""
     target = check_artifact_dir(artifact_dir)
     with staged_directory(target, is_artifact) as staging:
         fallback = fallback_label if fallback_label is not None else labels[0]
         sealed = {"model_config": model.config.to_dict(), "labels": list(labels), "fallback_label": fallback}
         if embedding_centre is not None:
             sealed["embedding_centre"] = [float(v) for v in embedding_centre]
+        if test_time_speeds:
+            sealed["test_time_speeds"] = [float(v) for v in test_time_speeds]
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
@@ -134,7 +145,7 @@ def save_artifact(
             encoder.add_label(label)
         encoder.save(str(staging / "label_encoder.ckpt"))
         (staging / "hyperparams.yaml").write_text(
-            _speechbrain_yaml(model.config, sealed.get("embedding_centre"))
+            _speechbrain_yaml(model.config, sealed.get("embedding_centre"), sealed.get("test_time_speeds"))
         )
         for name, source in (extra_files or {}).items():
             shutil.copyfile(source, staging / name)
@@ -223,6 +234,11 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
     if centre is not None and (len(centre) != model.config.embedding_size or not np.all(np.isfinite(centre))):
         raise ArtifactError(f"{root / MANIFEST}: embedding_centre is not {model.config.embedding_size} finite "
                             "numbers; retrain")  # fmt: skip
+    speeds = manifest.get("test_time_speeds")
+    if speeds is not None and (not isinstance(speeds, list) or not all(isinstance(v, (int, float)) and 0.25 <= v <= 4
+                                                                        for v in speeds)):  # fmt: skip
+        raise ArtifactError(f"{root / MANIFEST}: test_time_speeds {speeds!r} is not a list of speeds from 0.25 "
+                            "to 4; retrain")  # fmt: skip
     return Artifact(model=model.eval(), labels=list(manifest["labels"]), manifest=manifest, path=root)
 
 
@@ -234,7 +250,9 @@ def _file_record(path: Path) -> dict[str, Any]:
     return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
 
 
-def _speechbrain_yaml(config: ModelConfig, centre: list[float] | None = None) -> str:
+def _speechbrain_yaml(
+    config: ModelConfig, centre: list[float] | None = None, speeds: list[float] | None = None
+) -> str:
     """A SpeechBrain inference recipe whose Pretrainer lists loadables but no `paths`: SpeechBrain then loads
     `<name>.ckpt` from whatever `source` directory it is given, so the artifact is relocatable.
 
@@ -263,6 +281,7 @@ embedding_model: !new:pipeline.core.model.WindowedEncoder
     quiet_db: {QUIET_WINDOW_DB}  # its quiet_window_db default: padding silence left out
     energy_weighted: {str(ENERGY_WEIGHTED_WINDOWS).lower()}  # its energy_weighted_windows default: loud windows count more
     centre: {json.dumps(centre)}  # the training files' mean embedding, taken out before scoring (null: none)
+    speeds: {json.dumps(speeds)}  # its test_time_speeds default: each file also read at these (null: as it is)
     frontend: {config.frontend}
     encoder: !new:{encoder}
         input_size: !ref <n_mels>

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import string
 import types
 import typing
@@ -34,6 +35,9 @@ SAMPLE_RATE = 16_000  # the default: SpeechBrain's speaker convention (TrainConf
 MAX_WINDOWS_PER_FILE = 64
 QUIET_WINDOW_DB = 40.0  # InferConfig.quiet_window_db's default (what it does and what it gained: there)
 ENERGY_WEIGHTED_WINDOWS = True  # InferConfig.energy_weighted_windows' default (why: there)
+# The speeds a model trained with speed perturbation (TrainConfig.speed_probability: 0.8-1.25x) reads a whole
+# file at (InferConfig.test_time_speeds: what it gained there); its artifact records them.
+TEST_TIME_SPEEDS = (0.8, 0.9, 1.0, 1.1, 1.25)
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 96_000
 # Chunk ids (InferConfig.row_id_template): the test item's id, its file's stem or name, the chunk's seconds.
 TEMPLATE_FIELDS = ("id", "stem", "name", "start", "end")
@@ -336,6 +340,13 @@ class InferConfig:
     # energy_weights), as training draws a long clip's crops; False: by valid length alone. ESC-10, the kept models
     # of 4 training seeds (20 folds, torch fp32): 0.9081 -> 0.9144, 9 folds up, 3 down (docs/measurements.md).
     energy_weighted_windows: bool = ENERGY_WEIGHTED_WINDOWS
+    # A row per file: the file is also played at these speeds (pitch with them), and its mean embedding counts
+    # each view alike (core/data.file_windows): test-time augmentation with the speed perturbation the model
+    # trained with. "auto": the artifact's own speeds (TEST_TIME_SPEEDS when it trained with speed perturbation,
+    # as the sound-event recipe does; none otherwise); None: the file as it is; or a list, text "0.9,1,1.1".
+    # Each speed costs a view's compute. ESC-10, the kept models of 6 training runs (30 folds, torch fp32):
+    # 0.9154 -> 0.9225, 13 folds up, 4 down; through the notebooks, four seeds: 0.9175 -> 0.921 (docs/measurements.md).
+    test_time_speeds: list[float] | str | None = "auto"
     # Time: prediction stops in time for the notebook to end within time_limit_minutes (counted from the
     # kernel's start; the rows left get the prior). The hidden set's size, if given, gives a projected time.
     time_limit_minutes: float | None = None
@@ -382,6 +393,7 @@ class InferConfig:
         if self.row_id_template != "auto":
             check_template(self.row_id_template)
         self.chunk_smoothing = _kernel(self.chunk_smoothing)
+        self.test_time_speeds = _speeds(self.test_time_speeds)
         if not 0.0 <= self.file_max_weight <= 1.0:
             raise ConfigError(f"parameter file_max_weight={self.file_max_weight!r}: use 0 (off) to 1")
         if self.num_workers is not None:
@@ -400,6 +412,25 @@ def _kernel(value: Any) -> list[float] | None:
         raise ConfigError(f"parameter chunk_smoothing={value!r}: use an odd number of weights >= 0, centred on the "
                           "chunk, e.g. [0.1, 0.8, 0.1] (papermill: -p chunk_smoothing 0.1,0.8,0.1), or None")  # fmt: skip
     return weights
+
+
+def _speeds(value: Any) -> list[float] | str | None:
+    """test_time_speeds as "auto", None, or a list of speeds: a list, or text such as "0.9,1,1.1" or "0.9 1 1.1"."""
+    if value is None or value == [] or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    try:
+        speeds = [
+            float(v) for v in (re.split(r"[,\s]+", value.strip("[] ")) if isinstance(value, str) else value)
+        ]
+    except (TypeError, ValueError):
+        speeds = []
+    if not speeds or not all(0.25 <= v <= 4.0 for v in speeds) or len(set(speeds)) != len(speeds):
+        raise ConfigError(f"parameter test_time_speeds={value!r}: use 'auto' (the artifact's own), None (each file "
+                          "as it is), or distinct speeds from 0.25 to 4, e.g. 0.9,1,1.1 (papermill: -p "
+                          "test_time_speeds 0.9,1,1.1)")  # fmt: skip
+    return speeds
 
 
 def check_template(template: str) -> None:

@@ -157,6 +157,47 @@ def windows(
     return stacked, np.ones(len(stacked), dtype=np.float32)
 
 
+def play_at(samples: torch.Tensor, speed: float) -> torch.Tensor:
+    """`samples` [n] played `speed` times as fast, pitch with it (duration x 1 / speed), by linear interpolation:
+    training's speed perturbation (pipeline/training/augment.py) and inference's speed views (`file_windows`)."""
+    length = max(2, int(round(samples.numel() / speed)))
+    return torch.nn.functional.interpolate(
+        samples[None, None], size=length, mode="linear", align_corners=False
+    )[0, 0]
+
+
+def file_windows(
+    samples: np.ndarray,
+    window: int,
+    max_windows: int,
+    hop: int | None = None,
+    quiet_db: float | None = None,
+    energy_weighted: bool = False,
+    speeds: tuple[float, ...] = (1.0,),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A whole file's windows (`windows`), their relative lengths and their weights in its mean embedding: the
+    valid share, times the energy with `energy_weighted` (`energy_weights`).
+
+    With several `speeds`, the file is also played at each (`play_at`: the speeds a model trained with speed
+    perturbation has heard its classes at) and each such view is cut into windows of its own; each view's
+    weights are scaled to sum to one, so every view counts alike in the file's mean however many windows it
+    has (a slower view is longer). One speed of 1.0: the file's own windows, weights unscaled."""
+    parts = []
+    for speed in speeds:
+        # torch.tensor copies: a file read from the audio cache may be a read-only memory map.
+        played = (
+            samples if speed == 1.0 else play_at(torch.tensor(samples, dtype=torch.float32), speed).numpy()
+        )
+        wavs, rel = windows(played, window, max_windows, hop, quiet_db)
+        weights = energy_weights(wavs, rel) if energy_weighted else rel
+        if len(speeds) > 1:
+            weights = (weights / max(float(weights.sum()), 1e-30)).astype(np.float32)
+        parts.append((wavs, rel, weights))
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(column) for column in zip(*parts, strict=True))
+
+
 def energy_weights(wavs: np.ndarray, lens: np.ndarray) -> np.ndarray:
     """Each of a clip's windows' weight in its mean embedding: its valid share (`lens`) times its energy (mean
     square) relative to the loudest window's. Training draws its crops of a long clip with a chance

@@ -19,7 +19,7 @@ from speechbrain.processing.features import InputNormalization
 
 from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE, MODEL_PRESETS, QUIET_WINDOW_DB, SAMPLE_RATE
-from .data import energy_weights, windows  # the numpy windowing inference uses, shared by WindowedEncoder
+from .data import file_windows  # the numpy windowing inference uses, shared by WindowedEncoder
 
 
 @dataclass
@@ -219,8 +219,9 @@ class WindowedEncoder(torch.nn.Module):
     The ECAPA-TDNN was trained on fixed windows (padding included: see data.windows), so a whole short file
     fed to it unpadded gets other, worse, scores. This wrapper cuts every file of the batch into the same
     windows, embeds them with the same front end, and returns the weighted mean of the unit-length window
-    embeddings [B, 1, D] (each window weighs its valid length, and with `energy_weighted` its energy: data.
-    energy_weights) -- minus the artifact's `centre` when it carries one (core/windows.py) --;
+    embeddings [B, 1, D] (each window weighs its valid length, and with `energy_weighted` its energy; with
+    `speeds`, the file is also played at each and every view counts alike: data.file_windows) -- minus the
+    artifact's `centre` when it carries one (core/windows.py) --;
     SpeechBrain's cosine `Classifier` then scores it. In the yaml, `compute_features` and `mean_var_norm` are
     `PassThrough`s, so this module receives the waveforms.
     """
@@ -237,6 +238,7 @@ class WindowedEncoder(torch.nn.Module):
         quiet_db: float | None = QUIET_WINDOW_DB,
         centre: list[float] | None = None,
         energy_weighted: bool = False,
+        speeds: list[float] | None = None,
     ) -> None:
         super().__init__()
         self.encoder = encoder
@@ -244,6 +246,8 @@ class WindowedEncoder(torch.nn.Module):
         self.quiet_db = quiet_db  # a clip's windows this far below its loudest are left out, as at inference
         # False for artifacts written before the infer stage weighed windows by energy (their yaml lacks it).
         self.energy_weighted = energy_weighted
+        # The speeds each file is also played at (data.file_windows); None, as in older yaml files: as it is.
+        self.speeds = tuple(speeds) if speeds else (1.0,)
         self.frontend = Frontend(n_mels, sample_rate, frontend)
         self.window_samples, self.max_windows = window_samples, max_windows
         # Short windows at shorter lengths, as the infer stage runs them (pipeline/core/buckets.py; 1: full windows).
@@ -256,10 +260,11 @@ class WindowedEncoder(torch.nn.Module):
         for index in range(wavs.shape[0]):
             valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))
             audio = wavs[index, :valid].detach().cpu().numpy()
-            cut, rel = windows(audio, self.window_samples, self.max_windows, quiet_db=self.quiet_db)
+            cut, rel, weight = file_windows(audio, self.window_samples, self.max_windows, quiet_db=self.quiet_db,
+                                            energy_weighted=self.energy_weighted, speeds=self.speeds)  # fmt: skip
             chunks.append(cut)
             lens.append(rel)
-            weights.append(energy_weights(cut, rel) if self.energy_weighted else rel)
+            weights.append(weight)
             owners += [index] * len(cut)
         rel = np.concatenate(lens)
         embeddings = self._embed(np.concatenate(chunks), rel, wavs.device)

@@ -12,6 +12,9 @@ windows exactly like the training crops (`span_windows`, `WindowPlan`), batched 
     max       the highest cosine score of each class over the span's windows (a call anywhere in the chunk)
     mean_max  the average of the windows' mean cosine score and their maximum, per class
 
+A whole file may also be read at other speeds (`WindowPlan.speeds`: those a model trained with speed perturbation
+heard; data.file_windows): each speed's windows join the file's span, every view weighing alike in its mean.
+
 With a `centre` (the training clips' mean embedding, which an aam artifact carries), every pooling scores
 unit embeddings minus the centre: the direction all clips share is taken out of the cosine, as speaker
 verification subtracts its training mean before cosine scoring (docs/measurements.md: ESC-10).
@@ -32,7 +35,7 @@ import torch
 
 from .buckets import Buckets, length_groups
 from .config import MAX_WINDOWS_PER_FILE
-from .data import energy_weights, windows
+from .data import file_windows, windows
 from .model import SpeakerClassifier, add_windows, embed_waveforms
 from .progress import heartbeat, progress_bar
 
@@ -73,6 +76,9 @@ class WindowPlan:
     quiet_db: float | None = None
     # A whole file's windows weigh their energy in its pooling (data.energy_weights); a chunk's weigh alike.
     energy_weighted: bool = False
+    # A whole file is also played at these speeds, each view's windows pooled into its mean (data.file_windows);
+    # (1.0,): the file as it is. Chunks are never played at other speeds.
+    speeds: tuple[float, ...] = (1.0,)
 
     def buckets(self) -> Buckets | None:
         count = self.length_buckets
@@ -304,15 +310,17 @@ def span_windows(
     for span_index, start, end in spans:
         first = int(round(start * plan.sample_rate))
         if end is None:
-            part, limit, hop, quiet = samples[first:], plan.max_windows, plan.file_hop, plan.quiet_db
-            by_energy = plan.energy_weighted
+            part = samples[first:]
+            if part.size == 0:
+                continue
+            wavs, rel, weights = file_windows(part, plan.window, plan.max_windows, plan.file_hop, plan.quiet_db,
+                                              plan.energy_weighted, plan.speeds)  # fmt: skip
         else:
-            stop = int(round(end * plan.sample_rate))
-            part, limit, hop, quiet, by_energy = samples[first:stop], 1 << 30, plan.hop, None, False
-        if part.size == 0:
-            continue
-        wavs, rel = windows(part, plan.window, limit, hop, quiet)
-        weights = energy_weights(wavs, rel) if by_energy else rel
+            part = samples[first : int(round(end * plan.sample_rate))]
+            if part.size == 0:
+                continue
+            wavs, rel = windows(part, plan.window, 1 << 30, plan.hop)
+            weights = rel
         cuts.append((wavs, rel, np.full(len(wavs), span_index, dtype=np.int64), weights))
     if not cuts:
         empty = np.zeros(0, np.float32)

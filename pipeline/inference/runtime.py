@@ -79,9 +79,11 @@ class Runtime:
         engine = f"torch {self.engine.precision}" if self.engine.mode == "torch" else self.engine.label
         if self.engine.mode == "race":
             engine += " or torch, whichever is faster on the first batch"
+        speeds = self.windows.speeds
+        views = f"; whole files read at {', '.join(f'{v:g}' for v in speeds)}x" if speeds != (1.0,) else ""
         return (f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
                 f"{self.windows.batch_windows} windows ({plural(self.windows.length_buckets, 'length')}); engine: "
-                f"{engine} ({self.engine.why})")  # fmt: skip
+                f"{engine} ({self.engine.why}){views}")  # fmt: skip
 
 
 def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware | None = None) -> Runtime:
@@ -95,8 +97,16 @@ def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware 
     if device.type == "cpu" or config.num_threads:
         threads = plan_threads(hardware.cores, workers, config.num_threads).compute_threads
     centre = artifact.embedding_centre if config.centre_embeddings else None
-    return Runtime(device, window_plan(config, model, batch), workers, threads,
-                   choose_engine(config, artifact, device), config.progress, centre)  # fmt: skip
+    plan = window_plan(config, model, batch, choose_speeds(config, artifact))
+    return Runtime(device, plan, workers, threads, choose_engine(config, artifact, device), config.progress,
+                   centre)  # fmt: skip
+
+
+def choose_speeds(config: InferConfig, artifact: Artifact) -> tuple[float, ...]:
+    """The speeds a whole file is read at: InferConfig's `test_time_speeds`, for auto the artifact's own
+    (training records them when it perturbed speeds); (1.0,): the file as it is."""
+    speeds = artifact.test_time_speeds if config.test_time_speeds == "auto" else config.test_time_speeds
+    return tuple(float(v) for v in speeds) if speeds else (1.0,)
 
 
 def choose_device(device: str, hardware: Hardware) -> torch.device:
@@ -126,16 +136,18 @@ def batching_for(
             num_workers if num_workers is not None else auto_workers)  # fmt: skip
 
 
-def window_plan(config: InferConfig, model: ModelConfig, batch_windows: int) -> WindowPlan:
+def window_plan(
+    config: InferConfig, model: ModelConfig, batch_windows: int, speeds: tuple[float, ...] = (1.0,)
+) -> WindowPlan:
     """The artifact's windows; a chunk's windows `window_hop_seconds` apart (default: half a window), a whole
     file's `clip_hop_seconds` apart (default: tiling the file for the mean embedding, half a window for the
-    other poolings)."""
+    other poolings), a whole file read at each of `speeds`."""
     hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
     tiled = config.clip_pooling == "mean" and config.clip_hop_seconds is None
     file_hop = None if tiled else chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate)
     return WindowPlan(model.window_samples, model.sample_rate, batch_windows, config.max_windows_per_file, hop,
                       config.length_buckets, file_hop, config.quiet_window_db,
-                      config.energy_weighted_windows)  # fmt: skip
+                      config.energy_weighted_windows, speeds)  # fmt: skip
 
 
 def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device) -> EngineChoice:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..core.data import play_at
 from .store import AudioStore
 
 
@@ -178,9 +179,8 @@ def _speed(
     wavs, lens = wavs.clone(), lens.clone()
     for row, speed in zip(rows.tolist(), speeds.tolist(), strict=True):
         valid = max(2, int(round(float(lens[row]) * window)))
-        length = max(2, int(round(valid / speed)))
-        played = torch.nn.functional.interpolate(wavs[row, None, None, :valid], size=length, mode="linear",
-                                                 align_corners=False)[0, 0]  # fmt: skip
+        played = play_at(wavs[row, :valid], speed)
+        length = len(played)
         first = int(rng.integers(0, length - window + 1)) if length > window else 0
         kept = played[first : first + window]
         wavs[row] = torch.nn.functional.pad(kept, (0, window - len(kept)))

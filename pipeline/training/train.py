@@ -52,7 +52,14 @@ from .dataset import TrainingData, load_training_data
 from .ema import WeightAverage
 from .pretrained import initial_model
 from .provenance import build_provenance, run_fingerprint, weights_digest
-from .validation import calibration_windows, embedding_centre, evaluate, recalibrates, validation_model
+from .validation import (
+    calibration_windows,
+    embedding_centre,
+    evaluate,
+    recalibrates,
+    test_time_speeds,
+    validation_model,
+)
 
 GRAD_CLIP = 5.0
 # Under DDP every "stop now?" / "checkpoint now?" decision is rank 0's, broadcast to the others: a collective
@@ -400,6 +407,9 @@ def finish(run: Run) -> TrainResult:
     if not strategy.is_main:
         return result  # no collective follows: the other ranks leave while rank 0 saves
     centre = _embedding_centre(run, final)
+    if (speeds := test_time_speeds(config)) != (1.0,):
+        run.log(f"test-time speeds: the infer stage reads each file at {', '.join(f'{v:g}' for v in speeds)}x "
+                "(the model trained with speed perturbation; infer parameter test_time_speeds)")  # fmt: skip
     provenance = build_provenance(config, run.plan, strategy, result)
     # Self-training and distillation: the teachers' scores, and their lineage.
     provenance["soundscape_targets"], provenance["focal_targets"] = data.targets_record, data.focal_record
@@ -414,7 +424,8 @@ def finish(run: Run) -> TrainResult:
             result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
                                                 extra_files={**figures, **onnx.files},
                                                 fallback_label=data.labels[int(np.bincount(data.targets).argmax())],
-                                                embedding_centre=centre)  # fmt: skip
+                                                embedding_centre=centre,
+                                                test_time_speeds=list(speeds) if speeds != (1.0,) else None)  # fmt: skip
     if run.stopped_early:
         run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
                 "parameters to continue training")  # fmt: skip

@@ -22,6 +22,7 @@ from ..core.config import (
     ENERGY_WEIGHTED_WINDOWS,
     MAX_WINDOWS_PER_FILE,
     QUIET_WINDOW_DB,
+    TEST_TIME_SPEEDS,
     TrainConfig,
 )
 from ..core.objectives import validation_loss
@@ -125,6 +126,13 @@ def _scores_of_all(
     return strategy.sum_across(score(model, source, config, embed, mine, strategy.device)).numpy()
 
 
+def test_time_speeds(config: TrainConfig) -> tuple[float, ...]:
+    """The speeds the infer stage reads a whole file at by default (its artifact records them): those a model
+    trained with speed perturbation heard its classes at (InferConfig.test_time_speeds: ESC-10 +0.004 over four
+    seeds through the notebooks); (1.0,), the file as it is, for any other model."""
+    return TEST_TIME_SPEEDS if config.speed_probability else (1.0,)
+
+
 def file_scores(
     model: torch.nn.Module, data: TrainingData, config: TrainConfig, embed: Embed,
     positions: list[int] | None = None, device: torch.device = CPU,
@@ -133,9 +141,10 @@ def file_scores(
     (default: all of them), their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     val_idx = data.val_idx
     mine = list(range(len(val_idx))) if positions is None else positions
-    # The infer stage's defaults (max_windows, quiet_db, energy weights): selection measures what it computes.
+    # The infer stage's defaults (max_windows, quiet_db, energy weights, speeds): selection measures what it
+    # computes.
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, quiet_db=QUIET_WINDOW_DB,
-                      energy_weighted=ENERGY_WEIGHTED_WINDOWS)  # fmt: skip
+                      energy_weighted=ENERGY_WEIGHTED_WINDOWS, speeds=test_time_speeds(config))  # fmt: skip
 
     def files():
         for k, position in enumerate(mine):
@@ -168,7 +177,9 @@ def spread_evenly(rows: list[int], count: int) -> list[int]:
 def embedding_centre(model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> list[float] | None:
     """The mean of training files' unit embeddings, each computed as inference computes a file's (its windows'
     weighted mean unit embedding, quiet windows left out) by `model` on the host: what inference subtracts before its
-    cosines (core/windows.py). None unless the objective is aam (one class per clip, the cosine classifier)."""
+    cosines (core/windows.py). None unless the objective is aam (one class per clip, the cosine classifier).
+    Files are read as they are, not at the test-time speeds as well: the speed views gained with this centre
+    (docs/measurements.md) and would cost the pass five times its time."""
     if data.objective != "aam" or not data.train_idx:
         return None
     chosen = spread_evenly(data.train_idx, CENTRE_FILES)

@@ -49,6 +49,53 @@ def test_the_embedding_centre_is_sealed_with_the_weights_and_checked_at_load(tmp
         load_artifact(short)
 
 
+def test_the_test_time_speeds_are_sealed_and_checked_at_load(tmp_path, tiny_artifact):
+    """An artifact trained with speed perturbation records the speeds the infer stage reads files at; one
+    trained without (the tiny fixture) records none, and its yaml reads files as they are."""
+    assert load_artifact(tiny_artifact).test_time_speeds is None
+    assert "speeds: null" in (tiny_artifact / "hyperparams.yaml").read_text()
+    model = small_model()
+    path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {}, test_time_speeds=[0.8, 1.0, 1.25])
+    assert load_artifact(path).test_time_speeds == (0.8, 1.0, 1.25)
+    assert "speeds: [0.8, 1.0, 1.25]" in (path / "hyperparams.yaml").read_text()
+    manifest = json.loads((path / "manifest.json").read_text())
+    for edited in ([1.0], None):  # changed, or taken out: either is refused
+        (path / "manifest.json").write_text(json.dumps({**manifest, "test_time_speeds": edited}))
+        with pytest.raises(ArtifactError, match=r"'test_time_speeds' differs from the value sealed"):
+            load_artifact(path)
+    wrong = save_artifact(tmp_path / "b", model, ["x", "y", "z"], {}, test_time_speeds=[0.1, 1.0])
+    with pytest.raises(ArtifactError, match=r"test_time_speeds \[0.1, 1.0\] is not a list of speeds"):
+        load_artifact(wrong)
+
+
+def test_speechbrain_reads_files_at_the_artifacts_test_time_speeds_as_inference_does(tmp_path, monkeypatch):
+    """With test_time_speeds in the artifact, SpeechBrain's EncoderClassifier plays each file at every speed and
+    returns the project's scores; the speeds change the scores (they are not a no-op)."""
+    from speechbrain.inference.speaker import EncoderClassifier
+    from speechbrain.utils.fetching import LocalStrategy
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model, speeds = small_model(), (0.8, 1.0, 1.25)
+    path = save_artifact(tmp_path / "a", model, ["x", "y", "z"], {}, test_time_speeds=list(speeds))
+    loaded = load_artifact(path)
+    sb = EncoderClassifier.from_hparams(source=str(path), savedir=str(tmp_path / "sb"),
+                                        local_strategy=LocalStrategy.COPY)  # fmt: skip
+    rng = np.random.default_rng(4)
+    clips = [
+        (np.linspace(0.01, 0.2, n) * rng.standard_normal(n)).astype(np.float32) for n in (3000, 8000, 26000)
+    ]
+    buckets = InferConfig().length_buckets
+    expected = classify_clips(loaded.model, clips, 8000, device=torch.device("cpu"), length_buckets=buckets,
+                              speeds=speeds)  # fmt: skip
+    as_they_are = classify_clips(
+        loaded.model, clips, 8000, device=torch.device("cpu"), length_buckets=buckets
+    )
+    assert not np.allclose(as_they_are.scores, expected.scores, atol=1e-3)
+    with torch.no_grad():
+        sb_scores = [sb.classify_batch(torch.from_numpy(clip)[None])[0][0].numpy() for clip in clips]
+    np.testing.assert_allclose(np.stack(sb_scores), expected.scores, atol=2e-5)
+
+
 def test_artifact_refers_to_nothing_outside_itself(tiny_artifact):
     for name in ("manifest.json", "hyperparams.yaml"):
         text = (tiny_artifact / name).read_text()

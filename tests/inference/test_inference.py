@@ -53,6 +53,30 @@ def test_long_file_score_is_the_energy_weighted_mean_of_its_windows(tiny_artifac
     np.testing.assert_allclose(equal.embeddings[0], each.embeddings.mean(0), atol=2e-6)
 
 
+def test_a_file_read_at_several_speeds_scores_the_mean_of_its_views(tiny_artifact):
+    """test_time_speeds: the file is also played at each speed (as training's speed perturbation plays crops),
+    and its embedding is the mean of each view's own (energy-weighted) mean embedding: every view counts alike,
+    though a slower view has more windows. A speed of 1.0 alone is the file as it is, bit for bit."""
+    from pipeline.core.data import play_at
+
+    artifact = load_artifact(tiny_artifact)
+    window, cpu = artifact.window_samples, torch.device("cpu")
+    rng = np.random.default_rng(5)
+    clip = (np.linspace(0.02, 0.2, int(2.5 * window)) * rng.standard_normal(int(2.5 * window))).astype(
+        np.float32
+    )
+    speeds = (0.8, 1.0, 1.25)
+    views = [play_at(torch.from_numpy(clip), s).numpy() for s in speeds]
+    assert [len(v) for v in views] == [round(len(clip) / s) for s in speeds]  # slower is longer
+    whole = classify_clips(artifact.model, [clip], window, device=cpu, speeds=speeds)
+    each = classify_clips(artifact.model, views, window, device=cpu)
+    np.testing.assert_allclose(whole.embeddings[0], each.embeddings.mean(0), atol=2e-6)
+    as_it_is = classify_clips(artifact.model, [clip], window, device=cpu)
+    assert not np.allclose(whole.embeddings[0], as_it_is.embeddings[0], atol=1e-4)
+    one = classify_clips(artifact.model, [clip], window, device=cpu, speeds=(1.0,))
+    np.testing.assert_array_equal(one.embeddings, as_it_is.embeddings)
+
+
 def test_prediction_with_decode_workers_matches_in_process(tiny_artifact, synthetic_data):
     artifact = load_artifact(tiny_artifact)
     files = [row.rel_path for row in read_test_items(synthetic_data, TestLayout()).rows]
@@ -257,3 +281,23 @@ def test_a_files_windows_weigh_their_energy_and_a_chunks_weigh_alike():
     np.testing.assert_array_equal(chunk, chunk_lens)
     _, silent_lens, _, silent = span_windows(np.zeros(2500, np.float32), [(0, 0.0, None)], plan)
     np.testing.assert_array_equal(silent, silent_lens)
+
+
+def test_speed_views_are_cut_for_whole_files_only_each_views_weights_summing_to_one():
+    from pipeline.core.windows import span_windows
+
+    rate, window = 1000, 1000
+    clip = np.random.default_rng(0).standard_normal(2500).astype(np.float32)
+    plan = WindowPlan(window, rate, 8, energy_weighted=True, speeds=(0.5, 1.0, 2.0))
+    wavs, lens, owner, weights = span_windows(clip, [(0, 0.0, None), (1, 0.0, 2.5)], plan)
+    whole = owner == 0
+    # 5000, 2500 and 1250 samples: 5 + 3 + 2 windows for the whole file; the chunk's 3 windows as they are.
+    assert whole.sum() == 10 and (~whole).sum() == 3
+    views = np.split(weights[whole], [5, 8])
+    assert [len(v) for v in views] == [5, 3, 2]
+    for view in views:
+        assert view.sum() == pytest.approx(1.0, rel=1e-6)
+    as_it_is = dataclasses.replace(plan, speeds=(1.0,))
+    np.testing.assert_array_equal(weights[~whole], lens[~whole])  # a chunk keeps its valid shares
+    np.testing.assert_array_equal(wavs[~whole], span_windows(clip, [(1, 0.0, 2.5)], as_it_is)[0])
+    np.testing.assert_array_equal(wavs[whole][5:8], span_windows(clip, [(0, 0.0, None)], as_it_is)[0])

@@ -55,6 +55,34 @@ def test_a_files_windows_tile_it_for_the_mean_and_overlap_when_asked_or_for_othe
     assert window_plan(InferConfig(window_hop_seconds=0.2), model, 8).hop == 3200
 
 
+def test_whole_files_are_read_at_the_artifacts_speeds_unless_the_parameter_says_otherwise(
+    tmp_path, tiny_artifact
+):
+    from pipeline.core.artifact import load_artifact, save_artifact
+    from pipeline.core.config import ConfigError, from_params
+    from pipeline.inference.runtime import choose_speeds, resolve_runtime
+
+    plain = load_artifact(tiny_artifact)  # trained without speed perturbation: no speeds recorded
+    model = plain.model
+    sped = load_artifact(
+        save_artifact(tmp_path / "sped", model, plain.labels, {}, test_time_speeds=[0.9, 1.0, 1.1])
+    )
+    assert choose_speeds(InferConfig(), plain) == (1.0,)
+    assert choose_speeds(InferConfig(), sped) == (0.9, 1.0, 1.1)
+    assert choose_speeds(InferConfig(test_time_speeds=None), sped) == (1.0,)
+    assert choose_speeds(InferConfig(test_time_speeds="none"), sped) == (1.0,)
+    assert choose_speeds(InferConfig(test_time_speeds="0.8, 1,1.25"), plain) == (0.8, 1.0, 1.25)
+    assert choose_speeds(InferConfig(test_time_speeds="[0.8 1]"), plain) == (0.8, 1.0)
+    assert choose_speeds(from_params(InferConfig, {"test_time_speeds": [1.0, 1.2]}), plain) == (1.0, 1.2)
+    for wrong in ("fast", "0.1,1", "1,1", [0.9, "x"]):
+        with pytest.raises(ConfigError, match=r"test_time_speeds=.*distinct speeds from 0.25 to 4"):
+            InferConfig(test_time_speeds=wrong)
+    runtime = resolve_runtime(InferConfig(device="cpu"), sped, Hardware(gpus=0, cores=2))
+    assert runtime.windows.speeds == (0.9, 1.0, 1.1)
+    assert "whole files read at 0.9, 1, 1.1x" in runtime.describe()
+    assert "read at" not in resolve_runtime(InferConfig(device="cpu"), plain, Hardware(0, 2)).describe()
+
+
 @pytest.fixture
 def salted_data(synthetic_data, tmp_path):
     """The synthetic test set plus files that need repair (stereo, 8 kHz) or a fallback (missing, empty)."""

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from pipeline.core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TrainConfig
+from pipeline.core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TEST_TIME_SPEEDS, TrainConfig
 from pipeline.training.recipe import EVENT_MAX_CROPS, auto_could_choose, follow_the_data, kind_of_data
 
 ESC = np.full(320, 5.0)  # ESC-10: 5 s clips
@@ -78,8 +78,12 @@ def test_train_decides_from_the_table_and_the_log_and_artifact_say_what_it_chose
     assert "blend" in out.split("augmentation: ")[1].splitlines()[0]
     assert "validation: none; its 1 file train too" in out  # 10 clips: the split held out 1
     assert len(result.history) == 36 and result.train_files == 10 and result.best_val_metric is None
-    provenance = json.loads((tmp_path / "model" / "manifest.json").read_text())["provenance"]
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    provenance = manifest["provenance"]
     assert provenance["epochs_planned"] == 36 and provenance["config"]["val_fraction"] == 0.0
+    # Trained with speed perturbation: the artifact asks the infer stage to read files at those speeds too.
+    assert manifest["test_time_speeds"] == list(TEST_TIME_SPEEDS)
+    assert "test-time speeds: the infer stage reads each file at 0.8, 0.9, 1, 1.1, 1.25x" in out
 
 
 def test_what_auto_can_choose_is_known_to_whoever_compares_a_recorded_config():
