@@ -30,7 +30,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .buckets import DEFAULT_COUNT
-from .config import ENERGY_WEIGHTED_WINDOWS, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB
+from .config import ENERGY_WEIGHTED_WINDOWS, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB, SPEED_LIMITS
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 from .staging import check_output_dir, staged_directory
 
@@ -234,11 +234,11 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
     if centre is not None and (len(centre) != model.config.embedding_size or not np.all(np.isfinite(centre))):
         raise ArtifactError(f"{root / MANIFEST}: embedding_centre is not {model.config.embedding_size} finite "
                             "numbers; retrain")  # fmt: skip
-    speeds = manifest.get("test_time_speeds")
-    if speeds is not None and (not isinstance(speeds, list) or not all(isinstance(v, (int, float)) and 0.25 <= v <= 4
+    speeds, (low, high) = manifest.get("test_time_speeds"), SPEED_LIMITS
+    if speeds is not None and (not isinstance(speeds, list) or not all(isinstance(v, (int, float)) and low <= v <= high
                                                                         for v in speeds)):  # fmt: skip
-        raise ArtifactError(f"{root / MANIFEST}: test_time_speeds {speeds!r} is not a list of speeds from 0.25 "
-                            "to 4; retrain")  # fmt: skip
+        raise ArtifactError(f"{root / MANIFEST}: test_time_speeds {speeds!r} is not a list of speeds from {low:g} "
+                            f"to {high:g}; retrain")  # fmt: skip
     return Artifact(model=model.eval(), labels=list(manifest["labels"]), manifest=manifest, path=root)
 
 

@@ -38,6 +38,7 @@ ENERGY_WEIGHTED_WINDOWS = True  # InferConfig.energy_weighted_windows' default (
 # The speeds a model trained with speed perturbation (TrainConfig.speed_probability: 0.8-1.25x) reads a whole
 # file at (InferConfig.test_time_speeds: what it gained there); its artifact records them.
 TEST_TIME_SPEEDS = (0.8, 0.9, 1.0, 1.1, 1.25)
+SPEED_LIMITS = (0.25, 4.0)  # the test-time speeds a parameter or an artifact may ask for
 MIN_SAMPLE_RATE, MAX_SAMPLE_RATE = 8_000, 96_000
 # Chunk ids (InferConfig.row_id_template): the test item's id, its file's stem or name, the chunk's seconds.
 TEMPLATE_FIELDS = ("id", "stem", "name", "start", "end")
@@ -404,10 +405,7 @@ def _kernel(value: Any) -> list[float] | None:
     """chunk_smoothing as a list of weights: a list, or text such as "0.1,0.8,0.1" or "[0.1, 0.8, 0.1]"."""
     if value is None or value == [] or value == "":
         return None
-    try:
-        weights = [float(v) for v in (value.strip("[] ").split(",") if isinstance(value, str) else value)]
-    except (TypeError, ValueError):
-        weights = []
+    weights = _numbers(value)
     if len(weights) % 2 != 1 or any(w < 0 for w in weights) or sum(weights) <= 0:
         raise ConfigError(f"parameter chunk_smoothing={value!r}: use an odd number of weights >= 0, centred on the "
                           "chunk, e.g. [0.1, 0.8, 0.1] (papermill: -p chunk_smoothing 0.1,0.8,0.1), or None")  # fmt: skip
@@ -420,17 +418,24 @@ def _speeds(value: Any) -> list[float] | str | None:
         return None
     if isinstance(value, str) and value.strip().lower() == "auto":
         return "auto"
+    speeds = _numbers(value)
+    low, high = SPEED_LIMITS
+    if not speeds or not all(low <= v <= high for v in speeds) or len(set(speeds)) != len(speeds):
+        raise ConfigError(f"parameter test_time_speeds={value!r}: use 'auto' (the artifact's own), None (each file "
+                          f"as it is), or distinct speeds from {low:g} to {high:g}, e.g. 0.9,1,1.1 (papermill: -p "
+                          "test_time_speeds 0.9,1,1.1)")  # fmt: skip
+    return speeds
+
+
+def _numbers(value: Any) -> list[float]:
+    """A list of numbers from a list, or from text such as "0.1,0.8,0.1", "[0.1, 0.8, 0.1]" or "0.1 0.8 0.1";
+    [] when it holds anything else (the caller says what to write)."""
     try:
-        speeds = [
+        return [
             float(v) for v in (re.split(r"[,\s]+", value.strip("[] ")) if isinstance(value, str) else value)
         ]
     except (TypeError, ValueError):
-        speeds = []
-    if not speeds or not all(0.25 <= v <= 4.0 for v in speeds) or len(set(speeds)) != len(speeds):
-        raise ConfigError(f"parameter test_time_speeds={value!r}: use 'auto' (the artifact's own), None (each file "
-                          "as it is), or distinct speeds from 0.25 to 4, e.g. 0.9,1,1.1 (papermill: -p "
-                          "test_time_speeds 0.9,1,1.1)")  # fmt: skip
-    return speeds
+        return []
 
 
 def check_template(template: str) -> None:
