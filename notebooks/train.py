@@ -92,6 +92,7 @@ bn_calibration_windows = 128  # BatchNorm statistics of the kept weights come fr
 weight_decay = 2e-5
 grad_accum = 1  # micro-batches per optimizer step
 val_fraction = None  # files held out to select an epoch (None: 0.1, or 0 for sound events)
+centre_embeddings = None  # the training mean embedding, taken out at inference (None: for sound events only)
 seed = 0
 # Robustness
 on_bad_row = "error"  # error | skip: a row with no label or unusable audio

@@ -183,6 +183,10 @@ class TrainConfig:
     # Files of each class held out to validate and select an epoch on. None (auto): 0.1, or 0 for sound-event
     # clips (training/recipe.py: there the last epoch was the one kept, and every clip is worth learning from).
     val_fraction: float | None = None
+    # The training files' mean embedding, sealed in the artifact for the infer stage to subtract before its
+    # cosines (training/validation.embedding_centre; aam objective only). None (auto): for sound-event clips
+    # (ESC-10 +0.01 over 15 paired folds), not otherwise (FSDD speakers lost 2 files in 1,620 to it).
+    centre_embeddings: bool | None = None
     seed: int = 0
     # Hardware
     accelerator: str = "auto"  # auto | tpu | cuda | cpu

@@ -177,10 +177,11 @@ def spread_evenly(rows: list[int], count: int) -> list[int]:
 def embedding_centre(model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> list[float] | None:
     """The mean of training files' unit embeddings, each computed as inference computes a file's (its windows'
     weighted mean unit embedding, quiet windows left out) by `model` on the host: what inference subtracts before its
-    cosines (core/windows.py). None unless the objective is aam (one class per clip, the cosine classifier).
+    cosines (core/windows.py). None unless config.centre_embeddings (training/recipe.py decides an auto one) and
+    the objective is aam (one class per clip, the cosine classifier).
     Files are read as they are, not at the test-time speeds as well: the speed views gained with this centre
     (docs/measurements.md) and would cost the pass five times its time."""
-    if data.objective != "aam" or not data.train_idx:
+    if not config.centre_embeddings or data.objective != "aam" or not data.train_idx:
         return None
     chosen = spread_evenly(data.train_idx, CENTRE_FILES)
     plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, CENTRE_WINDOWS_PER_FILE,

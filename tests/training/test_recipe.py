@@ -36,6 +36,7 @@ def test_sound_events_get_the_long_augmented_recipe_and_a_bigger_model_only_on_a
         "medium",
     )
     assert config.val_fraction == 0.0 and "val_fraction 0" in said[-1]
+    assert config.centre_embeddings is True and "centre_embeddings True" in said[-1]
     assert said[-1].startswith("data kind: sound events (one label per clip, median clip 5.0 s, 1600 crops")
     assert "model_size 'medium' (the CPU default is 'small')" in said[-1]
     assert "set a parameter to choose it" in said[-1]
@@ -56,14 +57,21 @@ def test_what_the_user_set_is_kept_and_other_data_gets_the_measured_defaults():
     config, size = follow_the_data(TrainConfig(), "small", "cpu", FSDD, "aam", 100, said.append)
     assert (config.epochs, config.blend_probability, config.speed_probability) == (DEFAULT_EPOCHS, 0.0, 0.0)
     assert config.val_fraction == DEFAULT_VAL_FRACTION and size == "small"
+    assert config.centre_embeddings is False  # speakers lost files to the centre
     assert said[-1].startswith(
         "data kind: other (one label per clip, median clip 0.45 s < 3.5 s); auto: epochs 12"
     )
+    assert said[-1].endswith("centre_embeddings False")
+    kept, _ = follow_the_data(
+        TrainConfig(centre_embeddings=True), "small", "cpu", FSDD, "aam", 100, said.append
+    )
+    assert kept.centre_embeddings is True and "centre_embeddings" not in said[-1]
 
 
 def test_train_decides_from_the_table_and_the_log_and_artifact_say_what_it_chose(tmp_path, capsys):
     from conftest import TINY_TRAIN
 
+    from pipeline.core.artifact import load_artifact
     from pipeline.demo_data.synthetic import make_synthetic_competition
     from pipeline.training.train import train
 
@@ -74,7 +82,10 @@ def test_train_decides_from_the_table_and_the_log_and_artifact_say_what_it_chose
     out = capsys.readouterr().out
     assert "data kind: sound events (one label per clip, median clip 4.0 s" in out
     # model_size was set (tiny): not in the list
-    assert "auto: epochs 36, blend_probability 0.5, speed_probability 0.5, val_fraction 0;" in out
+    assert (
+        "auto: epochs 36, blend_probability 0.5, speed_probability 0.5, val_fraction 0, centre_embeddings True;"
+        in out
+    )
     assert "blend" in out.split("augmentation: ")[1].splitlines()[0]
     assert "validation: none; its 1 file train too" in out  # 10 clips: the split held out 1
     assert len(result.history) == 36 and result.train_files == 10 and result.best_val_metric is None
@@ -83,12 +94,14 @@ def test_train_decides_from_the_table_and_the_log_and_artifact_say_what_it_chose
     assert provenance["epochs_planned"] == 36 and provenance["config"]["val_fraction"] == 0.0
     # Trained with speed perturbation: the artifact asks the infer stage to read files at those speeds too.
     assert manifest["test_time_speeds"] == list(TEST_TIME_SPEEDS)
+    assert len(manifest["embedding_centre"]) == load_artifact(tmp_path / "model").model.config.embedding_size
+    assert "embedding centre: the training files' mean unit embedding" in out
     assert "test-time speeds: the infer stage reads each file at 0.8, 0.9, 1, 1.1, 1.25x" in out
 
 
 def test_what_auto_can_choose_is_known_to_whoever_compares_a_recorded_config():
     for config in (follow_the_data(TrainConfig(), "small", "cpu", clips, "aam", 1600, lambda _: None)[0]
                    for clips in (ESC, FSDD)):  # fmt: skip
-        for name in ("epochs", "blend_probability", "speed_probability", "val_fraction"):
+        for name in ("epochs", "blend_probability", "speed_probability", "val_fraction", "centre_embeddings"):
             assert auto_could_choose(name, getattr(config, name))
     assert not auto_could_choose("epochs", 5) and not auto_could_choose("seed", 0)

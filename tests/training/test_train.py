@@ -72,6 +72,10 @@ def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_pat
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert [s["path"] for s in manifest["provenance"]["skipped_rows"]] == ["audio/gone.wav"]
     assert result.skipped_rows
+    # Speech-like clips under 3.5 s: auto writes no embedding centre (training/recipe.py).
+    assert (
+        "embedding_centre" not in manifest and manifest["provenance"]["config"]["centre_embeddings"] is False
+    )
 
 
 def test_fp16_with_a_gradient_scaler_trains(synthetic_data, tmp_path):

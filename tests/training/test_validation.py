@@ -86,8 +86,9 @@ def test_the_embedding_centre_is_the_mean_of_training_files_unit_embeddings(
     from pipeline.training.validation import embedding_centre
 
     data = synthetic_training_data
-    config = TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN)
+    config = TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN, centre_embeddings=True)
     model = load_artifact(tiny_artifact).model
+    assert embedding_centre(model, data, dataclasses.replace(config, centre_embeddings=False)) is None
     centre = torch.tensor(embedding_centre(model, data, config))
     files = []  # each training file as inference computes it: its windows' energy-weighted mean unit embedding
     for row in data.train_idx:
