@@ -38,7 +38,7 @@ file_max_weight = 0.0  # e.g. 0.3: each chunk moved towards the file's highest s
 clip_pooling = "mean"  # mean | max | mean_max: a file's windows -> its scores (a row per file)
 clip_hop_seconds = None  # between a file's windows (None: tiled for mean, half a window for max and mean_max)
 quiet_window_db = 40.0  # a file's windows this far below its loudest are left out (None: every window)
-centre_embeddings = True  # score embeddings minus the training clips' mean (aam artifacts carry it)
+centre_embeddings = True  # score embeddings minus the training clips' mean (sound-event artifacts carry it)
 energy_weighted_windows = True  # a file's windows weigh their energy in its mean, as training drew crops
 test_time_speeds = "auto"  # a file also read at these speeds (auto: the artifact's; None: as it is)
 # Time: stop predicting in time (the rest gets the prior) and project the hidden set's time

@@ -337,9 +337,10 @@ class InferConfig:
     # clip is loud) never show the model. None: every window. ESC-10 (sound events padded with digital silence):
     # 5-fold mean 0.805 -> 0.8925 on the same artifacts, at 40 dB and at 25 dB (benchmarks/esc10.py).
     quiet_window_db: float | None = QUIET_WINDOW_DB
-    # Scores are cosines of each unit embedding minus the training clips' mean embedding, which an artifact of
-    # the aam objective carries (the direction all clips share, taken out as speaker verification does; older
-    # artifacts have none). ESC-10, the same 5 models: 0.9025 -> 0.9125 (docs/measurements.md). False: plain cosines.
+    # Scores are cosines of each unit embedding minus the training clips' mean embedding, which a sound-event
+    # artifact carries (TrainConfig.centre_embeddings: the direction all clips share, taken out as speaker
+    # verification does; speech, multi-label and older artifacts have none). ESC-10, the same 5 models: 0.9025 ->
+    # 0.9125 (docs/measurements.md). False: plain cosines.
     centre_embeddings: bool = True
     # A file's mean embedding weighs each window by its energy relative to the loudest window's (core/data.
     # energy_weights), as training draws a long clip's crops; False: by valid length alone. ESC-10, the kept models
