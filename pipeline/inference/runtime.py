@@ -78,7 +78,7 @@ class Runtime:
         threads = f", {plural(self.threads, 'compute thread')}" if self.threads else ""
         engine = f"torch {self.engine.precision}" if self.engine.mode == "torch" else self.engine.label
         if self.engine.mode == "race":
-            engine += " or torch, whichever is faster on the first batch"
+            engine += " unless torch is clearly faster on the first batch"
         speeds = self.windows.speeds
         views = f"; whole files read at {', '.join(f'{v:g}' for v in speeds)}x" if speeds != (1.0,) else ""
         return (f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
