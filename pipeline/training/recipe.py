@@ -1,9 +1,9 @@
 """Defaults that follow the data: what the training table decides for the parameters left to auto.
 
-`epochs`, `blend_probability`, `speed_probability`, `val_fraction` and `centre_embeddings` default to None (auto), and
-`model_size`
-to "auto". The hardware policy (devices/policy.py) sizes the model before any audio is read; once the table is
-decoded, the kind of data it holds decides the rest, and one log line says which kind, why, and what it chose:
+`epochs`, `blend_probability`, `speed_probability`, `val_fraction` and `centre_embeddings` default to None (auto),
+and `model_size` to "auto". The hardware policy (devices/policy.py) sizes the model before any audio is read; once
+the table is decoded, the kind of data it holds decides the rest, and one log line says which kind, why, and what
+it chose:
 
     sound events   one label per clip (objective aam), no noise_dir, a median clip of at least
                    EVENT_MIN_SECONDS, an epoch of at most EVENT_MAX_CROPS crops, trained from scratch (ESC-10
@@ -23,8 +23,8 @@ trains too: seeds 1-2, 10 paired folds, 0.891 -> 0.906 (+0.015, 7 wins, 1 loss).
 which names a speaker or a species: the recipe stays off clips shorter than EVENT_MIN_SECONDS (FSDD's digits and
 speakers, the demo's utterances) and off soundscapes and multi-label tables (birds); a speech table of long
 one-label utterances gets it too, and the log line says how to turn it off. The embedding centre gained ESC-10
-+0.01 (15 paired folds) and cost FSDD speakers 2 files in 1,620 over three splits (0.9951 -> 0.9938): the few
-classes of a sound-event table share a direction that a speaker table of many classes does not.
++0.01 (15 paired folds) and cost FSDD speakers 2 files in 1,620 over three splits, with torch and with int8 alike:
+it is written for sound events only.
 """
 
 from __future__ import annotations
