@@ -7,7 +7,7 @@ Sections (each fails soft: an error is recorded and the next section runs):
   engines       CPU engines per preset and threads: torch, ONNX Runtime fp32, int8; int8's accuracy (engines.py)
   training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
   loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
-  fsdd          time-to-accuracy on real speech with default settings           (benchmarks/fsdd_accuracy.py)
+  fsdd          time-to-accuracy on real speech with default settings, 3 splits (benchmarks/fsdd_accuracy.py)
   competition_layout  FSDD in Freesound's layout: probability and hidden-test submissions (competition_layout.py)
   soundscape    FSDD in BirdCLEF's layout: chunk rows, macro ROC-AUC, CPU rate, 32 vs 16 kHz (soundscape.py)
   soundscape_snr  that macro ROC-AUC over 3 training seeds, by call SNR, and for the same calls in a quiet
@@ -128,6 +128,12 @@ def section_xla_step(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.xla_step", quick)
 
 
+# The accuracy targets are judged on the mean of three splits (the split's seed): one file of a split's 540 is
+# 0.0019, and one split's score moved by a file or two between days and between the inference engines
+# (docs/measurements.md, "The engine race"). The time limit is judged on the slowest split's run.
+FSDD_SPLITS = (0, 1, 2)
+
+
 def section_fsdd(quick: bool) -> dict[str, Any]:
     from benchmarks.fsdd_accuracy import run
 
@@ -135,8 +141,21 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for task in ("speaker", "digit"):
         try:
-            with contextlib.redirect_stdout(sys.stderr):
-                outcome = run(task, source=source, quick=quick)
+            runs = []
+            for split in FSDD_SPLITS[:1] if quick else FSDD_SPLITS:
+                with contextlib.redirect_stdout(sys.stderr):
+                    runs.append(run(task, source=source, quick=quick, seed=split))
+            # Split 0's run (its curves, engine and int8 record) with the splits' mean accuracy and the slowest
+            # split's time: the time limit and the baseline loop are judged on that, the conservative side.
+            outcome = runs[0]
+            outcome["splits"] = [
+                {k: r[k] for k in ("seed", "accuracy", "total_s", "inference_engine")} for r in runs
+            ]
+            outcome["accuracy"] = round(sum(r["accuracy"] for r in runs) / len(runs), 4)
+            outcome["total_s"] = max(r["total_s"] for r in runs)
+            if not quick:
+                outcome["meets_target"] = bool(outcome["accuracy"] >= outcome["target_accuracy"]
+                                               and outcome["total_s"] <= outcome["time_limit_s"])  # fmt: skip
             outcome["vs_time_limit"] = outcome["total_s"] / outcome["time_limit_s"]
             outcome["vs_baseline_time"] = outcome["total_s"] / BASELINE_FSDD_S[task]
             results[task] = outcome
@@ -153,8 +172,11 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
         )
         int8 = r.get("int8") or {}
         rule = f"; int8 {'passed' if int8.get('passed') else 'failed'} its rule" if "passed" in int8 else ""
-        parts.append(f"{task} acc {r['accuracy']:.4f} in {r['total_s']:.0f}s "
-                     f"({r['vs_time_limit']:.2f}x the 180s limit{verdict}{rule}, inference ran {r['inference_engine']})")  # fmt: skip
+        each = " / ".join(f"{s['accuracy']:.4f}" for s in r["splits"])
+        engines = "/".join(sorted({s["inference_engine"] for s in r["splits"]}))
+        parts.append(f"{task} acc {r['accuracy']:.4f} over {len(r['splits'])} split(s) ({each}), the slowest in "
+                     f"{r['total_s']:.0f}s ({r['vs_time_limit']:.2f}x the 180s limit{verdict}{rule}, inference ran "
+                     f"{engines})")  # fmt: skip
     if not parts:  # both tasks failed: the section is an error, not "ok" with an empty headline
         raise RuntimeError("; ".join(f"{task}: {r['error']}" for task, r in results.items()))
     results["headline"] = "; ".join(parts)
