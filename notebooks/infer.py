@@ -58,6 +58,8 @@ length_buckets = 4  # short windows run at the shortest of this many lengths tha
 write_probabilities = False  # probabilities.csv: every class of the model, beside the submission
 write_embeddings = False  # embeddings.npz beside the submission
 fallback_label = None  # for files that cannot be read (auto: the most frequent training label)
+fallback_alarm_share = 1.0  # this share of rows falling back (no usable audio) is a failure of the input
+fail_on_all_fallbacks = None  # stop then, writing no submission (None: yes, but in Kaggle's scoring rerun)
 progress = True
 
 # %%

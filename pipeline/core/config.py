@@ -366,6 +366,12 @@ class InferConfig:
     write_probabilities: bool = False
     write_embeddings: bool = False
     fallback_label: str | None = None  # default: the most frequent training label (papermill: -r for text)
+    # A run in which this share of the rows or more fall back (no usable audio: the prior or fallback_label) is
+    # a failure of the input, not a submission: the notebook's last lines and the report say so, with each
+    # reason and its count. fail_on_all_fallbacks stops the run there, writing no submission (None: stop
+    # everywhere but Kaggle's scoring rerun, where a submission must always be written).
+    fallback_alarm_share: float = 1.0
+    fail_on_all_fallbacks: bool | None = None
     # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
     num_threads: int | None = None
     progress: bool = True
@@ -404,6 +410,9 @@ class InferConfig:
             raise ConfigError(f"parameter file_max_weight={self.file_max_weight!r}: use 0 (off) to 1")
         if self.num_workers is not None:
             _check_non_negative("num_workers", self.num_workers, "0: files decoded in the main process")
+        if not 0.0 < self.fallback_alarm_share <= 1.0:
+            raise ConfigError(f"parameter fallback_alarm_share={self.fallback_alarm_share!r}: a share of the rows "
+                              "above 0 and at most 1 (1: only when every row falls back)")  # fmt: skip
 
 
 def _kernel(value: Any) -> list[float] | None:

@@ -395,7 +395,11 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
     show_training_report)."""
     report = result.report or {}
     parts = [markdown_table(inference_summary(result), ("inference run", ""))]
+    summary = report.get("fallback_summary") or {}
     if fallbacks := report.get("fallbacks", []):
+        if causes := summary.get("causes"):
+            parts.append("**Fallbacks by cause**:\n\n"
+                         + markdown_table([(c["cause"], c["rows"]) for c in causes[:10]], ("cause", "rows")))  # fmt: skip
         rows = [(f["id"], f["reason"]) for f in fallbacks[:max_fallback_rows]]
         more = len(fallbacks) - len(rows)
         parts.append(f"**Fallbacks** (got label {report.get('fallback_label')!r}):\n\n"
@@ -403,6 +407,7 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
     else:
         parts.append("No fallbacks: every test file got a model prediction.")
     text = "\n\n".join(parts)
+    alarm = summary.get("alarm")
     if in_ipython():
         from IPython.display import Image, Markdown, display
 
@@ -413,6 +418,8 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
         counts = sorted(result.label_counts.items(), key=lambda item: (-item[1], item[0]))
         print("predicted labels: " + ", ".join(f"{label}: {n}" for label, n in counts[:MAX_BAR_LABELS]))
         print(text)
+    if alarm:  # the last thing the notebook shows, as plain text: papermill's log and Kaggle's both keep it
+        print(f"\n{'!' * 80}\n{alarm}\n{'!' * 80}")
 
 
 __all__ = ["confusion_counts", "in_ipython", "label_bar_chart", "markdown_table", "most_confused", "plot_confusion",

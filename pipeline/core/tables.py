@@ -122,18 +122,20 @@ def write_csv(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]
 
 
 def resolve_inside(data_dir: Path, rel_path: str) -> Path:
-    """`data_dir / rel_path`, refusing paths that escape `data_dir` (absolute, `..`, symlinks out)."""
-    root = data_dir.resolve()
+    """`data_dir / rel_path`, judged as written: an absolute path, or one whose `..` climbs out of `data_dir`, is
+    refused, so a table cannot make the notebooks read `../../etc/passwd`. Links are followed: Kagglers compose
+    data folders out of links to /kaggle/input (read-only), and a link inside the folder was put there by
+    whoever owns it, as the audio was. The path returned is the one judged (`a/../b` is `b`), never resolved."""
     if not rel_path:
         raise DataError("empty path: the row names no file")
-    try:
-        candidate = (root / rel_path).resolve()
-    except (OSError, RuntimeError, ValueError) as error:  # symlink loop, name too long, NUL byte
-        raise DataError(f"path {rel_path!r} cannot be resolved ({error})") from error
-    if not candidate.is_relative_to(root):
-        raise DataError(f"path {rel_path!r} resolves outside the data folder; paths in the tables must be "
-                        "relative to it")  # fmt: skip
-    return candidate
+    if "\x00" in rel_path:
+        raise DataError(f"path {rel_path!r} holds a NUL byte: no file can have that name")
+    inside = os.path.normpath(rel_path)
+    if os.path.isabs(rel_path) or inside == os.pardir or inside.startswith(os.pardir + os.sep):
+        why = "an absolute path" if os.path.isabs(rel_path) else "its '..' climbs out"
+        raise DataError(f"path {rel_path!r} points outside the data folder ({why}); paths in the tables must be "
+                        "relative to it (a link inside the folder is followed)")  # fmt: skip
+    return Path(os.path.abspath(data_dir)) / inside
 
 
 def audio_root(data_dir: Path, folder: str | None, parameter: str) -> tuple[Path, str]:
@@ -147,7 +149,29 @@ def audio_root(data_dir: Path, folder: str | None, parameter: str) -> tuple[Path
     if not root.is_dir():
         raise DataError(f"parameter {parameter}={folder!r}: no such folder in {data_dir}; folders there: "
                         f"{sorted(p.name for p in data_dir.iterdir() if p.is_dir())[:10]}")  # fmt: skip
-    return root, root.relative_to(data_dir.resolve()).as_posix()
+    prefix = os.path.normpath(folder)
+    return root, "" if prefix == os.curdir else Path(prefix).as_posix()
+
+
+def audio_files_under(root: Path) -> list[Path]:
+    """Every audio file under `root`, nested folders and linked folders included, hidden ones skipped, in name
+    order. A link back to a folder already walked (a loop) is walked once."""
+    found: list[Path] = []
+    walked: set[tuple[int, int]] = set()
+    for current, subdirs, files in os.walk(root, followlinks=True):
+        try:
+            stat = os.stat(current)
+        except OSError:
+            subdirs[:] = []
+            continue
+        if (stat.st_dev, stat.st_ino) in walked:
+            subdirs[:] = []
+            continue
+        walked.add((stat.st_dev, stat.st_ino))
+        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
+        found += [Path(current, f) for f in sorted(files)
+                  if not f.startswith(".") and Path(f).suffix.lower() in AUDIO_SUFFIXES]  # fmt: skip
+    return found
 
 
 class AudioLocator:
@@ -403,11 +427,7 @@ def discover_test_files(data_dir: Path, folder: str, test_id: str, sample_ids: S
     """Every audio file under `folder` (nested folders included, hidden ones skipped), in name order, named by
     its file name or its stem: `test_id`, or for "auto" whichever form the sample submission's ids use."""
     root, prefix = audio_root(data_dir, folder, "test_audio_dir")
-    found: list[Path] = []
-    for current, subdirs, files in os.walk(root, followlinks=True):
-        subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        found += [Path(current, f) for f in sorted(files)
-                  if not f.startswith(".") and Path(f).suffix.lower() in AUDIO_SUFFIXES]  # fmt: skip
+    found = audio_files_under(root)
     notes = []
     if test_id == "auto":
         test_id, why = _id_form(found, sample_ids)

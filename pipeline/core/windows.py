@@ -40,6 +40,8 @@ from .model import SpeakerClassifier, add_windows, embed_waveforms
 from .progress import heartbeat, progress_bar
 
 POOLINGS = ("mean", "max", "mean_max")
+# The problem of a file the deadline left unpredicted: a choice of the user's, not a flaw of the input.
+TIME_LIMIT_PROBLEM = "time limit: not predicted"
 # The deadline is kept with this margin over the measured cost of what is still to compute.
 DEADLINE_SAFETY = 1.5
 
@@ -253,7 +255,7 @@ def run_windows(
             stopped = (f"time limit: stopped before the file's windows would end after the deadline "
                        f"({computed['windows']} windows predicted at "
                        f"{computed['seconds'] / max(1, computed['windows']) * 1000:.1f} ms each)")  # fmt: skip
-            problems[item.index] = "time limit: not predicted"
+            problems[item.index] = TIME_LIMIT_PROBLEM
             break
         else:
             seen.add(item.index)

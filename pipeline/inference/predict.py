@@ -27,7 +27,14 @@ from torch.utils.data import DataLoader, Dataset
 from ..core.data import AudioError, load_audio
 from ..core.model import SpeakerClassifier
 from ..core.tables import DataError, resolve_inside
-from ..core.windows import FileWindows, SpanPredictions, WindowPlan, run_windows, span_windows
+from ..core.windows import (
+    TIME_LIMIT_PROBLEM,
+    FileWindows,
+    SpanPredictions,
+    WindowPlan,
+    run_windows,
+    span_windows,
+)
 from .engines import Embed, make_embedder
 from .rows import RowPlan
 from .runtime import Runtime
@@ -97,7 +104,7 @@ def predict(
                          runtime.progress, embed=embed, n_files=len(wanted), deadline=deadline,
                          buckets=windows.buckets(), centre=runtime.centre)  # fmt: skip
     if result.stopped:  # the files the deadline left: every one is named in the report
-        left = {i: "time limit: not predicted" for i in wanted if i not in result.seen}
+        left = {i: TIME_LIMIT_PROBLEM for i in wanted if i not in result.seen}
         result = replace(result, problems={**result.problems, **left})
     rate = Rate(result.audio_seconds, result.seconds, "the test files")
     if rate.audio_seconds < RATE_PROBE_SECONDS:

@@ -30,7 +30,7 @@ import torch
 from ..core import objectives
 from ..core.artifact import Artifact, load_artifact
 from ..core.config import InferConfig
-from ..core.kaggle import process_started_at
+from ..core.kaggle import is_competition_rerun, process_started_at
 from ..core.progress import plural
 from ..core.staging import staged_file, write_text_atomically
 from ..core.tables import (
@@ -42,7 +42,7 @@ from ..core.tables import (
     read_test_items,
     write_csv,
 )
-from ..core.windows import SpanPredictions
+from ..core.windows import TIME_LIMIT_PROBLEM, SpanPredictions
 from .postprocess import post_process
 from .predict import Predictions, predict
 from .rows import RowPlan, plan_rows
@@ -67,8 +67,15 @@ class InferenceResult:
 
     def summary(self) -> str:
         devices = ", ".join(f"{d}: {n} files" for d, n in self.device_counts.items())
-        return (f"wrote {self.submission_path} ({self.n_rows} rows, {self.n_fallbacks} fallbacks) in "
+        line = (f"wrote {self.submission_path} ({self.n_rows} rows, {self.n_fallbacks} fallbacks) in "
                 f"{self.seconds:.1f}s on {devices}; report {self.report_path}")  # fmt: skip
+        alarm = self.report.get("fallback_summary", {}).get("alarm")
+        return f"{line}\n{alarm}" if alarm else line
+
+
+class AllFallbacksError(DataError):
+    """So many rows fell back (fallback_alarm_share) that the submission would be the prior: a failure of the
+    input, raised under fail_on_all_fallbacks after the report is written and before the submission is."""
 
 
 def run_inference(config: InferConfig) -> InferenceResult:
@@ -147,10 +154,12 @@ def write_submission(
         header, rows, written, notes = probability_rows(sample, plan, scores, spans.ok, scoring, prior)
     else:
         header, rows, written, notes = label_rows(sample, plan, scores, spans.ok, scoring)
-    write_csv(path, header, rows)
+    fallbacks, causes = fallback_rows(plan, spans)
+    summary = fallback_summary(config, causes, len(plan.ids), path)
+    if not summary["stops_run"]:
+        write_csv(path, header, rows)
     for line in notes:
         print(line)
-    fallbacks = fallback_rows(plan, spans)
     speed = speed_report(config, predictions)
     print(speed.pop("line"))
     probabilities_kind = "independent" if scoring.independent else "softmax"
@@ -173,6 +182,7 @@ def write_submission(
         "chunks": chunks if plan.chunked else None,
         "notes": [*plan.notes, plan.segment_rule, plan.rule, *notes],
         "fallback_label": scoring.fallback,
+        "fallback_summary": summary,
         "fallbacks": fallbacks,
         "repaired": [{"id": plan.item_ids[i], "repairs": r} for i, r in sorted(spans.repairs.items())],
         "files_per_device": {predictions.device: predictions.files},
@@ -188,6 +198,9 @@ def write_submission(
         print(spans.stopped)
     report_path = path.with_name(path.stem + "_report.json")
     write_text_atomically(report_path, json.dumps(report, indent=2))
+    if summary["stops_run"]:
+        raise AllFallbacksError(f"{summary['alarm']} No submission was written (fail_on_all_fallbacks); the "
+                                f"report is {report_path}.")  # fmt: skip
     if config.write_probabilities:
         write_all_probabilities(path.with_name("probabilities.csv"), plan, scores, spans.ok, scoring)
     if config.write_embeddings:
@@ -266,18 +279,53 @@ def training_prior(artifact: Artifact, independent: bool) -> np.ndarray:
     return weights / weights.sum()
 
 
-def fallback_rows(plan: RowPlan, spans: SpanPredictions) -> list[dict[str, str]]:
-    """Every row with no prediction, and why."""
-    fallbacks = []
+def fallback_rows(plan: RowPlan, spans: SpanPredictions) -> tuple[list[dict[str, str]], Counter[str]]:
+    """Every row with no prediction and why, and how many rows each cause took: the reason with the row's file
+    written as <file>, so that 93 files refused by one rule count as one cause."""
+    fallbacks, causes = [], Counter()
     for row, (row_id, span) in enumerate(zip(plan.ids, plan.span_of, strict=True)):
         if span is None:
-            fallbacks.append({"id": row_id, "reason": plan.missing.get(row, "no audio")})
+            reason, file = plan.missing.get(row, "no audio"), None
         elif not spans.ok[span]:
+            file = plan.files[plan.spans[span].file]
             reason = spans.problems.get(
                 plan.spans[span].file, "no audio in this span (the file is shorter than its header says)"
             )
-            fallbacks.append({"id": row_id, "reason": reason})
-    return fallbacks
+        else:
+            continue
+        fallbacks.append({"id": row_id, "reason": reason})
+        causes[_without_file(reason, file)] += 1
+    return fallbacks, causes
+
+
+def _without_file(reason: str, file: str | None) -> str:
+    if not file:
+        return reason
+    for name in (file, Path(file).name, Path(file).stem):  # longest first: the path, then its name, its stem
+        reason = reason.replace(name, "<file>") if name else reason
+    return reason
+
+
+def fallback_summary(config: InferConfig, causes: Counter[str], n_rows: int, path: Path) -> dict[str, Any]:
+    """How many rows fell back, for which causes (most rows first), and -- when those the input caused (not
+    the time limit) are at least fallback_alarm_share of the rows -- the alarm the notebook ends with, and
+    whether it stops the run."""
+    fell_back = sum(causes.values())
+    # Rows the time limit left are the user's choice (and said by its own line): they raise no alarm.
+    share = (fell_back - causes[TIME_LIMIT_PROBLEM]) / n_rows if n_rows else 0.0
+    alarm = None
+    if n_rows and share >= config.fallback_alarm_share:
+        what = "every row" if fell_back == n_rows else f"{fell_back} of {n_rows} rows ({share:.0%})"
+        why = "; ".join(f"{rows} rows: {cause}" for cause, rows in causes.most_common(3))
+        more = f" (and {len(causes) - 3} more causes)" if len(causes) > 3 else ""
+        alarm = (f"ALARM: {what} of {path.name} fell back to the training prior, so it would score no better "
+                 f"than chance. This is a failure of the input, not a submission: {why}{more}.")  # fmt: skip
+    stop = config.fail_on_all_fallbacks
+    if stop is None:  # auto: the scoring rerun must always write a submission; everywhere else, stop
+        stop = not is_competition_rerun()
+    return {"rows": fell_back, "share": round(share, 4), "alarm_share": config.fallback_alarm_share,
+            "causes": [{"cause": cause, "rows": rows} for cause, rows in causes.most_common()],
+            "alarm": alarm, "stops_run": bool(alarm and stop)}  # fmt: skip
 
 
 def write_all_probabilities(

@@ -302,8 +302,8 @@ def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclud
     none usable is an error naming the folder."""
     data_dir = Path(config.data_dir)
     root, prefix = tables.audio_root(data_dir, config.noise_dir, "noise_dir")
-    found = sorted(p.relative_to(data_dir.resolve()).as_posix() for p in root.rglob("*")
-                   if p.suffix.lower() in tables.AUDIO_SUFFIXES and p.is_file() and not p.name.startswith("."))  # fmt: skip
+    found = sorted(f"{prefix}/{p.relative_to(root).as_posix()}" if prefix else p.relative_to(root).as_posix()
+                   for p in tables.audio_files_under(root) if p.is_file())  # fmt: skip
     if left_out := exclude & set(found):
         log(f"noise_dir: {plural(len(left_out), 'validation soundscape')} left out of the background")
         found = [f for f in found if f not in exclude]

@@ -9,6 +9,8 @@ from pipeline.core.tables import (
     DataError,
     TestLayout,
     TrainTable,
+    audio_files_under,
+    audio_root,
     read_sample_submission,
     read_test_items,
     read_train_table,
@@ -143,9 +145,35 @@ def test_an_empty_path_is_called_empty(tmp_path):
         resolve_inside(tmp_path, "")
 
 
-def test_symlink_out_of_the_folder_is_refused(tmp_path):
-    (tmp_path / "data").mkdir()
-    (tmp_path / "secret.wav").write_bytes(b"x")
-    (tmp_path / "data" / "link.wav").symlink_to(tmp_path / "secret.wav")
-    with pytest.raises(DataError, match="outside"):
-        resolve_inside(tmp_path / "data", "link.wav")
+def test_links_inside_the_folder_are_followed(tmp_path):
+    """Issue 51: Kagglers build data folders out of links to /kaggle/input; the table's paths are judged as
+    written, and a link the folder holds is followed wherever it points."""
+    (tmp_path / "elsewhere" / "audio").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "audio" / "a.wav").write_bytes(b"x")
+    (tmp_path / "secret.wav").write_bytes(b"y")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "audio").symlink_to(tmp_path / "elsewhere" / "audio", target_is_directory=True)
+    (data / "link.wav").symlink_to(tmp_path / "secret.wav")
+    assert resolve_inside(data, "audio/a.wav") == data / "audio" / "a.wav"
+    assert resolve_inside(data, "audio/a.wav").read_bytes() == b"x"
+    assert resolve_inside(data, "link.wav").read_bytes() == b"y"
+    assert resolve_inside(data, "audio/../link.wav") == data / "link.wav"  # judged as written, not as linked
+    assert audio_root(data, "audio", "audio_dir") == (data / "audio", "audio")
+    assert audio_root(data, "./audio/", "audio_dir") == (data / "audio", "audio")
+    with pytest.raises(DataError, match="outside the data folder.*'..' climbs out"):
+        resolve_inside(data, "audio/../../secret.wav")
+
+
+def test_audio_files_under_follows_linked_folders_and_walks_a_loop_once(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "b.ogg").write_bytes(b"x")
+    root = tmp_path / "root"
+    (root / ".hidden").mkdir(parents=True)
+    (root / ".hidden" / "h.wav").write_bytes(b"x")
+    (root / "a.wav").write_bytes(b"x")
+    (root / "notes.txt").write_text("x")
+    (root / "linked").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (root / "loop").symlink_to(root, target_is_directory=True)  # a link back to the folder itself
+    found = [p.relative_to(root).as_posix() for p in audio_files_under(root)]
+    assert found == ["a.wav", "linked/b.ogg"]

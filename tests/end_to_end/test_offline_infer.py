@@ -92,6 +92,10 @@ def salted_data(synthetic_data, tmp_path):
     """The synthetic competition with every kind of bad test file added. Returns (data dir, expectations)."""
     data = tmp_path / "data"
     shutil.copytree(synthetic_data, data)
+    # Issue 51: the audio folder is a link to a folder elsewhere, as Kagglers compose data folders out of
+    # links to /kaggle/input; the table's paths through it are inside the data folder as written.
+    shutil.move(data / "audio", tmp_path / "linked_audio")
+    (data / "audio").symlink_to(tmp_path / "linked_audio", target_is_directory=True)
     audio = data / "audio"
     first = read_rows(data / "test.csv")[0]
     clip, rate = sf.read(data / first["path"], dtype="float32")

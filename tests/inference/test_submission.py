@@ -9,7 +9,7 @@ import soundfile as sf
 from pipeline.core.artifact import ArtifactError
 from pipeline.core.config import InferConfig
 from pipeline.core.tables import DataError
-from pipeline.inference.submission import run_inference
+from pipeline.inference.submission import AllFallbacksError, run_inference
 from pipeline.tooling.scoring import score_submission
 
 
@@ -145,3 +145,46 @@ def test_clip_pooling_max_scores_a_file_by_its_best_windows(tiny_artifact, synth
     assert not np.allclose(
         written["mean"], written["max"], atol=1e-4
     )  # the synthetic clips span several windows
+
+
+def test_a_run_where_every_row_falls_back_is_loud_and_stops_outside_the_scoring_rerun(
+    tiny_artifact, synthetic_data, tmp_path, monkeypatch, capsys
+):
+    """Issue 51: with every test file unreachable (a broken link), a submission of priors is a failure of the
+    input: the run stops with the cause and its count, and writes no submission; in Kaggle's scoring rerun it
+    writes one (a submission must exist) and the alarm is its last line; a threshold below 1 is the user's."""
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_data, data, ignore=shutil.ignore_patterns("audio"))
+    (data / "audio").symlink_to(tmp_path / "nowhere", target_is_directory=True)  # a link left dangling
+    n_rows = len(read_rows(data / "sample_submission.csv"))
+    out = tmp_path / "sub.csv"
+    config = dict(
+        data_dir=str(data), artifact_dir=str(tiny_artifact), submission_path=str(out), progress=False
+    )
+    monkeypatch.delenv("KAGGLE_IS_COMPETITION_RERUN", raising=False)
+    with pytest.raises(
+        AllFallbacksError, match=rf"every row of sub.csv fell back.*{n_rows} rows: <file>: file not found"
+    ):
+        run_inference(InferConfig(**config))
+    assert not out.exists()
+    summary = json.loads((tmp_path / "sub_report.json").read_text())["fallback_summary"]
+    assert summary["causes"] == [{"cause": "<file>: file not found", "rows": n_rows}] and summary["stops_run"]
+
+    monkeypatch.setenv("KAGGLE_IS_COMPETITION_RERUN", "1")
+    result = run_inference(InferConfig(**config))
+    assert len(read_rows(out)) == n_rows and result.n_fallbacks == n_rows
+    assert result.summary().splitlines()[-1].startswith("ALARM: every row of sub.csv fell back")
+
+    # Half the files back: below the default threshold no alarm; at a threshold of 0.4 an alarm that stops.
+    monkeypatch.delenv("KAGGLE_IS_COMPETITION_RERUN")
+    (data / "audio").unlink()
+    shutil.copytree(synthetic_data / "audio", data / "audio")
+    tests = read_rows(data / "test.csv")
+    for row in tests[: len(tests) // 2]:
+        (data / row["path"]).unlink()
+    result = run_inference(InferConfig(**config))
+    assert result.n_fallbacks == len(tests) // 2 and result.report["fallback_summary"]["alarm"] is None
+    with pytest.raises(AllFallbacksError, match=rf"{len(tests) // 2} of {n_rows} rows \(50%\)"):
+        run_inference(InferConfig(**config, fallback_alarm_share=0.4))
+    result = run_inference(InferConfig(**config, fallback_alarm_share=0.4, fail_on_all_fallbacks=False))
+    assert "ALARM" in result.summary() and len(read_rows(out)) == n_rows

@@ -63,6 +63,23 @@ def test_paths_the_os_refuses_are_row_errors_not_crashes(tmp_path, make_path):
     assert [r.rel_path for r in result.rows] == ["good.wav"] and result.skipped[0]["line"] == "3"
 
 
+def test_a_data_folder_built_from_links_trains_and_refuses_paths_that_leave_it(tmp_path):
+    """Issue 51: the audio folder is a link to a folder elsewhere (as /kaggle/input is linked into a folder of
+    /kaggle/working); its files train. A `..` path or an absolute one is still refused, with its line."""
+    elsewhere = write_folder(tmp_path / "elsewhere", [], {"a.wav": tone(), "b.wav": tone(freq=440.0)})
+    root = write_folder(tmp_path / "d", [("audio/a.wav", "x"), ("audio/b.wav", "y")], {})
+    (root / "audio").symlink_to(elsewhere, target_is_directory=True)
+    data = load(root)
+    assert [r.rel_path for r in data.rows] == ["audio/a.wav", "audio/b.wav"] and not data.skipped
+    assert len(data.store) == 2 and not data.store.failures
+    for path in ("audio/../../elsewhere/a.wav", str(elsewhere / "b.wav")):
+        with open(root / "train.csv", "a") as handle:
+            handle.write(f"{path},y\n")
+        with pytest.raises(DataError, match=r"train.csv line 4 .*outside the data folder"):
+            load(root)
+        (root / "train.csv").write_text("".join((root / "train.csv").read_text().splitlines(True)[:-1]))
+
+
 def test_all_rows_bad_is_an_error_even_when_skipping(tmp_path):
     root = write_folder(tmp_path / "d", [("nope.wav", "x")], {})
     with pytest.raises(DataError, match="no usable training audio"):
