@@ -59,7 +59,7 @@ def run_seed(data: Path, work: Path, seed: int, train_set: dict[str, Any], quick
              only: list[str] | None = None) -> dict[str, Any]:  # fmt: skip
     """Train and score the models (`only`: these of MODELS; the students' teacher must then be in `work`)."""
     from pipeline.core.config import TrainConfig
-    from pipeline.tooling.self_training import train_rounds
+    from pipeline.rounds.self_training import train_rounds
     from pipeline.training.train import train
 
     base = TrainConfig(data_dir=str(data), cache_dir=str(work / "cache"), progress=False, seed=seed, **LAYOUT,

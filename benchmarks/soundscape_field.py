@@ -11,7 +11,7 @@ pipeline. Per training seed, with the train notebook's defaults plus the layout 
 
 - focal-only: today's recipe (round 0 of `train_rounds`);
 - self-training rounds 1..R: `train_rounds(self_training_rounds=R)`, each round taught by the one before
-  (pipeline/tooling/self_training.py), the product's own path;
+  (pipeline/rounds/self_training.py), the product's own path;
 - `--control`: one more round-1 student per control, taught by the same focal-only model with the round's
   controls changed (target_power, target_threshold, target_floor, target_probability): paired against the
   plain round 1 on the same teacher;
@@ -99,7 +99,7 @@ def run(source: Path = DEFAULT_SOURCE, seeds: tuple[int, ...] = (0,), rounds: in
         train_set: dict[str, Any] | None = None, folder: Path | None = None,
         controls: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
     from pipeline.core.config import TrainConfig
-    from pipeline.tooling.self_training import train_rounds
+    from pipeline.rounds.self_training import train_rounds
     from pipeline.training.train import train
 
     train_set = train_set or {}

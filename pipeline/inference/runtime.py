@@ -11,6 +11,10 @@ artifact brought from training: its int8 file when it passed its accuracy rule t
 engine='auto', raced against torch on the first batch, pipeline/inference/engines.py); fp32 ONNX Runtime
 measured 0.8-1.1x torch here, so `auto` does not run it. Nothing is exported at inference: an artifact
 without ONNX files runs torch, and the submission's environment needs no onnxscript.
+
+The teacher (`choose_teacher`): an artifact trained with a pretrained teacher (BirdNET) carries its model, and
+its probabilities are blended with the model's at the weight training sealed (teachers/blend.py); its runtime
+(ai-edge-litert) is imported only then.
 """
 
 from __future__ import annotations
@@ -20,13 +24,14 @@ from dataclasses import dataclass
 import torch
 
 from ..core.artifact import Artifact
-from ..core.config import InferConfig
+from ..core.config import ConfigError, InferConfig
 from ..core.model import ModelConfig
 from ..core.onnx import ONNX_FP32, ONNX_INT8, onnxruntime_missing
 from ..core.progress import plural
 from ..core.windows import WindowPlan, chunk_hop
 from ..devices.probe import cuda_device_count
 from ..devices.threads import available_cores, plan_threads
+from ..teachers.model import Teacher, TeacherError, find_teacher, runtime_missing
 
 # Windows x channels x frames of ECAPA's widest activation (the multi-layer aggregation) per CPU batch: ~5 MB,
 # so the elementwise ops between convolutions work in cache. Measured on 2 cores (benchmarks/inference.py,
@@ -65,6 +70,25 @@ class EngineChoice:
 
 
 @dataclass(frozen=True)
+class TeacherChoice:
+    """Whether a pretrained teacher the artifact carries is blended in (TrainConfig.pretrained_teacher):
+    `teacher` None means the model alone, and `why` says why either way."""
+
+    why: str
+    teacher: Teacher | None = None
+    weight: float = 0.0
+    outputs: tuple[int, ...] = ()  # per class of the model, the teacher's output (-1: it lacks the class)
+    unknown_logit: float | None = None
+
+    def describe(self) -> str:
+        if self.teacher is None:
+            return f"teacher: none ({self.why})"
+        known = sum(output >= 0 for output in self.outputs)
+        return (f"teacher: {self.teacher.name} blended at {self.weight:g} on {known} of {len(self.outputs)} "
+                f"classes ({self.why})")  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Runtime:
     device: torch.device
     windows: WindowPlan  # how spans are cut into windows, with the batch size decided
@@ -73,6 +97,7 @@ class Runtime:
     engine: EngineChoice
     progress: bool = False
     centre: torch.Tensor | None = None  # subtracted from unit embeddings before scoring (core/windows.py)
+    teacher: TeacherChoice = TeacherChoice("the artifact carries no teacher")
 
     def describe(self) -> str:
         threads = f", {plural(self.threads, 'compute thread')}" if self.threads else ""
@@ -83,7 +108,7 @@ class Runtime:
         views = f"; whole files read at {', '.join(f'{v:g}' for v in speeds)}x" if speeds != (1.0,) else ""
         return (f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
                 f"{self.windows.batch_windows} windows ({plural(self.windows.length_buckets, 'length')}); engine: "
-                f"{engine} ({self.engine.why}){views}")  # fmt: skip
+                f"{engine} ({self.engine.why}){views}; {self.teacher.describe()}")  # fmt: skip
 
 
 def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware | None = None) -> Runtime:
@@ -99,7 +124,36 @@ def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware 
     centre = artifact.embedding_centre if config.centre_embeddings else None
     plan = window_plan(config, model, batch, choose_speeds(config, artifact))
     return Runtime(device, plan, workers, threads, choose_engine(config, artifact, device), config.progress,
-                   centre)  # fmt: skip
+                   centre, choose_teacher(config, artifact))  # fmt: skip
+
+
+def choose_teacher(config: InferConfig, artifact: Artifact) -> TeacherChoice:
+    """The artifact's teacher at InferConfig's `teacher_blend` weight ("auto": the weight training sealed).
+    A teacher that cannot run here is left out under auto (said), and stops the run when a weight was asked."""
+    record, asked = artifact.teacher, config.teacher_blend
+    if record is None:
+        if asked not in ("auto", 0, 0.0):
+            raise ConfigError(f"teacher_blend={asked!r}, but {artifact.path} carries no teacher: train with "
+                              "pretrained_teacher (and teacher_blend > 0) to seal one")  # fmt: skip
+        return TeacherChoice("the artifact carries no teacher")
+    weight = float(record.get("blend_weight", 0.0)) if asked == "auto" else float(asked)
+    if weight == 0:
+        return TeacherChoice(f"teacher_blend={asked!r}: the model alone")
+    why = "auto: the weight training sealed" if asked == "auto" else f"teacher_blend={asked!r}"
+    try:
+        teacher = find_teacher(artifact.path)
+        if missing := runtime_missing(teacher):
+            raise TeacherError(missing)
+    except TeacherError as error:
+        if asked != "auto":
+            raise
+        return TeacherChoice(
+            f"its {record.get('name', 'teacher')} cannot run here ({error}); the model alone"
+        )
+    classes = record.get("classes") or {}
+    outputs = tuple(teacher.labels.index(classes[c]) if classes.get(c) in teacher.labels else -1
+                    for c in artifact.labels)  # fmt: skip
+    return TeacherChoice(why, teacher, weight, outputs, record.get("unknown_logit"))
 
 
 def choose_speeds(config: InferConfig, artifact: Artifact) -> tuple[float, ...]:

@@ -43,6 +43,7 @@ from ..core.tables import (
     write_csv,
 )
 from ..core.windows import TIME_LIMIT_PROBLEM, SpanPredictions
+from ..teachers.blend import blend, teacher_probabilities
 from .postprocess import post_process
 from .predict import Predictions, predict
 from .rows import RowPlan, plan_rows
@@ -145,15 +146,16 @@ def write_submission(
     scoring = Scoring.of(config, artifact, plan)
     spans = predictions.spans
     scores = post_process(spans.pooled[scoring.pooling], plan, config.chunk_smoothing, config.file_max_weight)
+    probs = span_probabilities(scores, scoring, predictions, runtime)
     path = Path(config.submission_path)
     if path.is_dir():  # submission_path names a file, or an existing folder to write submission.csv in
         print(f"submission_path {path} is a folder: writing {path / 'submission.csv'}")
         path = path / "submission.csv"
     if sample.probabilities:
         prior = training_prior(artifact, scoring.independent)
-        header, rows, written, notes = probability_rows(sample, plan, scores, spans.ok, scoring, prior)
+        header, rows, written, notes = probability_rows(sample, plan, probs, spans.ok, scoring, prior)
     else:
-        header, rows, written, notes = label_rows(sample, plan, scores, spans.ok, scoring)
+        header, rows, written, notes = label_rows(sample, plan, probs, spans.ok, scoring)
     fallbacks, causes = fallback_rows(plan, spans)
     summary = fallback_summary(config, causes, len(plan.ids), path)
     if not summary["stops_run"]:
@@ -188,6 +190,7 @@ def write_submission(
         "files_per_device": {predictions.device: predictions.files},
         "runtime": runtime.describe(),
         "engine": engine_report(config, artifact, predictions, runtime),
+        "teacher": teacher_report(predictions, runtime),
         "speed": speed,
         "time_limit_minutes": config.time_limit_minutes,
         "stopped": spans.stopped,
@@ -202,31 +205,48 @@ def write_submission(
         raise AllFallbacksError(f"{summary['alarm']} No submission was written (fail_on_all_fallbacks); the "
                                 f"report is {report_path}.")  # fmt: skip
     if config.write_probabilities:
-        write_all_probabilities(path.with_name("probabilities.csv"), plan, scores, spans.ok, scoring)
+        write_all_probabilities(path.with_name("probabilities.csv"), plan, probs, spans.ok, scoring)
     if config.write_embeddings:
         write_embeddings(path.with_name("embeddings.npz"), plan, predictions)
     return InferenceResult(path, report_path, len(plan.ids), len(fallbacks), dict(Counter(written)),
                            {predictions.device: predictions.files}, report["seconds"], report)  # fmt: skip
 
 
+def span_probabilities(
+    scores: np.ndarray, scoring: Scoring, predictions: Predictions, runtime: Runtime
+) -> np.ndarray:
+    """[spans, classes of the model]: the softmax or sigmoids of the scaled cosine scores, blended with the
+    pretrained teacher's probabilities where it scored the span (teachers/blend.py). NaN scores (unusable
+    audio) give rows no row reads."""
+    probs = probabilities(np.nan_to_num(scores, nan=0.0), scoring.scale, scoring.independent)
+    if predictions.teacher is not None:
+        choice = runtime.teacher
+        taught = teacher_probabilities(
+            predictions.teacher.logits, probs, scoring.independent, choice.unknown_logit
+        )
+        probs = blend(probs, taught, choice.weight)
+    return probs
+
+
 def label_rows(
-    sample: SampleSubmission, plan: RowPlan, scores: np.ndarray, ok: np.ndarray, scoring: Scoring
+    sample: SampleSubmission, plan: RowPlan, probs: np.ndarray, ok: np.ndarray, scoring: Scoring
 ) -> tuple[list[str], list[list[str]], list[str], list[str]]:
     """(header, rows, each row's label, notes): the most probable class of each row, or the fallback label."""
     written = []
     for span in plan.span_of:
         usable = span is not None and ok[span]
-        written.append(scoring.labels[int(np.argmax(scores[span]))] if usable else scoring.fallback)
+        written.append(scoring.labels[int(np.argmax(probs[span]))] if usable else scoring.fallback)
     rows = [[row_id, label] for row_id, label in zip(plan.ids, written, strict=True)]
     return [sample.id_column, sample.value_columns[0]], rows, written, []
 
 
 def probability_rows(
-    sample: SampleSubmission, plan: RowPlan, scores: np.ndarray, ok: np.ndarray, scoring: Scoring,
+    sample: SampleSubmission, plan: RowPlan, probs: np.ndarray, ok: np.ndarray, scoring: Scoring,
     prior: np.ndarray,
 ) -> tuple[list[str], list[list[str]], list[str], list[str]]:  # fmt: skip
     """(header, rows, each row's most probable column, notes): a probability per sample_submission class
-    column; `prior` (over the model's labels) for a row with no usable audio."""
+    column (a softmax's over the classes the header has: its share of the others goes to them); `prior` (over
+    the model's labels) for a row with no usable audio."""
     labels = scoring.labels
     shared = np.array([labels.index(c) if c in labels else -1 for c in sample.value_columns])
     known = shared[shared >= 0]
@@ -236,13 +256,15 @@ def probability_rows(
         fallback = fallback / total if total > 0 else np.full(len(known), 1.0 / max(1, len(known)))
     rows, written = [], []
     for row_id, span in zip(plan.ids, plan.span_of, strict=True):
-        probs = np.zeros(len(shared))
+        values = np.zeros(len(shared))
         if len(known):
             usable = span is not None and ok[span]
-            row = probabilities(scores[span][known], scoring.scale, scoring.independent) if usable else None
-            probs[shared >= 0] = row if row is not None else fallback
-        rows.append([row_id, *(f"{p:.6g}" for p in probs)])
-        written.append(sample.value_columns[int(np.argmax(probs))])
+            row = probs[span][known] if usable else fallback
+            if usable and not scoring.independent:
+                row = row / row.sum()
+            values[shared >= 0] = row
+        rows.append([row_id, *(f"{p:.6g}" for p in values)])
+        written.append(sample.value_columns[int(np.argmax(values))])
     return [sample.id_column, *sample.value_columns], rows, written, class_notes(sample, labels, shared)
 
 
@@ -329,14 +351,14 @@ def fallback_summary(config: InferConfig, causes: Counter[str], n_rows: int, pat
 
 
 def write_all_probabilities(
-    path: Path, plan: RowPlan, scores: np.ndarray, ok: np.ndarray, scoring: Scoring
+    path: Path, plan: RowPlan, probs: np.ndarray, ok: np.ndarray, scoring: Scoring
 ) -> None:
     """probabilities.csv: every class of the model, for every row that has audio (NaN where it was unusable)."""
     ids, spans = _rows_with_audio(plan)
-    probs = probabilities(np.nan_to_num(scores[spans], nan=0.0), scoring.scale, scoring.independent)
-    probs[~ok[spans]] = np.nan
+    rows = probs[spans].copy()
+    rows[~ok[spans]] = np.nan
     write_csv(path, ["id", *scoring.labels],
-              ([row_id, *(f"{p:.6f}" for p in row)] for row_id, row in zip(ids, probs, strict=True)))  # fmt: skip
+              ([row_id, *(f"{p:.6f}" for p in row)] for row_id, row in zip(ids, rows, strict=True)))  # fmt: skip
 
 
 def write_embeddings(path: Path, plan: RowPlan, predictions: Predictions) -> None:
@@ -364,15 +386,31 @@ def speed_report(config: InferConfig, predictions: Predictions) -> dict[str, Any
                              "threads": threads, "engine": predictions.engine}  # fmt: skip
     line = (f"rate: {rate.per_second:.1f} s of audio per second ({rate.measured_on}, {predictions.engine}, "
             f"{plural(threads, 'thread')})")  # fmt: skip
+    taught = predictions.teacher
+    if taught is not None:
+        speed["teacher_audio_seconds_per_second"] = round(taught.rate.per_second, 1)
+        line += f"; teacher {taught.rate.per_second:.1f} s of audio per second ({taught.rate.measured_on})"
     if config.expected_test_files and config.expected_file_seconds:
         hidden = config.expected_test_files * config.expected_file_seconds
-        speed["projected_seconds"] = round(hidden / rate.per_second, 1)
+        seconds = hidden / rate.per_second + (hidden / taught.rate.per_second if taught is not None else 0.0)
+        speed["projected_seconds"] = round(seconds, 1)
         line += (f"; projected for {config.expected_test_files} files x {config.expected_file_seconds:g} s: "
-                 f"{hidden / rate.per_second / 60:.1f} min of prediction")  # fmt: skip
+                 f"{seconds / 60:.1f} min of prediction" + (", the teacher's included" if taught else ""))  # fmt: skip
         if config.time_limit_minutes:
             line += f" (time limit {config.time_limit_minutes:g} min)"
     speed["line"] = line
     return speed
+
+
+def teacher_report(predictions: Predictions, runtime: Runtime) -> dict[str, Any]:
+    """Whether the artifact's pretrained teacher was blended in, at what weight, over how many files."""
+    choice, taught = runtime.teacher, predictions.teacher
+    report: dict[str, Any] = {"blended": taught is not None, "why": choice.why}
+    if choice.teacher is not None and taught is not None:
+        report.update(name=choice.teacher.name, weight=choice.weight, unknown_logit=choice.unknown_logit,
+                      classes_known=int(sum(o >= 0 for o in choice.outputs)), files=taught.files,
+                      audio_seconds_per_second=round(taught.rate.per_second, 1), stopped=taught.stopped)  # fmt: skip
+    return report
 
 
 def engine_report(

@@ -57,22 +57,41 @@ class FocalTargets:
     """A teacher's probabilities over the windows of each training recording (TrainConfig.focal_targets:
     distillation, or self-distillation from the last round): a crop's target becomes (1 - weight) x its own
     label + weight x the teacher's window whose centre is nearest the crop's. Rows of the training table the
-    file does not cover keep their labels."""
+    file does not cover keep their labels.
+
+    A teacher that does not know every class (a pretrained model: `known`) says nothing of the others: a crop
+    of a class it lacks keeps its label, and a class it lacks keeps its label's value in a multi-label
+    target. For one-label targets (`one_label`, the aam objective) its window becomes a distribution: its
+    probabilities of the classes it knows (scaled to sum to at most 1), the rest on the crop's own label -- a
+    window where it hears none of its classes teaches the label alone."""
 
     first: np.ndarray  # [rows + 1]: training row r's windows are first[r]:first[r + 1]
     centres: np.ndarray  # [windows] samples
     probs: np.ndarray  # [windows, classes] float32
     weight: float
+    known: np.ndarray | None = None  # [classes] bool (None: every class)
+    one_label: bool = False
 
     def apply(self, rows: np.ndarray, starts: np.ndarray, window: int, labels: torch.Tensor) -> torch.Tensor:
         """Targets [B, classes] of crops of training `rows` starting at `starts` (labels: classes [B] or
         targets [B, classes])."""
         out = _soft(labels, self.probs.shape[1]).clone()
+        known = None if self.known is None else torch.from_numpy(self.known)
         for k, (row, start) in enumerate(zip(rows.tolist(), starts.tolist(), strict=True)):
             first, last = int(self.first[row]), int(self.first[row + 1])
-            if last > first:
-                nearest = first + int(np.abs(self.centres[first:last] - (start + window / 2)).argmin())
-                out[k] = (1 - self.weight) * out[k] + self.weight * torch.from_numpy(self.probs[nearest])
+            if last <= first:
+                continue
+            nearest = first + int(np.abs(self.centres[first:last] - (start + window / 2)).argmin())
+            teacher = torch.from_numpy(self.probs[nearest]).to(out.dtype)
+            if self.one_label:
+                if known is not None and not bool(known[int(out[k].argmax())]):
+                    continue  # a class the teacher lacks learns from its label alone
+                # A softmax teacher's window sums to 1 (this is then the plain mix); a sigmoid teacher's may not.
+                heard = teacher / max(1.0, float(teacher.sum()))
+                out[k] = (1 - self.weight) * out[k] + self.weight * (heard + (1 - heard.sum()) * out[k])
+            else:
+                mixed = (1 - self.weight) * out[k] + self.weight * teacher
+                out[k] = mixed if known is None else torch.where(known, mixed, out[k])
         return out
 
 

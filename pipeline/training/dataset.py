@@ -171,7 +171,7 @@ def load_training_data(
     if config.soundscape_targets:
         stretches, record = load_soundscape_targets(config, labels, held_out, log)
     if config.focal_targets:
-        focal, focal_record = load_focal_targets(config, rows, labels, log)
+        focal, focal_record = load_focal_targets(config, rows, labels, log, objective)
     return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
                         objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes,
                         soundscape_targets=stretches, targets_record=record, focal_targets=focal,
@@ -204,14 +204,18 @@ def _read_targets(config: TrainConfig, name: str, labels: list[str], log: Callab
 
 def _targets_record(path: Path, **fields: object) -> dict:
     """What the provenance keeps of a targets file: its name and hash, `fields`, and the lineage its teacher
-    wrote beside it (`<name>.json`, pipeline/tooling/self_training.py)."""
+    wrote beside it (`<name>.json`, pipeline/rounds/self_training.py)."""
     lineage = path.with_suffix(".json")
     return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **fields,
             "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None}  # fmt: skip
 
 
 def load_focal_targets(
-    config: TrainConfig, rows: list[TrainRow], labels: list[str], log: Callable[[str], object] = print
+    config: TrainConfig,
+    rows: list[TrainRow],
+    labels: list[str],
+    log: Callable[[str], object] = print,
+    objective: str = "aam",
 ) -> tuple[FocalTargets, dict]:
     """The teacher's windows of each training row's recording (`focal_targets`, filenames relative to data_dir)
     and a record for the provenance. Rows whose recording has no window keep their labels (said); a file of
@@ -231,6 +235,7 @@ def load_focal_targets(
     focal = FocalTargets(
         np.asarray(first, dtype=np.int64), ((found.starts[order] + found.ends[order]) / 2 * rate).astype(np.int64),
         found.probs[order], float(config.focal_target_weight),
+        None if found.known is None or found.known.all() else found.known, one_label=not is_multi_label(objective),
     )  # fmt: skip
     record = _targets_record(path, windows=len(order), rows_covered=covered, rows=len(rows),
                              weight=config.focal_target_weight)  # fmt: skip
@@ -245,7 +250,7 @@ def load_soundscape_targets(
 ) -> tuple[SoundscapeTargets, dict]:
     """The stretches of `soundscape_targets` after its controls (power, floor, threshold), their soundscapes
     cached; and a record for the provenance: the file's hash, what was kept, and the lineage written beside it
-    (`<name>.json`, pipeline/tooling/self_training.py). Stretches of validation soundscapes are left out."""
+    (`<name>.json`, pipeline/rounds/self_training.py). Stretches of validation soundscapes are left out."""
     path, found = _read_targets(config, config.soundscape_targets, labels, log)
     _, prefix = tables.audio_root(Path(config.data_dir), config.noise_dir, "noise_dir")
     # Per soundscape, not per row: a targets file holds millions of rows naming a few thousand soundscapes.

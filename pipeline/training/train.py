@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from ..core.artifact import check_artifact_dir, save_artifact
-from ..core.config import TrainConfig
+from ..core.config import ConfigError, TrainConfig
 from ..core.metrics import selection_metric
 from ..core.model import count_parameters, host_model
 from ..core.objectives import make_loss
@@ -104,6 +104,9 @@ class TrainResult:
 def train(config: TrainConfig) -> TrainResult:
     """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
+    if config.pretrained_teacher:
+        raise ConfigError("pretrained_teacher is run by the train notebook's entry, "
+                          "pipeline.rounds.self_training.train_rounds(config): call that instead of train()")  # fmt: skip
     check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
     table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
     plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.split_fraction)))

@@ -108,3 +108,26 @@ def test_audio_seconds_reads_the_header_only(tmp_path):
     assert audio_seconds(tmp_path / "a.wav") == 3.0
     (tmp_path / "b.wav").write_bytes(b"not audio")
     assert audio_seconds(tmp_path / "b.wav") is None and audio_seconds(tmp_path / "missing.wav") is None
+
+
+def test_an_mp3_decoders_notes_become_repairs_and_never_reach_stderr(tmp_path, capfd):
+    """Issue 50: mpg123 writes "Note: Illegal Audio-MPEG-Header ..." to file descriptor 2 for damaged
+    xeno-canto files, flooding a training log; they are kept as the file's repairs instead."""
+    import soundfile as sf
+
+    from pipeline.core.data import audio_seconds, load_audio
+
+    clip = (0.1 * np.sin(np.arange(16000) / 10)).astype(np.float32)
+    sf.write(tmp_path / "clean.mp3", clip, 16000, format="MP3")
+    data = (tmp_path / "clean.mp3").read_bytes()
+    (tmp_path / "damaged.mp3").write_bytes(
+        data[: len(data) // 2] + b"PETA not a frame " * 4 + data[len(data) // 2 :]
+    )
+    samples, repairs = load_audio(tmp_path / "damaged.mp3", sample_rate=16000)
+    assert audio_seconds(tmp_path / "damaged.mp3") is not None
+    assert len(samples) > 8000 and any(
+        "the mp3 decoder's" in r and "Illegal Audio-MPEG-Header" in r for r in repairs
+    )
+    assert not load_audio(tmp_path / "clean.mp3", sample_rate=16000)[1]  # a clean file: nothing to say
+    out, err = capfd.readouterr()
+    assert "MPEG" not in err and "Xing" not in err and "Note:" not in err + out

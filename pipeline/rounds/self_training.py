@@ -46,6 +46,7 @@ from ..inference.predict import predict
 from ..inference.rows import RowPlan
 from ..inference.runtime import resolve_runtime
 from ..training.train import TrainResult, train
+from . import pretrained
 
 
 def score_soundscapes(
@@ -131,12 +132,30 @@ def score_windows(
 def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> TrainResult:
     """What the train notebook runs: `train(config)`, or with `self_training_rounds` N that many student rounds,
     each taught by the one before -- the first by `teacher` (an artifact folder or a targets .csv), or without
-    one by a round 0 on the focal recordings alone. Round k's artifact is `<artifact_dir>.round_<k>`, the last
+    one by a round 0 on the focal recordings alone. A `pretrained_teacher` first scores the recordings and
+    soundscapes (rounds/pretrained.py): its soundscape scores teach the first round, with distill_focal its
+    recording scores teach every crop, and with teacher_blend > 0 it is sealed in the last artifact. Round k's artifact is `<artifact_dir>.round_<k>`, the last
     round's is `artifact_dir` (the one the infer notebook loads); its targets `<artifact_dir>.targets_<k>.csv`.
 
     Each round gets an equal share of what is left of `time_budget_minutes`; a round whose artifact is already
     there from an earlier session, trained with the same parameters, is kept rather than trained again, so a
     lost session resumes at the round it was in (and that round at its last checkpoint)."""
+    taught = None
+    if config.pretrained_teacher:  # its scores teach this run (rounds/pretrained.py); it is sealed at the end
+        taught = pretrained.teach(config, log)
+        rounds = config.self_training_rounds
+        # Its recording scores teach every crop (distill_focal); its soundscape scores teach the first round.
+        config = replace(config, pretrained_teacher=None,
+                         focal_targets=str(taught.recordings) if config.distill_focal else config.focal_targets,
+                         distill_focal=config.distill_focal and bool(rounds),
+                         teacher=str(taught.soundscapes) if rounds and taught.soundscapes else None)  # fmt: skip
+    result = _rounds(config, log)
+    if taught is not None and config.teacher_blend > 0:
+        pretrained.seal(result.artifact_dir, taught, config.teacher_blend, log)
+    return result
+
+
+def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
     rounds = config.self_training_rounds
     if rounds == 0:
         return train(config)

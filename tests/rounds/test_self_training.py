@@ -1,4 +1,4 @@
-"""Self-training rounds (pipeline/tooling/self_training.py) on a small field-soundscape folder: the teacher's
+"""Self-training rounds (pipeline/rounds/self_training.py) on a small field-soundscape folder: the teacher's
 targets file, the student's lineage, and the targets' reader and controls."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_a_field_folder_has_calls_in_its_unlabelled_soundscapes_and_their_hidden
 @pytest.mark.timeout(600)
 def test_a_round_of_self_training_is_taught_by_round_0_and_says_so(field, tmp_path):
     """Round 0 teaches round 1 the soundscapes and (distill_focal) the training recordings themselves."""
-    from pipeline.tooling.self_training import _trained_with, train_rounds
+    from pipeline.rounds.self_training import _trained_with, train_rounds
 
     tiny = {**TINY_TRAIN, "epochs": 1, "ensemble_members": 1}
     config = TrainConfig(data_dir=str(field), artifact_dir=str(tmp_path / "model"), cache_dir=str(tmp_path / "cache"),
