@@ -140,8 +140,8 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
 
 # %%
 from pipeline.core.config import TrainConfig, from_params
-from pipeline.tooling.notebook import resolve_train_defaults
 from pipeline.rounds.self_training import train_rounds
+from pipeline.tooling.notebook import resolve_train_defaults
 
 config = resolve_train_defaults(from_params(TrainConfig, globals()))
 result = train_rounds(config)  # train(config), or self_training_rounds rounds of it
