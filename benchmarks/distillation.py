@@ -122,6 +122,14 @@ def summarise(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def run(source: Path, seeds: tuple[int, ...] = (0,), quick: bool = False) -> dict[str, Any]:
+    """`make bench`'s section: the four models per seed on a field folder built here."""
+    with tempfile.TemporaryDirectory(prefix="distillation-") as tmp:
+        data = build(source, Path(tmp) / "data", quick)
+        found = {str(seed): run_seed(data, Path(tmp), seed, {}, quick) for seed in seeds}
+    return {"seeds": found, **summarise(found)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = field_arguments(__doc__)
     parser.add_argument("--work", type=Path, help="keep the models here (default: a temporary folder)")

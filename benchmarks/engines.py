@@ -221,8 +221,10 @@ def accuracy(
             items = (
                 FileWindows(i, *span_windows(clip, [(i, 0.0, None)], plan)) for i, clip in enumerate(found)
             )
-            scores.setdefault(engine, {})[name] = run_windows(model, items, len(found), 32, torch.device("cpu"),
-                                                              embed=embed).scores  # fmt: skip
+            found_scores = run_windows(
+                model, items, len(found), plan, torch.device("cpu"), embed=embed
+            ).scores
+            scores.setdefault(engine, {})[name] = found_scores
     truth = {name: np.array([label for _, label in found]) for name, found in sets.items()}
     result: dict[str, Any] = {"task": task, "epochs": epochs, "train_s": round(train_s, 1),
                               "files": {n: len(f) for n, f in sets.items()},

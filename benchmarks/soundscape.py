@@ -164,7 +164,7 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
                     torch.set_num_threads(threads)
                     embed = (TorchEmbedder(model) if engine == "torch" else
                              OnnxEmbedder(model, int8 or onnx_path, threads, "int8" if int8 else "fp32"))  # fmt: skip
-                    args = (model, embed, noise, spans, plan, batch)
+                    args = (model, embed, noise, spans, plan)
                     _timed_pass(*args)  # warm-up
                     rates[threads] = seconds / min(_timed_pass(*args), _timed_pass(*args))
                 scaling = rates[2] / rates[1]  # per doubling of cores, measured here
@@ -189,7 +189,7 @@ def infer_rates(artifact: Path, seconds: float = 60.0) -> dict[str, Any]:
     return out
 
 
-def _timed_pass(model, embed, noise, spans, plan, batch: int) -> float:
+def _timed_pass(model, embed, noise, spans, plan) -> float:
     """Seconds to window, embed and pool one soundscape's chunks."""
     import torch
 
@@ -197,7 +197,7 @@ def _timed_pass(model, embed, noise, spans, plan, batch: int) -> float:
 
     started = time.perf_counter()
     item = FileWindows(0, *span_windows(noise, spans, plan))
-    run_windows(model, iter([item]), len(spans), batch, torch.device("cpu"), embed=embed)
+    run_windows(model, iter([item]), len(spans), plan, torch.device("cpu"), embed=embed)
     return time.perf_counter() - started
 
 

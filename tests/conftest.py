@@ -29,7 +29,8 @@ requires_torch_xla = pytest.mark.skipif(
 # Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores. No ONNX files (their
 # export takes ~20 s): the session artifact below has them, and the tests of the ONNX path use it.
 TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_batch_size=8, n_mels=40,
-                  window_seconds=0.5, accelerator="cpu", progress=False, num_threads=2, export_onnx=False)  # fmt: skip
+                  window_seconds=0.5, accelerator="cpu", progress=False, num_threads=2, export_onnx=False,
+                  sample_rate=16000)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -49,9 +50,9 @@ def synthetic_data(tmp_path_factory) -> Path:
 def synthetic_training_data(synthetic_data):
     """The synthetic folder as training sees it: its audio in the cache, the split made."""
     from pipeline.core.config import TrainConfig
-    from pipeline.training.dataset import load_training_data
+    from pipeline.training.plan import plan_training
 
-    return load_training_data(TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN), log=lambda *_: None)
+    return plan_training(TrainConfig(data_dir=str(synthetic_data), **TINY_TRAIN), log=lambda *_: None)[1]
 
 
 @pytest.fixture(scope="session")

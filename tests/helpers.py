@@ -122,15 +122,7 @@ def classify_clips(
     device = device or torch.device("cpu")
     plan = WindowPlan(window, model.config.sample_rate, batch_windows, max_windows or MAX_WINDOWS_PER_FILE, None,
                       length_buckets, energy_weighted=energy_weighted, speeds=tuple(speeds))  # fmt: skip
-    return run_windows(
-        model,
-        clip_items(clips, plan),
-        len(clips),
-        batch_windows,
-        device,
-        buckets=plan.buckets(),
-        centre=centre,
-    )
+    return run_windows(model, clip_items(clips, plan), len(clips), plan, device, centre=centre)
 
 
 def clip_items(clips, plan):

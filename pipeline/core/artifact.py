@@ -109,8 +109,13 @@ def is_artifact(folder: Path) -> bool:
 def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None) -> Path:
     """Refuse an artifact_dir that would replace anything but an earlier artifact or an empty folder, or that
     overlaps a folder of `keep_apart` (e.g. data_dir=...). Training calls this before it starts."""
-    return check_output_dir(artifact_dir, name="artifact_dir", is_ours=is_artifact,
-                            what="an artifact of this project (no manifest.json)", keep_apart=keep_apart)  # fmt: skip
+    return check_output_dir(
+        artifact_dir,
+        name="artifact_dir",
+        is_ours=is_artifact,
+        what="an artifact of this project (no manifest.json)",
+        keep_apart=keep_apart,
+    )
 
 
 def save_artifact(
@@ -138,12 +143,19 @@ def save_artifact(
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(staging / WEIGHTS), metadata={k: json.dumps(v) for k, v in sealed.items()})
         # SpeechBrain's Pretrainer loads these into the yaml's modules: plain tensor dicts (weights_only).
-        windowed = WindowedEncoder(model.embedding_model, model.config.n_mels, model.config.window_samples,
-                                   sample_rate=model.config.sample_rate, frontend=model.config.frontend)  # fmt: skip
-        parts = {"embedding_model": windowed.state_dict(),
-                 # SpeechBrain's Classifier takes the cosine with its weight's rows: the centres that give the
-                 # model's own scores (an ensemble's: the mean of its members'; see model.class_centres).
-                 "classifier": {"weight": model.class_centres()}}  # fmt: skip
+        windowed = WindowedEncoder(
+            model.embedding_model,
+            model.config.n_mels,
+            model.config.window_samples,
+            sample_rate=model.config.sample_rate,
+            frontend=model.config.frontend,
+        )
+        parts = {
+            "embedding_model": windowed.state_dict(),
+            # SpeechBrain's Classifier takes the cosine with its weight's rows: the centres that give the
+            # model's own scores (an ensemble's: the mean of its members'; see model.class_centres).
+            "classifier": {"weight": model.class_centres()},
+        }
         for part, state_dict in parts.items():
             tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
             torch.save(tensors, staging / f"{part}.ckpt")
@@ -208,25 +220,33 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
     root = Path(artifact_dir)
     manifest_path = root / MANIFEST
     if not root.exists():
-        raise ArtifactError(f"artifact_dir {root} does not exist: pass the folder train.ipynb wrote "
-                            "(its artifact_dir), the one holding manifest.json")  # fmt: skip
+        raise ArtifactError(
+            f"artifact_dir {root} does not exist: pass the folder train.ipynb wrote "
+            "(its artifact_dir), the one holding manifest.json"
+        )
     if not root.is_dir():
         raise ArtifactError(
             f"artifact_dir {root} is a file, not a folder: pass the folder holding manifest.json"
         )
     if not manifest_path.is_file():
         if any((root / name).is_file() for name in ("train.csv", "test.csv", "sample_submission.csv")):
-            raise ArtifactError(f"artifact_dir {root} is a competition folder, not an artifact: pass the folder "
-                                "train.ipynb wrote (its artifact_dir), the one holding manifest.json")  # fmt: skip
-        raise ArtifactError(f"{manifest_path}: not found. {root} is not a complete artifact "
-                            "(was training interrupted before it saved?)")  # fmt: skip
+            raise ArtifactError(
+                f"artifact_dir {root} is a competition folder, not an artifact: pass the folder "
+                "train.ipynb wrote (its artifact_dir), the one holding manifest.json"
+            )
+        raise ArtifactError(
+            f"{manifest_path}: not found. {root} is not a complete artifact "
+            "(was training interrupted before it saved?)"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ArtifactError(f"{manifest_path}: not valid JSON ({error})") from error
     if (version := manifest.get("format_version")) != FORMAT_VERSION:
-        raise ArtifactError(f"{manifest_path}: format_version {version!r} is not supported "
-                            f"(this code reads version {FORMAT_VERSION}); retrain or update the code")  # fmt: skip
+        raise ArtifactError(
+            f"{manifest_path}: format_version {version!r} is not supported "
+            f"(this code reads version {FORMAT_VERSION}); retrain or update the code"
+        )
     files = manifest.get("files", {})
     for name, expected in files.items():
         path = root / name
@@ -236,13 +256,16 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
             raise ArtifactError(f"{path}: listed in the manifest but missing")
         actual = _file_record(path)
         if actual["size"] != expected["size"]:
-            raise ArtifactError(f"{path}: size {actual['size']} != {expected['size']} in the manifest "
-                                "(truncated or replaced)")  # fmt: skip
+            raise ArtifactError(
+                f"{path}: size {actual['size']} != {expected['size']} in the manifest (truncated or replaced)"
+            )
         if actual["sha256"] != expected["sha256"]:
             raise ArtifactError(f"{path}: sha256 does not match the manifest (file modified or corrupted)")
     if unlisted := [name for name in REQUIRED_FILES if name not in files]:
-        raise ArtifactError(f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
-                            "this project lists every file it holds (was the manifest edited?)")  # fmt: skip
+        raise ArtifactError(
+            f"{manifest_path}: does not list {', '.join(unlisted)}; an artifact written by "
+            "this project lists every file it holds (was the manifest edited?)"
+        )
     weights = root / WEIGHTS
     with safe_open(str(weights), framework="pt") as handle:
         sealed = handle.metadata() or {}
@@ -250,12 +273,16 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
         if name not in sealed:
             raise ArtifactError(f"{weights}: carries no sealed {name!r}; re-save the artifact with this code")
         if json.loads(sealed[name]) != manifest.get(name):
-            raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
-                                "(manifest.json was edited); restore it or retrain")  # fmt: skip
+            raise ArtifactError(
+                f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
+                "(manifest.json was edited); restore it or retrain"
+            )
     for name in OPTIONAL_SEALED_FIELDS:
         if (json.loads(sealed[name]) if name in sealed else None) != manifest.get(name):
-            raise ArtifactError(f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
-                                "(manifest.json was edited); restore it or retrain")  # fmt: skip
+            raise ArtifactError(
+                f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
+                "(manifest.json was edited); restore it or retrain"
+            )
     return manifest
 
 
@@ -270,13 +297,19 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
         raise ArtifactError(f"{root / WEIGHTS}: weights do not fit the model config ({error})") from error
     centre = manifest.get("embedding_centre")
     if centre is not None and (len(centre) != model.config.embedding_size or not np.all(np.isfinite(centre))):
-        raise ArtifactError(f"{root / MANIFEST}: embedding_centre is not {model.config.embedding_size} finite "
-                            "numbers; retrain")  # fmt: skip
+        raise ArtifactError(
+            f"{root / MANIFEST}: embedding_centre is not {model.config.embedding_size} finite "
+            "numbers; retrain"
+        )
     speeds, (low, high) = manifest.get("test_time_speeds"), SPEED_LIMITS
-    if speeds is not None and (not isinstance(speeds, list) or not all(isinstance(v, (int, float)) and low <= v <= high
-                                                                        for v in speeds)):  # fmt: skip
-        raise ArtifactError(f"{root / MANIFEST}: test_time_speeds {speeds!r} is not a list of speeds from {low:g} "
-                            f"to {high:g}; retrain")  # fmt: skip
+    if speeds is not None and (
+        not isinstance(speeds, list)
+        or not all(isinstance(v, (int, float)) and low <= v <= high for v in speeds)
+    ):
+        raise ArtifactError(
+            f"{root / MANIFEST}: test_time_speeds {speeds!r} is not a list of speeds from {low:g} "
+            f"to {high:g}; retrain"
+        )
     return Artifact(model=model.eval(), labels=list(manifest["labels"]), manifest=manifest, path=root)
 
 

@@ -19,16 +19,37 @@ from typing import Any
 # Model size presets: channel widths of ECAPA-TDNN. "voxceleb" is the published VoxCeleb recipe's size;
 # "small" is what trains to high accuracy on 2 CPU cores in a couple of minutes.
 MODEL_PRESETS: dict[str, dict[str, Any]] = {
-    "tiny": {"channels": [32, 32, 32, 32, 96], "lin_neurons": 64, "attention_channels": 16, "se_channels": 16},
-    "small": {"channels": [128, 128, 128, 128, 384], "lin_neurons": 128, "attention_channels": 64,
-              "se_channels": 64},
-    "medium": {"channels": [256, 256, 256, 256, 768], "lin_neurons": 192, "attention_channels": 128,
-               "se_channels": 128},
-    "base": {"channels": [512, 512, 512, 512, 1536], "lin_neurons": 192, "attention_channels": 128,
-             "se_channels": 128},
-    "voxceleb": {"channels": [1024, 1024, 1024, 1024, 3072], "lin_neurons": 192, "attention_channels": 128,
-                 "se_channels": 128},
-}  # fmt: skip
+    "tiny": {
+        "channels": [32, 32, 32, 32, 96],
+        "lin_neurons": 64,
+        "attention_channels": 16,
+        "se_channels": 16,
+    },
+    "small": {
+        "channels": [128, 128, 128, 128, 384],
+        "lin_neurons": 128,
+        "attention_channels": 64,
+        "se_channels": 64,
+    },
+    "medium": {
+        "channels": [256, 256, 256, 256, 768],
+        "lin_neurons": 192,
+        "attention_channels": 128,
+        "se_channels": 128,
+    },
+    "base": {
+        "channels": [512, 512, 512, 512, 1536],
+        "lin_neurons": 192,
+        "attention_channels": 128,
+        "se_channels": 128,
+    },
+    "voxceleb": {
+        "channels": [1024, 1024, 1024, 1024, 3072],
+        "lin_neurons": 192,
+        "attention_channels": 128,
+        "se_channels": 128,
+    },
+}
 SAMPLE_RATE = 16_000  # the default: SpeechBrain's speaker convention (TrainConfig.sample_rate changes it)
 # Inference covers a longer file with this many evenly spaced windows; the artifact's SpeechBrain yaml
 # repeats the value, so EncoderClassifier and the project agree on long files.
@@ -46,7 +67,7 @@ DEFAULT_TEMPLATE = "{id}_{end}"  # BirdCLEF 2021-2026: soundscape_12345_20 is 0:
 # How a chunk's windows are pooled into its scores by default: the infer notebook's (InferConfig.chunk_pooling)
 # and so training's validation of labelled soundscape chunks, which scores them as inference does.
 DEFAULT_CHUNK_POOLING = "max"
-# TrainConfig.epochs when the data leaves it to auto (None): sound-event tables train longer (training/recipe.py).
+# TrainConfig.epochs when the data leaves it to auto (None): sound-event tables train longer (training/plan.py).
 DEFAULT_EPOCHS = 12
 # TrainConfig.val_fraction when the data leaves it to auto (None): sound-event tables train on every clip.
 DEFAULT_VAL_FRACTION = 0.1
@@ -91,12 +112,13 @@ class TrainConfig:
     # member costs a model's compute in training and inference. None (auto): 3 with noise_dir (soundscapes,
     # where single models' scores on faint calls vary from seed to seed: FSDD soundscape benchmark, macro
     # ROC-AUC 0.975 -> 0.982 over 3 seeds, README) and the tiny and small sizes, 1 otherwise: for 'voxceleb'
-    # (3x its CPU time would crowd a 90-minute submission; pretrained.ENSEMBLE_SIZES) and when fine-tuning
+    # (3x its CPU time would crowd a 90-minute submission; training/plan.ENSEMBLE_SIZES) and when fine-tuning
     # (init_from: members would start alike).
     ensemble_members: int | None = None
     # Audio is resampled to this rate for training and inference; the Fbank spans 0 to half of it. 16 kHz keeps
-    # what speech needs; birds sing above 8 kHz (BirdCLEF's audio is 32 kHz): use 32000 there.
-    sample_rate: int = SAMPLE_RATE
+    # what speech needs; birds sing above 8 kHz (BirdCLEF's audio is 32 kHz). None (auto, training/plan.py):
+    # 32000 for bird recordings (a taxonomy.csv, or species a bird model knows), 16000 otherwise.
+    sample_rate: int | None = None
     n_mels: int = 80
     # The features the ECAPA-TDNN sees (model.py): "logmel" (SpeechBrain's log-mel filterbank) or "pcen" (the
     # same bands, each divided by its own running level and root-compressed: per-channel energy normalisation).
@@ -122,7 +144,7 @@ class TrainConfig:
     # background_probability: a crop replaced by a noise_dir crop with no label (multi-label objectives only);
     # blend_probability: two clips of different classes blended at a random ratio, the target in that ratio
     # (one-label objectives: BC learning, Tokozume et al. 2018); speed_probability: a crop played 0.8-1.25x
-    # as fast (pitch with it); both None (auto): 0.5 for sound-event clips, 0 otherwise (training/recipe.py);
+    # as fast (pitch with it); both None (auto): 0.5 for sound-event clips, 0 otherwise (training/plan.py);
     # time/frequency masks: SpeechBrain's DropChunk and DropFreq. The defaults are the FSDD soundscape
     # benchmark's best (README, "Measured decisions"): noise 0.8 at -5..15 dB and mixing 0.5 took macro
     # ROC-AUC 0.919 -> 0.947; none of them touches a single-label task without noise_dir.
@@ -175,7 +197,7 @@ class TrainConfig:
     init_from: str | None = None  # a SpeechBrain pretrained directory to fine-tune
     freeze_encoder: bool = False
     # Optimisation
-    epochs: int | None = None  # None (auto): 12, or 36 for sound-event clips (training/recipe.py)
+    epochs: int | None = None  # None (auto): 12, or 36 for sound-event clips (training/plan.py)
     per_device_batch_size: int | None = None  # None: 32 on GPU/CPU, 128 on TPU (devices/policy.py says why)
     base_batch_size: int = 32
     base_lr: float = 2e-3
@@ -191,7 +213,7 @@ class TrainConfig:
     weight_decay: float = 2e-5
     grad_accum: int = 1
     # Files of each class held out to validate and select an epoch on. None (auto): 0.1, or 0 for sound-event
-    # clips (training/recipe.py: there the last epoch was the one kept, and every clip is worth learning from).
+    # clips (training/plan.py: there the last epoch was the one kept, and every clip is worth learning from).
     val_fraction: float | None = None
     # The training files' mean embedding, sealed in the artifact for the infer stage to subtract before its
     # cosines (training/validation.embedding_centre; aam objective only). None (auto): for sound-event clips
@@ -233,19 +255,42 @@ class TrainConfig:
         _check_choice("objective", self.objective, ["auto", "aam", "bce", "focal"])
         _check_choice("frontend", self.frontend, ["auto", "logmel", "pcen"])
         _check_choice("metric", self.metric, ["auto", "accuracy", "macro_roc_auc", "lwlrap", "padded_cmap"])
-        for name in ("noise_probability", "mix_probability", "background_probability", "blend_probability",
-                     "focal_target_weight", "speed_probability", "time_mask_probability", "freq_mask_probability",
-                     "target_probability", "target_floor", "target_threshold"):  # fmt: skip
+        for name in (
+            "noise_probability",
+            "mix_probability",
+            "background_probability",
+            "blend_probability",
+            "focal_target_weight",
+            "speed_probability",
+            "time_mask_probability",
+            "freq_mask_probability",
+            "target_probability",
+            "target_floor",
+            "target_threshold",
+        ):
             if getattr(self, name) is not None and not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"parameter {name}={getattr(self, name)!r}: use a probability in [0, 1]")
         if self.noise_snr_db_low > self.noise_snr_db_high:
-            raise ConfigError(f"parameters noise_snr_db_low={self.noise_snr_db_low!r} > noise_snr_db_high="
-                              f"{self.noise_snr_db_high!r}: the range is low..high dB")  # fmt: skip
+            raise ConfigError(
+                f"parameters noise_snr_db_low={self.noise_snr_db_low!r} > noise_snr_db_high="
+                f"{self.noise_snr_db_high!r}: the range is low..high dB"
+            )
         if not 0.0 < self.secondary_label_weight <= 1.0:
-            raise ConfigError(f"parameter secondary_label_weight={self.secondary_label_weight!r}: use a target in "
-                              "(0, 1] (1: a secondary label counts as much as the file's own)")  # fmt: skip
-        for name in ("base_batch_size", "grad_accum", "n_mels", "window_seconds", "base_lr", "aam_scale",
-                     "checkpoint_every_minutes", "collective_timeout_minutes", "target_power"):  # fmt: skip
+            raise ConfigError(
+                f"parameter secondary_label_weight={self.secondary_label_weight!r}: use a target in "
+                "(0, 1] (1: a secondary label counts as much as the file's own)"
+            )
+        for name in (
+            "base_batch_size",
+            "grad_accum",
+            "n_mels",
+            "window_seconds",
+            "base_lr",
+            "aam_scale",
+            "checkpoint_every_minutes",
+            "collective_timeout_minutes",
+            "target_power",
+        ):
             _check_positive(name, getattr(self, name))
         for name in (
             "epochs",
@@ -256,18 +301,24 @@ class TrainConfig:
         ):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
-        if not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
-            raise ConfigError(f"parameter sample_rate={self.sample_rate!r}: use a rate in Hz between "
-                              f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} (16000 for speech, 32000 for birds)")  # fmt: skip
+        if self.sample_rate is not None and not MIN_SAMPLE_RATE <= self.sample_rate <= MAX_SAMPLE_RATE:
+            raise ConfigError(
+                f"parameter sample_rate={self.sample_rate!r}: use a rate in Hz between "
+                f"{MIN_SAMPLE_RATE} and {MAX_SAMPLE_RATE} (16000 for speech, 32000 for birds)"
+            )
         if (self.ensemble_members or 0) > 1 and self.init_from:
-            raise ConfigError(f"ensemble_members={self.ensemble_members} with init_from: every member would "
-                              "start from the same pretrained encoder and learn from the same batches, so "
-                              "they would barely differ; use ensemble_members=1 (or None) to fine-tune")  # fmt: skip
+            raise ConfigError(
+                f"ensemble_members={self.ensemble_members} with init_from: every member would "
+                "start from the same pretrained encoder and learn from the same batches, so "
+                "they would barely differ; use ensemble_members=1 (or None) to fine-tune"
+            )
         if self.num_workers is not None:
             _check_non_negative("num_workers", self.num_workers, "0: crops made in the training process")
         if not 0.0 < self.min_short_fraction <= 1.0:
-            raise ConfigError(f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
-                              "(1.0 turns the augmentation off)")  # fmt: skip
+            raise ConfigError(
+                f"parameter min_short_fraction={self.min_short_fraction!r}: use a fraction in (0, 1] "
+                "(1.0 turns the augmentation off)"
+            )
         _check_non_negative("bn_calibration_windows", self.bn_calibration_windows, "0 turns it off")
         _check_non_negative("ema_epochs", self.ema_epochs, "0 turns the average off")
         if self.val_fraction is not None and not 0.0 <= self.val_fraction < 0.9:
@@ -280,31 +331,41 @@ class TrainConfig:
                 "teacher is what teaches the first self-training round: set self_training_rounds >= 1"
             )
         if self.self_training_rounds and not (self.noise_dir or self.distill_focal):
-            raise ConfigError("self-training needs noise_dir (the folder of unlabelled soundscapes) or "
-                              "distill_focal (the teacher scores the training recordings)")  # fmt: skip
+            raise ConfigError(
+                "self-training needs noise_dir (the folder of unlabelled soundscapes) or "
+                "distill_focal (the teacher scores the training recordings)"
+            )
         if self.soundscape_targets and not self.noise_dir:
             raise ConfigError(
                 "soundscape_targets needs noise_dir: the folder of soundscapes its filenames are in"
             )
         if self.distill_focal and not (self.self_training_rounds or self.pretrained_teacher):
-            raise ConfigError("distill_focal: the teacher of a self-training round, or a pretrained_teacher, scores the "
-                              "training recordings; set one (or pass its scores as focal_targets)")  # fmt: skip
+            raise ConfigError(
+                "distill_focal: the teacher of a self-training round, or a pretrained_teacher, scores the "
+                "training recordings; set one (or pass its scores as focal_targets)"
+            )
         if self.pretrained_teacher and self.teacher:
-            raise ConfigError("set teacher (an artifact or targets file) or pretrained_teacher (a pretrained model), "
-                              "not both: the pretrained model's scores teach the first round")  # fmt: skip
+            raise ConfigError(
+                "set teacher (an artifact or targets file) or pretrained_teacher (a pretrained model), "
+                "not both: the pretrained model's scores teach the first round"
+            )
         if not 0.0 <= self.teacher_blend <= 1.0:
-            raise ConfigError(f"parameter teacher_blend={self.teacher_blend!r}: the teacher's weight at inference, "
-                              "0 (not sealed: its targets only) to 1")  # fmt: skip
-        self.teacher_exclude = _names(self.teacher_exclude)
+            raise ConfigError(
+                f"parameter teacher_blend={self.teacher_blend!r}: the teacher's weight at inference, "
+                "0 (not sealed: its targets only) to 1"
+            )
+        self.teacher_exclude = _names(self.teacher_exclude) or None
 
     @property
     def split_fraction(self) -> float:
         """The fraction the table is split by when decoded: an auto val_fraction splits at the default, and the
-        recipe may give the held-out files back (training/train.py follow_the_data)."""
+        plan may give the held-out files back (training/plan.py)."""
         return DEFAULT_VAL_FRACTION if self.val_fraction is None else self.val_fraction
 
     @property
     def window_samples(self) -> int:
+        if self.sample_rate is None:
+            raise ConfigError("sample_rate is still auto: the training plan decides it (training/plan.py)")
         return int(round(self.window_seconds * self.sample_rate))
 
 
@@ -418,10 +479,20 @@ class InferConfig:
         _check_choice("clip_pooling", self.clip_pooling, ["mean", "max", "mean_max"])
         if self.segment_seconds != "auto" and self.segment_seconds is not None:
             if isinstance(self.segment_seconds, str) or not self.segment_seconds > 0:
-                raise ConfigError(f"parameter segment_seconds={self.segment_seconds!r}: use 'auto', a number of "
-                                  "seconds > 0 (chunk rows), or None (a row per test file)")  # fmt: skip
-        for name in ("batch_windows", "max_windows_per_file", "window_hop_seconds", "clip_hop_seconds", "quiet_window_db",
-                     "time_limit_minutes", "expected_test_files", "expected_file_seconds"):  # fmt: skip
+                raise ConfigError(
+                    f"parameter segment_seconds={self.segment_seconds!r}: use 'auto', a number of "
+                    "seconds > 0 (chunk rows), or None (a row per test file)"
+                )
+        for name in (
+            "batch_windows",
+            "max_windows_per_file",
+            "window_hop_seconds",
+            "clip_hop_seconds",
+            "quiet_window_db",
+            "time_limit_minutes",
+            "expected_test_files",
+            "expected_file_seconds",
+        ):
             if getattr(self, name) is not None:
                 _check_positive(name, getattr(self, name))
         if self.row_id_template != "auto":
@@ -439,8 +510,10 @@ class InferConfig:
                 f"parameter teacher_blend={self.teacher_blend!r}: 'auto', or the teacher's weight 0 to 1"
             )
         if not 0.0 < self.fallback_alarm_share <= 1.0:
-            raise ConfigError(f"parameter fallback_alarm_share={self.fallback_alarm_share!r}: a share of the rows "
-                              "above 0 and at most 1 (1: only when every row falls back)")  # fmt: skip
+            raise ConfigError(
+                f"parameter fallback_alarm_share={self.fallback_alarm_share!r}: a share of the rows "
+                "above 0 and at most 1 (1: only when every row falls back)"
+            )
 
 
 def _names(value: Any) -> list[str]:
@@ -457,8 +530,10 @@ def _kernel(value: Any) -> list[float] | None:
         return None
     weights = _numbers(value)
     if len(weights) % 2 != 1 or any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise ConfigError(f"parameter chunk_smoothing={value!r}: use an odd number of weights >= 0, centred on the "
-                          "chunk, e.g. [0.1, 0.8, 0.1] (papermill: -p chunk_smoothing 0.1,0.8,0.1), or None")  # fmt: skip
+        raise ConfigError(
+            f"parameter chunk_smoothing={value!r}: use an odd number of weights >= 0, centred on the "
+            "chunk, e.g. [0.1, 0.8, 0.1] (papermill: -p chunk_smoothing 0.1,0.8,0.1), or None"
+        )
     return weights
 
 
@@ -471,9 +546,11 @@ def _speeds(value: Any) -> list[float] | str | None:
     speeds = _numbers(value)
     low, high = SPEED_LIMITS
     if not speeds or not all(low <= v <= high for v in speeds) or len(set(speeds)) != len(speeds):
-        raise ConfigError(f"parameter test_time_speeds={value!r}: use 'auto' (the artifact's own), None (each file "
-                          f"as it is), or distinct speeds from {low:g} to {high:g}, e.g. 0.9,1,1.1 (papermill: -p "
-                          "test_time_speeds 0.9,1,1.1)")  # fmt: skip
+        raise ConfigError(
+            f"parameter test_time_speeds={value!r}: use 'auto' (the artifact's own), None (each file "
+            f"as it is), or distinct speeds from {low:g} to {high:g}, e.g. 0.9,1,1.1 (papermill: -p "
+            "test_time_speeds 0.9,1,1.1)"
+        )
     return speeds
 
 
@@ -499,9 +576,11 @@ def check_template(template: str) -> None:
         ) from None
     unknown = names - set(TEMPLATE_FIELDS)
     if unknown or not names & {"id", "stem", "name"} or not names & {"start", "end"}:
-        raise ConfigError(f"parameter row_id_template={template!r}: use {{id}}, {{stem}} or {{name}} for the file "
-                          f"and {{start}} or {{end}} for the chunk's seconds, e.g. {DEFAULT_TEMPLATE!r}"
-                          + (f" (unknown: {sorted(unknown)})" if unknown else ""))  # fmt: skip
+        raise ConfigError(
+            f"parameter row_id_template={template!r}: use {{id}}, {{stem}} or {{name}} for the file "
+            f"and {{start}} or {{end}} for the chunk's seconds, e.g. {DEFAULT_TEMPLATE!r}"
+            + (f" (unknown: {sorted(unknown)})" if unknown else "")
+        )
 
 
 def _check_choice(name: str, value: Any, allowed: list[str]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 RUN_TYPE_VARIABLE = "KAGGLE_KERNEL_RUN_TYPE"  # "Interactive" in the editor, "Batch" for Save Version
@@ -101,10 +101,34 @@ def find_input_checkpoints() -> list[Path]:
     return find_dirs_with((CHECKPOINT_FILE,))
 
 
+def input_or_local(search: Callable[[], Path | None], local_default: Path, name: str, what: str) -> str:
+    """A path parameter left as None: on Kaggle what `search` finds among the inputs (said), else the local
+    default; a ConfigError naming the parameter when neither is there."""
+    from .config import ConfigError
+
+    if on_kaggle():
+        found = search()
+        if found is None:
+            raise ConfigError(
+                f"parameter {name} is None and {what} was not found under {input_dir()}; "
+                f"attach the input or pass -p {name} PATH"
+            )
+        print(f"{name}: found {found}")
+        return str(found)
+    if not local_default.exists():
+        raise ConfigError(
+            f"parameter {name} is None and the local default {local_default} does not exist; "
+            f"pass -p {name} PATH ({what})"
+        )
+    return str(local_default)
+
+
 def _first(matches: list[Path], what: str) -> Path | None:
     if len(matches) > 1:  # say which one wins: two attached versions of a model are an easy mistake
-        print(f"found {len(matches)} {what} under {kaggle_root()}; using the shallowest, {matches[0]} "
-              f"(others: {', '.join(map(str, matches[1:4]))}); pass the path explicitly to choose")  # fmt: skip
+        print(
+            f"found {len(matches)} {what} under {kaggle_root()}; using the shallowest, {matches[0]} "
+            f"(others: {', '.join(map(str, matches[1:4]))}); pass the path explicitly to choose"
+        )
     return matches[0] if matches else None
 
 
@@ -115,8 +139,11 @@ def session_limit_hours(env: Mapping[str, str] | None = None) -> float:
     """The TPU limit on a TPU VM (told by the variables Kaggle's TPU image sets: no torch_xla import), else the
     CPU/GPU one."""
     e = os.environ if env is None else env
-    tpu = (e.get("ISTPUVM") == "1" or bool(e.get("TPU_ACCELERATOR_TYPE"))
-           or e.get("PJRT_DEVICE", "").upper() == "TPU")  # fmt: skip
+    tpu = (
+        e.get("ISTPUVM") == "1"
+        or bool(e.get("TPU_ACCELERATOR_TYPE"))
+        or e.get("PJRT_DEVICE", "").upper() == "TPU"
+    )
     return SESSION_LIMIT_HOURS["tpu" if tpu else "cpu"]
 
 

@@ -67,9 +67,13 @@ class SpeakerClassifier(torch.nn.Module):
         self.compute_features = fbank(config.n_mels, config.sample_rate)
         self.pcen = PCEN() if config.frontend == "pcen" else None
         self.mean_var_norm = InputNormalization(norm_type="sentence", std_norm=False)
-        encoder_args = {"input_size": config.n_mels, "channels": list(config.channels),
-                        "lin_neurons": config.lin_neurons, "attention_channels": config.attention_channels,
-                        "se_channels": config.se_channels}  # fmt: skip
+        encoder_args = {
+            "input_size": config.n_mels,
+            "channels": list(config.channels),
+            "lin_neurons": config.lin_neurons,
+            "attention_channels": config.attention_channels,
+            "se_channels": config.se_channels,
+        }
         self.embedding_model = (
             ECAPA_TDNN(**encoder_args)
             if config.members == 1
@@ -169,8 +173,14 @@ class PCEN(torch.nn.Module):
     is causal, so frames after a window's valid part never change the valid ones (length buckets and padding
     stay exact), and it is one matrix product over the frames, not a loop."""
 
-    def __init__(self, time_frames: float = 40.0, gain: float = 0.98, bias: float = 2.0, power: float = 0.5,
-                 eps: float = 1e-6) -> None:  # fmt: skip
+    def __init__(
+        self,
+        time_frames: float = 40.0,
+        gain: float = 0.98,
+        bias: float = 2.0,
+        power: float = 0.5,
+        eps: float = 1e-6,
+    ) -> None:
         super().__init__()
         # librosa.pcen's smoothing coefficient for a time constant of `time_frames` frames (0.4 s at 10 ms).
         self.b = ((1 + 4 * time_frames**2) ** 0.5 - 1) / (2 * time_frames**2)
@@ -260,8 +270,14 @@ class WindowedEncoder(torch.nn.Module):
         for index in range(wavs.shape[0]):
             valid = max(1, int(round(float(wav_lens[index]) * wavs.shape[1])))
             audio = wavs[index, :valid].detach().cpu().numpy()
-            cut, rel, weight = file_windows(audio, self.window_samples, self.max_windows, quiet_db=self.quiet_db,
-                                            energy_weighted=self.energy_weighted, speeds=self.speeds)  # fmt: skip
+            cut, rel, weight = file_windows(
+                audio,
+                self.window_samples,
+                self.max_windows,
+                quiet_db=self.quiet_db,
+                energy_weighted=self.energy_weighted,
+                speeds=self.speeds,
+            )
             chunks.append(cut)
             lens.append(rel)
             weights.append(weight)
@@ -315,9 +331,12 @@ def label_encoder(n_classes: int) -> Any:
 
 
 def add_windows(
-    sums: torch.Tensor, totals: torch.Tensor, window_embeddings: torch.Tensor, weights: torch.Tensor,
+    sums: torch.Tensor,
+    totals: torch.Tensor,
+    window_embeddings: torch.Tensor,
+    weights: torch.Tensor,
     owner: torch.Tensor,
-) -> None:  # fmt: skip
+) -> None:
     """Add windows' unit embeddings, weighted, to running per-file sums (in place): a file's embedding is
     sums / totals, however many batches its windows came in."""
     unit = torch.nn.functional.normalize(window_embeddings.float(), dim=1)
@@ -334,9 +353,12 @@ def host_model(model: SpeakerClassifier, state: dict[str, torch.Tensor]) -> Spea
 
 
 def embed_waveforms(
-    model: SpeakerClassifier, wavs: torch.Tensor, lens: torch.Tensor, device: torch.device,
+    model: SpeakerClassifier,
+    wavs: torch.Tensor,
+    lens: torch.Tensor,
+    device: torch.device,
     autocast: contextlib.AbstractContextManager | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Embeddings [n, embedding_size] of `model` (already on `device`, in the mode the caller set) for waveforms
     [n, samples] with relative lengths `lens`: features and encoder on `device`, under `autocast` when given
     (the front end stays fp32 whatever it says), returned on the host in fp32."""

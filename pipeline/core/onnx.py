@@ -121,13 +121,23 @@ def export_embedding_model(model: SpeakerClassifier, path: str | Path, opset: in
     time_dim = torch.export.Dim("frames", min=MIN_FRAMES, max=MAX_FRAMES)
     try:
         with _quiet_exporter():
-            program = torch.export.export(encoder, example, dynamic_shapes=({0: batch, 1: time_dim}, {0: batch}),
-                                          strict=True)  # fmt: skip
-            onnx_program = torch.onnx.export(program, example, dynamo=True, input_names=list(INPUTS),
-                                             output_names=[OUTPUT], opset_version=opset, optimize=True)  # fmt: skip
+            program = torch.export.export(
+                encoder, example, dynamic_shapes=({0: batch, 1: time_dim}, {0: batch}), strict=True
+            )
+            onnx_program = torch.onnx.export(
+                program,
+                example,
+                dynamo=True,
+                input_names=list(INPUTS),
+                output_names=[OUTPUT],
+                opset_version=opset,
+                optimize=True,
+            )
     except Exception as error:  # noqa: BLE001 - the exporter raises many types; all mean "no ONNX file"
-        raise ExportError(f"torch {torch.__version__} could not export the embedding model: "
-                          f"{type(error).__name__}: {first_line(error)}") from error  # fmt: skip
+        raise ExportError(
+            f"torch {torch.__version__} could not export the embedding model: "
+            f"{type(error).__name__}: {first_line(error)}"
+        ) from error
     target = Path(path)
     with staged_file(target) as staging:
         onnx_program.save(str(staging))
@@ -144,8 +154,10 @@ def pristine_encoder(model: SpeakerClassifier) -> torch.nn.Module:
     if type(encoder) is not ECAPA_TDNN:
         return copy.deepcopy(encoder).cpu().float().eval()
     fresh = SpeakerClassifier(ModelConfig(**model.config.to_dict())).embedding_model
-    state = {name: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
-             for name, value in encoder.state_dict().items()}  # fmt: skip
+    state = {
+        name: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
+        for name, value in encoder.state_dict().items()
+    }
     fresh.load_state_dict(state)
     return fresh.eval()
 
@@ -214,11 +226,14 @@ def quantize_embedding_model(
         raise ValueError("quantize_embedding_model: no calibration windows (wavs is empty)")
     with torch.inference_mode():
         batches = [
-            {INPUTS[0]: np.ascontiguousarray(model.features(wavs[i : i + batch].float(), lens[i : i + batch].float())
-                                             .cpu().numpy()),
-             INPUTS[1]: lens[i : i + batch].float().cpu().numpy()}
+            {
+                INPUTS[0]: np.ascontiguousarray(
+                    model.features(wavs[i : i + batch].float(), lens[i : i + batch].float()).cpu().numpy()
+                ),
+                INPUTS[1]: lens[i : i + batch].float().cpu().numpy(),
+            }
             for i in range(0, len(wavs), batch)
-        ]  # fmt: skip
+        ]
     reader = _Calibration(batches)
     target, source = Path(int8_path).resolve(), Path(fp32_path).resolve()
     # In a folder of its own: when its symbolic shape inference fails, onnxruntime saves a debugging copy of
@@ -227,15 +242,24 @@ def quantize_embedding_model(
         prepared = Path(tmp) / "prepared.onnx"
         # Shape inference and ONNX Runtime's basic fusions first, as onnxruntime.quantization recommends.
         quant_pre_process(str(source), str(prepared))
-        kept = [node.name for node in onnx.load(str(prepared), load_external_data=False).graph.node
-                if node.op_type in INT8_OPERATORS and len(node.input) > 1 and _matches(node.input[1], keep_fp32)]  # fmt: skip
+        kept = [
+            node.name
+            for node in onnx.load(str(prepared), load_external_data=False).graph.node
+            if node.op_type in INT8_OPERATORS and len(node.input) > 1 and _matches(node.input[1], keep_fp32)
+        ]
         with staged_file(target) as staging:
             quantize_static(
-                str(prepared), str(staging), reader, quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                calibrate_method=CalibrationMethod.MinMax, op_types_to_quantize=list(INT8_OPERATORS),
+                str(prepared),
+                str(staging),
+                reader,
+                quant_format=QuantFormat.QDQ,
+                per_channel=True,
+                activation_type=QuantType.QUInt8,
+                weight_type=QuantType.QInt8,
+                calibrate_method=CalibrationMethod.MinMax,
+                op_types_to_quantize=list(INT8_OPERATORS),
                 nodes_to_exclude=kept,
-            )  # fmt: skip
+            )
     return target
 
 

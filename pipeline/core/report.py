@@ -174,8 +174,14 @@ def plot_training_curves(
         accuracy = series(key)
         ax_acc.plot(epochs, accuracy, marker="o", color="tab:green")
         best = epochs.index(best_epoch) if best_epoch in epochs else int(np.nanargmax(accuracy))
-        ax_acc.annotate(f"kept: epoch {epochs[best]}, {accuracy[best]:.4f}", (epochs[best], accuracy[best]),
-                        textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)  # fmt: skip
+        ax_acc.annotate(
+            f"kept: epoch {epochs[best]}, {accuracy[best]:.4f}",
+            (epochs[best], accuracy[best]),
+            textcoords="offset points",
+            xytext=(0, -14),
+            ha="center",
+            fontsize=8,
+        )
         # Zoom to the data: the interesting part of a good run is 0.98 vs 0.995, not 0 vs 1.
         low = float(np.nanmin(accuracy))
         ax_acc.set_ylim(max(0.0, low - 0.1 * (1.0 - low) - 0.005), 1.0 + 0.05 * (1.0 - low) + 0.002)
@@ -218,8 +224,15 @@ def plot_confusion(
             threshold = sub.max() / 2 if sub.size else 0
             for (i, j), count in np.ndenumerate(sub):
                 if count:
-                    axis.text(j, i, str(count), ha="center", va="center", fontsize=8,
-                              color="white" if count > threshold else "black")  # fmt: skip
+                    axis.text(
+                        j,
+                        i,
+                        str(count),
+                        ha="center",
+                        va="center",
+                        fontsize=8,
+                        color="white" if count > threshold else "black",
+                    )
         figure.savefig(path)
     return Path(path)
 
@@ -243,8 +256,11 @@ def plot_confused_pairs(
         figure, axis = _new_figure(7, max(1.8, 0.28 * len(pairs) + 1.1))
         counts = [count for _, _, count in pairs]
         axis.barh(names[::-1], counts[::-1], color="tab:red")
-        axis.set(xlabel="validation files", title=f"Most confused pairs (true -> predicted): {correct}/{total} "
-                 f"correct over {matrix.shape[0]} classes")  # fmt: skip
+        axis.set(
+            xlabel="validation files",
+            title=f"Most confused pairs (true -> predicted): {correct}/{total} "
+            f"correct over {matrix.shape[0]} classes",
+        )
         if not pairs:
             axis.text(0.5, 0.5, "no validation errors", ha="center", va="center", transform=axis.transAxes)
         figure.savefig(path)
@@ -290,20 +306,35 @@ def training_summary(result: Any) -> list[tuple[str, str]]:
     acc = "n/a" if result.best_val_metric is None else f"{result.best_val_metric:.4f}"
     warmup = result.schedule.get("warmup_steps", plan.get("warmup_steps"))
     rows = [
-        ("device", f"{topo.get('accelerator', '?')} x{topo.get('num_devices', '?')} ({topo.get('device_kind', '?')})"),
-        ("global batch", f"{plan.get('global_batch')} = {plan.get('per_device_batch')} per device x "
-                         f"{plan.get('num_devices')} x {plan.get('grad_accum')} accum"),
-        ("learning rate", f"{plan.get('base_lr', 0):.1e} at batch {plan.get('base_batch')} -> {plan.get('lr', 0):.1e} "
-                          f"({plan.get('rule')} rule), warmup {warmup} steps"),
+        (
+            "device",
+            f"{topo.get('accelerator', '?')} x{topo.get('num_devices', '?')} ({topo.get('device_kind', '?')})",
+        ),
+        (
+            "global batch",
+            f"{plan.get('global_batch')} = {plan.get('per_device_batch')} per device x "
+            f"{plan.get('num_devices')} x {plan.get('grad_accum')} accum",
+        ),
+        (
+            "learning rate",
+            f"{plan.get('base_lr', 0):.1e} at batch {plan.get('base_batch')} -> {plan.get('lr', 0):.1e} "
+            f"({plan.get('rule')} rule), warmup {warmup} steps",
+        ),
         ("XLA compilations", "n/a (eager)" if result.compile_count is None else str(result.compile_count)),
         ("time", f"{result.seconds:.0f} s, {len(result.history)} epochs"),
         (f"kept validation {result.metric}", f"{acc} (epoch {result.best_epoch})"),
         ("artifact", str(result.artifact_dir)),
-    ]  # fmt: skip
+    ]
     if timed := [r for r in result.history if "data_wait_share" in r]:
         waits = [r["data_wait_share"] for r in timed]
-        rows.insert(4, ("input pipeline", f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
-                        f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time"))  # fmt: skip
+        rows.insert(
+            4,
+            (
+                "input pipeline",
+                f"{timed[-1].get('samples_per_s', 0):.0f} samples/s in the last epoch; "
+                f"steps waited for data {min(waits):.1%}-{max(waits):.1%} of the time",
+            ),
+        )
     if result.onnx:
         rows.append(("ONNX files", onnx_summary(result.onnx)))
     if result.stopped_early:
@@ -341,17 +372,33 @@ def inference_summary(result: Any) -> list[tuple[str, str]]:
         ("time", f"{result.seconds:.1f} s"),
     ]
     if chunks := report.get("chunks"):
-        rows.insert(2, ("chunks", f"{chunks['segment_seconds']:g} s, ids {chunks['template']!r}, windows pooled by "
-                                  f"{chunks['pooling']}"))  # fmt: skip
+        rows.insert(
+            2,
+            (
+                "chunks",
+                f"{chunks['segment_seconds']:g} s, ids {chunks['template']!r}, windows pooled by "
+                f"{chunks['pooling']}",
+            ),
+        )
     if engine := report.get("engine"):
         threads = engine.get("threads")
-        rows.append(("engine", f"{engine['ran']} ({engine['precision']})"
-                               + (f", {threads} compute thread(s)" if threads else "")
-                               + f"; length buckets {engine.get('length_buckets')}"))  # fmt: skip
+        rows.append(
+            (
+                "engine",
+                f"{engine['ran']} ({engine['precision']})"
+                + (f", {threads} compute thread(s)" if threads else "")
+                + f"; length buckets {engine.get('length_buckets')}",
+            )
+        )
     if speed := report.get("speed"):
         projected = speed.get("projected_seconds")
-        rows.append(("rate", f"{speed['audio_seconds_per_second']:.1f} s of audio per second ({speed['measured_on']})"
-                             + (f"; projected hidden set: {projected / 60:.1f} min" if projected else "")))  # fmt: skip
+        rows.append(
+            (
+                "rate",
+                f"{speed['audio_seconds_per_second']:.1f} s of audio per second ({speed['measured_on']})"
+                + (f"; projected hidden set: {projected / 60:.1f} min" if projected else ""),
+            )
+        )
     if report.get("stopped"):
         rows.append(("stopped", str(report["stopped"])))
     # Which rows, how the test items were found, classes the header and the model do not share, repeats.
@@ -398,12 +445,17 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
     summary = report.get("fallback_summary") or {}
     if fallbacks := report.get("fallbacks", []):
         if causes := summary.get("causes"):
-            parts.append("**Fallbacks by cause**:\n\n"
-                         + markdown_table([(c["cause"], c["rows"]) for c in causes[:10]], ("cause", "rows")))  # fmt: skip
+            parts.append(
+                "**Fallbacks by cause**:\n\n"
+                + markdown_table([(c["cause"], c["rows"]) for c in causes[:10]], ("cause", "rows"))
+            )
         rows = [(f["id"], f["reason"]) for f in fallbacks[:max_fallback_rows]]
         more = len(fallbacks) - len(rows)
-        parts.append(f"**Fallbacks** (got label {report.get('fallback_label')!r}):\n\n"
-                     + markdown_table(rows, ("id", "reason")) + (f"\n\n... and {more} more" if more > 0 else ""))  # fmt: skip
+        parts.append(
+            f"**Fallbacks** (got label {report.get('fallback_label')!r}):\n\n"
+            + markdown_table(rows, ("id", "reason"))
+            + (f"\n\n... and {more} more" if more > 0 else "")
+        )
     else:
         parts.append("No fallbacks: every test file got a model prediction.")
     text = "\n\n".join(parts)
@@ -422,5 +474,15 @@ def show_inference_report(result: Any, max_fallback_rows: int = 20) -> None:
         print(f"\n{'!' * 80}\n{alarm}\n{'!' * 80}")
 
 
-__all__ = ["confusion_counts", "in_ipython", "label_bar_chart", "markdown_table", "most_confused", "plot_confusion",
-           "plot_training_curves", "save_training_figures", "show_inference_report", "show_training_report"]  # fmt: skip
+__all__ = [
+    "confusion_counts",
+    "in_ipython",
+    "label_bar_chart",
+    "markdown_table",
+    "most_confused",
+    "plot_confusion",
+    "plot_training_curves",
+    "save_training_figures",
+    "show_inference_report",
+    "show_training_report",
+]

@@ -75,10 +75,15 @@ class Schedule:
 
     def describe(self) -> str:
         epochs = self.total_steps // max(1, self.steps_per_epoch)
-        warm = "no warmup" if not self.warmup_steps else (
-            f"warmup {plural(self.warmup_steps, 'step')} ({self.warmup_source})")  # fmt: skip
-        return (f"{plural(self.steps_per_epoch, 'step')} per epoch x {plural(epochs, 'epoch', 'epochs')} = "
-                f"{self.total_steps} steps; {warm}")  # fmt: skip
+        warm = (
+            "no warmup"
+            if not self.warmup_steps
+            else (f"warmup {plural(self.warmup_steps, 'step')} ({self.warmup_source})")
+        )
+        return (
+            f"{plural(self.steps_per_epoch, 'step')} per epoch x {plural(epochs, 'epoch', 'epochs')} = "
+            f"{self.total_steps} steps; {warm}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -61,36 +61,55 @@ def check_output_dir(
     resolved = Path(target).expanduser().resolve()
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if resolved == Path(resolved.anchor) or resolved == home or cwd.is_relative_to(resolved):
-        where = "a filesystem root" if resolved == Path(resolved.anchor) else (
-            "your home folder" if resolved == home else "the working directory or one of its parents")  # fmt: skip
-        raise OutputRefused(f"{name}={str(target)!r} is {where} ({resolved}): this run would replace it. "
-                            f"Give {name} a folder of its own, e.g. {name}={str(Path(target) / 'model')!r}")  # fmt: skip
+        where = (
+            "a filesystem root"
+            if resolved == Path(resolved.anchor)
+            else ("your home folder" if resolved == home else "the working directory or one of its parents")
+        )
+        raise OutputRefused(
+            f"{name}={str(target)!r} is {where} ({resolved}): this run would replace it. "
+            f"Give {name} a folder of its own, e.g. {name}={str(Path(target) / 'model')!r}"
+        )
     for other_name, other in (keep_apart or {}).items():
         if other is None:
             continue
         apart = Path(other).expanduser().resolve()
-        relation = ("is" if resolved == apart else "lies inside" if resolved.is_relative_to(apart) else
-                    "contains" if apart.is_relative_to(resolved) else None)  # fmt: skip
+        relation = (
+            "is"
+            if resolved == apart
+            else "lies inside"
+            if resolved.is_relative_to(apart)
+            else "contains"
+            if apart.is_relative_to(resolved)
+            else None
+        )
         if relation:
-            raise OutputRefused(f"{name}={str(target)!r} {relation} {other_name}={str(other)!r}: writing it could "
-                                f"replace or mix with what is there. Put {name} in a folder of its own, outside "
-                                f"{other_name}")  # fmt: skip
+            raise OutputRefused(
+                f"{name}={str(target)!r} {relation} {other_name}={str(other)!r}: writing it could "
+                f"replace or mix with what is there. Put {name} in a folder of its own, outside "
+                f"{other_name}"
+            )
     if not resolved.exists():
         return resolved
     if not resolved.is_dir():
-        raise OutputRefused(f"{name}={str(target)!r} exists and is not a folder ({resolved}); "
-                            f"give {name} a folder path")  # fmt: skip
+        raise OutputRefused(
+            f"{name}={str(target)!r} exists and is not a folder ({resolved}); give {name} a folder path"
+        )
     entries = sorted(p.name for p in resolved.iterdir())
     if not entries:
         return resolved
     if not is_ours(resolved):
         shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-        raise OutputRefused(f"{name}={str(target)!r} holds files this project did not write ({shown}); it is "
-                            f"not {what}, so it is left alone. Choose a new or empty folder for {name}, or "
-                            "move those files away yourself")  # fmt: skip
+        raise OutputRefused(
+            f"{name}={str(target)!r} holds files this project did not write ({shown}); it is "
+            f"not {what}, so it is left alone. Choose a new or empty folder for {name}, or "
+            "move those files away yourself"
+        )
     if not replace_ours:
-        raise OutputRefused(f"{name}={str(target)!r} already holds {what} ({resolved}); "
-                            f"{how_to_replace or 'choose another folder'} to replace it")  # fmt: skip
+        raise OutputRefused(
+            f"{name}={str(target)!r} already holds {what} ({resolved}); "
+            f"{how_to_replace or 'choose another folder'} to replace it"
+        )
     return resolved
 
 
@@ -135,8 +154,10 @@ def staged_directory(target: str | os.PathLike, is_ours: Callable[[Path], bool])
         yield staging
         staging.chmod(0o755)  # mkdtemp makes a private folder; these folders are meant to be shared
         if target.exists() and not (target.is_dir() and (not any(target.iterdir()) or is_ours(target))):
-            raise OutputRefused(f"{target} now holds files this project did not write; the new content was not "
-                                "put there (move them away and run again)")  # fmt: skip
+            raise OutputRefused(
+                f"{target} now holds files this project did not write; the new content was not "
+                "put there (move them away and run again)"
+            )
         retired = target.with_name(f".{target.name}.old-{os.getpid()}-{time.time_ns()}")
         if target.exists():
             target.rename(retired)

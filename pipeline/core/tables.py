@@ -70,8 +70,14 @@ class TrainTable:
 
     @classmethod
     def of(cls, config: Any) -> TrainTable:
-        return cls(config.train_table, config.path_column, config.label_column, config.audio_dir,
-                   config.label_separator, config.secondary_labels_column)  # fmt: skip
+        return cls(
+            config.train_table,
+            config.path_column,
+            config.label_column,
+            config.audio_dir,
+            config.label_separator,
+            config.secondary_labels_column,
+        )
 
 
 @dataclass(frozen=True)
@@ -89,8 +95,15 @@ class TestLayout:
 
     @classmethod
     def of(cls, config: Any) -> TestLayout:
-        return cls(config.test_table, config.id_column, config.path_column, config.audio_dir,
-                   config.test_audio_dir, config.test_id, config.sample_submission)  # fmt: skip
+        return cls(
+            config.test_table,
+            config.id_column,
+            config.path_column,
+            config.audio_dir,
+            config.test_audio_dir,
+            config.test_id,
+            config.sample_submission,
+        )
 
 
 # --------------------------------------------------------------------------------------------- CSV
@@ -133,8 +146,10 @@ def resolve_inside(data_dir: Path, rel_path: str) -> Path:
     inside = os.path.normpath(rel_path)
     if os.path.isabs(rel_path) or inside == os.pardir or inside.startswith(os.pardir + os.sep):
         why = "an absolute path" if os.path.isabs(rel_path) else "its '..' climbs out"
-        raise DataError(f"path {rel_path!r} points outside the data folder ({why}); paths in the tables must be "
-                        "relative to it (a link inside the folder is followed)")  # fmt: skip
+        raise DataError(
+            f"path {rel_path!r} points outside the data folder ({why}); paths in the tables must be "
+            "relative to it (a link inside the folder is followed)"
+        )
     return Path(os.path.abspath(data_dir)) / inside
 
 
@@ -147,8 +162,10 @@ def audio_root(data_dir: Path, folder: str | None, parameter: str) -> tuple[Path
     except DataError as error:
         raise DataError(f"parameter {parameter}={folder!r}: {error}") from error
     if not root.is_dir():
-        raise DataError(f"parameter {parameter}={folder!r}: no such folder in {data_dir}; folders there: "
-                        f"{sorted(p.name for p in data_dir.iterdir() if p.is_dir())[:10]}")  # fmt: skip
+        raise DataError(
+            f"parameter {parameter}={folder!r}: no such folder in {data_dir}; folders there: "
+            f"{sorted(p.name for p in data_dir.iterdir() if p.is_dir())[:10]}"
+        )
     prefix = os.path.normpath(folder)
     return root, "" if prefix == os.curdir else Path(prefix).as_posix()
 
@@ -169,8 +186,11 @@ def audio_files_under(root: Path) -> list[Path]:
             continue
         walked.add((stat.st_dev, stat.st_ino))
         subdirs[:] = sorted(d for d in subdirs if not d.startswith("."))
-        found += [Path(current, f) for f in sorted(files)
-                  if not f.startswith(".") and Path(f).suffix.lower() in AUDIO_SUFFIXES]  # fmt: skip
+        found += [
+            Path(current, f)
+            for f in sorted(files)
+            if not f.startswith(".") and Path(f).suffix.lower() in AUDIO_SUFFIXES
+        ]
     return found
 
 
@@ -216,8 +236,10 @@ def read_train_table(
     data_dir = Path(data_dir)
     csv_path = data_dir / layout.table
     root, prefix = audio_root(data_dir, layout.audio_dir, "audio_dir")
-    hint = (f"Training needs a table with a {layout.path_column!r} and a {layout.label_column!r} column: set "
-            "train_table, path_column and label_column to the competition's own names.")  # fmt: skip
+    hint = (
+        f"Training needs a table with a {layout.path_column!r} and a {layout.label_column!r} column: set "
+        "train_table, path_column and label_column to the competition's own names."
+    )
     locator = AudioLocator(root)
     rows, skipped = [], []
     extra = [layout.secondary_column] if layout.secondary_column else []
@@ -230,8 +252,13 @@ def read_train_table(
         rel = locator.locate(path)
         rel = f"{prefix}/{rel}" if prefix else rel
         labels = label.split(layout.label_separator) if layout.label_separator else [label]
-        secondary = (parse_label_list(row[layout.secondary_column], layout.label_separator, csv_path, line,
-                                      layout.secondary_column) if layout.secondary_column else ())  # fmt: skip
+        secondary = (
+            parse_label_list(
+                row[layout.secondary_column], layout.label_separator, csv_path, line, layout.secondary_column
+            )
+            if layout.secondary_column
+            else ()
+        )
         rows += [TrainRow(line, rel, one, path, secondary) for one in labels if one]
     if not rows and not skipped:
         raise DataError(f"{csv_path}: no rows. Training needs at least one labelled file.")
@@ -250,8 +277,10 @@ def parse_label_list(
         except (ValueError, SyntaxError):
             value = None
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
-            raise DataError(f"{csv_path} line {line}, column {column!r}: {text[:80]!r} is not a list of labels "
-                            "such as ['a', 'b'] or []; fix the cell, or leave secondary_labels_column unset")  # fmt: skip
+            raise DataError(
+                f"{csv_path} line {line}, column {column!r}: {text[:80]!r} is not a list of labels "
+                "such as ['a', 'b'] or []; fix the cell, or leave secondary_labels_column unset"
+            )
         return tuple(v for v in value if v)
     return tuple(v for v in (text.split(separator) if separator else [text]) if v)
 
@@ -262,8 +291,10 @@ def skip_or_stop(
     """The one rule for a bad training row: under on_bad_row="skip" it is recorded (by its path as written in
     the table, never an absolute one) and left out; otherwise the run stops with an error naming it."""
     if on_bad_row != "skip":
-        raise DataError(f"{csv_path} line {line} ({path!r}): {reason}. Fix or remove the row, or set "
-                        "on_bad_row='skip' to train without it (skipped rows are reported).") from None  # fmt: skip
+        raise DataError(
+            f"{csv_path} line {line} ({path!r}): {reason}. Fix or remove the row, or set "
+            "on_bad_row='skip' to train without it (skipped rows are reported)."
+        ) from None
     skipped.append({"line": str(line), "path": path, "reason": reason})
 
 
@@ -295,8 +326,10 @@ def read_labelled_chunks(data_dir: str | Path, table: str, folder: str | None) -
         try:
             start, end = _seconds(row["start"]), _seconds(row["end"])
         except ValueError:
-            raise DataError(f"{csv_path} line {line}: start {row['start']!r} / end {row['end']!r} are not seconds "
-                            "(5, 5.0 or 0:00:05)") from None  # fmt: skip
+            raise DataError(
+                f"{csv_path} line {line}: start {row['start']!r} / end {row['end']!r} are not seconds "
+                "(5, 5.0 or 0:00:05)"
+            ) from None
         if not row["filename"] or end <= start:
             raise DataError(
                 f"{csv_path} line {line}: needs a filename and an end after its start; fix or remove it"
@@ -344,11 +377,15 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
         known = [c for c in classes if c in labels]
         notes = []
         if len(known) < len(classes):
-            notes.append(f"{csv_path.name}: {len(classes) - len(known)} class column(s) the model does not have are "
-                         f"left out: {sorted(set(classes) - set(known))[:10]}")  # fmt: skip
+            notes.append(
+                f"{csv_path.name}: {len(classes) - len(known)} class column(s) the model does not have are "
+                f"left out: {sorted(set(classes) - set(known))[:10]}"
+            )
         if len(known) < len(labels):
-            notes.append(f"{csv_path.name}: no column for {len(labels) - len(known)} of the model's classes (target 0): "
-                         f"{sorted(set(labels) - set(known))[:10]}")  # fmt: skip
+            notes.append(
+                f"{csv_path.name}: no column for {len(labels) - len(known)} of the model's classes (target 0): "
+                f"{sorted(set(labels) - set(known))[:10]}"
+            )
         name_at, start_at, end_at = (header.index(c) for c in ("filename", "start", "end"))
         value_at = [header.index(c) for c in known]
         files: list[str] = []
@@ -361,8 +398,10 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
                 times.extend((_seconds(row[start_at]), _seconds(row[end_at])))
                 values.extend([float(row[k]) for k in value_at])
             except (ValueError, IndexError):
-                raise DataError(f"{csv_path} line {reader.line_num}: start, end and the class columns must be "
-                                f"numbers. {hint}") from None  # fmt: skip
+                raise DataError(
+                    f"{csv_path} line {reader.line_num}: start, end and the class columns must be "
+                    f"numbers. {hint}"
+                ) from None
             files.append(same_name.setdefault(row[name_at], row[name_at]))
             lines.append(reader.line_num)
     if not files:
@@ -411,8 +450,10 @@ def read_test_items(data_dir: str | Path, layout: TestLayout, sample_ids: Sequen
     csv_path = data_dir / layout.table
     if not csv_path.is_file():
         folders = sorted(p.name for p in data_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
-        raise DataError(f"{csv_path}: file not found. A competition without a test table keeps its test audio "
-                        f"in a folder: set test_audio_dir to it (folders in {data_dir}: {folders[:10]})")  # fmt: skip
+        raise DataError(
+            f"{csv_path}: file not found. A competition without a test table keeps its test audio "
+            f"in a folder: set test_audio_dir to it (folders in {data_dir}: {folders[:10]})"
+        )
     root, prefix = audio_root(data_dir, layout.audio_dir, "audio_dir")
     locator = AudioLocator(root)
     hint = "Set test_table, id_column and path_column to the competition's own names, or use test_audio_dir."
@@ -421,8 +462,10 @@ def read_test_items(data_dir: str | Path, layout: TestLayout, sample_ids: Sequen
     for line, row in read_csv(csv_path, (layout.id_column, layout.path_column), hint):
         item_id = row[layout.id_column]
         if item_id in by_id:
-            notes.append(f"{csv_path.name} line {line} repeats id {item_id!r} of line {by_id[item_id].line}; "
-                         "the first row is used")  # fmt: skip
+            notes.append(
+                f"{csv_path.name} line {line} repeats id {item_id!r} of line {by_id[item_id].line}; "
+                "the first row is used"
+            )
             continue
         rel = locator.locate(row[layout.path_column])
         by_id[item_id] = TestRow(line, item_id, f"{prefix}/{rel}" if prefix and rel else rel)
@@ -461,8 +504,10 @@ def _id_form(files: Sequence[Path], sample_ids: Sequence[str]) -> tuple[str, str
         return form, f"{max(by_name, by_stem)} of sample_submission's {len(sample_ids)} ids are file {form}s"
     with_suffix = sum(Path(i).suffix.lower() in AUDIO_SUFFIXES for i in sample_ids)
     form = "name" if sample_ids and with_suffix > len(sample_ids) / 2 else "stem"
-    return form, (f"no sample_submission id names a file here; its ids {'end' if form == 'name' else 'do not end'} "
-                  "in an audio extension")  # fmt: skip
+    return form, (
+        f"no sample_submission id names a file here; its ids {'end' if form == 'name' else 'do not end'} "
+        "in an audio extension"
+    )
 
 
 # -------------------------------------------------------------------------------------- submission
@@ -500,8 +545,14 @@ def read_sample_submission(path: Path) -> SampleSubmission:
 
 COMPETITION_FOLDER = "competition folder"
 # What `python -m pipeline data` wrote before folders carried the marker: still recognised as ours.
-_LEGACY_FOLDER_ENTRIES = {"train.csv", "test.csv", "sample_submission.csv", "solution.csv", "audio",
-                          "ATTRIBUTION.txt"}  # fmt: skip
+_LEGACY_FOLDER_ENTRIES = {
+    "train.csv",
+    "test.csv",
+    "sample_submission.csv",
+    "solution.csv",
+    "audio",
+    "ATTRIBUTION.txt",
+}
 
 
 def written_by_data_command(folder: Path) -> bool:
@@ -515,9 +566,14 @@ def written_by_data_command(folder: Path) -> bool:
 def new_competition_folder(out_dir: str | os.PathLike, overwrite: bool) -> Iterator[Path]:
     """Yield a staging folder to build a competition folder in; it replaces `out_dir` when the block ends.
     `out_dir` must be new or empty, or (with `overwrite`) a folder the data commands wrote before."""
-    target = check_output_dir(out_dir, name="out", is_ours=written_by_data_command,
-                              what="a competition folder written by `python -m pipeline data`",
-                              replace_ours=overwrite, how_to_replace="pass --overwrite (overwrite=True)")  # fmt: skip
+    target = check_output_dir(
+        out_dir,
+        name="out",
+        is_ours=written_by_data_command,
+        what="a competition folder written by `python -m pipeline data`",
+        replace_ours=overwrite,
+        how_to_replace="pass --overwrite (overwrite=True)",
+    )
     with staged_directory(target, written_by_data_command) as staging:
         yield staging
         mark(staging, COMPETITION_FOLDER)

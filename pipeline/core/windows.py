@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from .buckets import Buckets, length_groups
-from .config import MAX_WINDOWS_PER_FILE
+from .config import ENERGY_WEIGHTED_WINDOWS, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB, TrainConfig
 from .data import file_windows, windows
-from .model import SpeakerClassifier, add_windows, embed_waveforms
+from .model import ModelConfig, SpeakerClassifier, add_windows, embed_waveforms
 from .progress import heartbeat, progress_bar
 
 POOLINGS = ("mean", "max", "mean_max")
@@ -81,6 +81,43 @@ class WindowPlan:
     # A whole file is also played at these speeds, each view's windows pooled into its mean (data.file_windows);
     # (1.0,): the file as it is. Chunks are never played at other speeds.
     speeds: tuple[float, ...] = (1.0,)
+
+    @classmethod
+    def for_model(
+        cls,
+        model: ModelConfig | TrainConfig,
+        batch_windows: int,
+        *,
+        max_windows_per_file: int = MAX_WINDOWS_PER_FILE,
+        window_hop_seconds: float | None = None,
+        tiled: bool = True,
+        clip_hop_seconds: float | None = None,
+        length_buckets: int = 1,
+        quiet_window_db: float | None = QUIET_WINDOW_DB,
+        energy_weighted_windows: bool = ENERGY_WEIGHTED_WINDOWS,
+        speeds: tuple[float, ...] = (1.0,),
+    ) -> WindowPlan:
+        """The plan of a model's windows (`model`: its ModelConfig, or the TrainConfig it is built from), the
+        choices named and defaulted as the infer notebook's (InferConfig): a caller that leaves one out
+        computes what the infer stage computes by default. A chunk's windows lie `window_hop_seconds` apart
+        (None: half a window); a whole file's windows tile it, or when not `tiled` lie `clip_hop_seconds`
+        apart (None: half a window), at most `max_windows_per_file` of them, quiet ones left out, weighted by
+        their energy, the file read at each of `speeds`. Only `length_buckets` defaults otherwise: 1, every
+        window at full length as training pads it (the infer stage's buckets save compute on short clips,
+        scoring within 1e-5 of full windows; validation on XLA wants one batch shape)."""
+        window, rate = model.window_samples, model.sample_rate
+        return cls(
+            window=window,
+            sample_rate=rate,
+            batch_windows=batch_windows,
+            max_windows=max_windows_per_file,
+            hop=chunk_hop(window, window_hop_seconds, rate),
+            length_buckets=length_buckets,
+            file_hop=None if tiled else chunk_hop(window, clip_hop_seconds, rate),
+            quiet_db=quiet_window_db,
+            energy_weighted=energy_weighted_windows,
+            speeds=speeds,
+        )
 
     def buckets(self) -> Buckets | None:
         count = self.length_buckets
@@ -179,26 +216,28 @@ def run_windows(
     model: SpeakerClassifier,
     items: Iterator[FileWindows],
     n_spans: int,
-    batch_windows: int,
+    plan: WindowPlan,
     device: torch.device,
+    *,
     progress: bool = False,
     embed: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     n_files: int | None = None,
     deadline: float | None = None,
-    buckets: Buckets | None = None,
     centre: torch.Tensor | None = None,
 ) -> SpanPredictions:
     """Consume per-file windows, batch them densely, and pool window embeddings back to their spans.
 
     `embed(wavs, lens)` computes a batch's window embeddings on the host (default: `embed_windows` on
-    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA). With
-    `buckets`, a window shorter than the model's runs at its bucket's tensor length, batched with windows of
-    that length (as many windows per batch as keep the batch's samples at `batch_windows` full windows); the
-    pooling still weighs every window by its valid share of a full window. With a `deadline` (time.time()), a
-    file is taken only while the measured seconds per window say that it and the windows already waiting
-    finish before it (with DEADLINE_SAFETY); the files left have no predictions. `centre`: see SpanPooling."""
+    `device`; training's validation passes its strategy's, which pads batches to one shape on XLA). Batches
+    hold `plan.batch_windows` full windows. With the plan's length buckets, a window shorter than the model's
+    runs at its bucket's tensor length, batched with windows of that length (as many windows per batch as
+    keep the batch's samples at `plan.batch_windows` full windows); the pooling still weighs every window by
+    its valid share of a full window. With a `deadline` (time.time()), a file is taken only while the
+    measured seconds per window say that it and the windows already waiting finish before it (with
+    DEADLINE_SAFETY); the files left have no predictions. `centre`: see SpanPooling."""
     embed = embed or (lambda wavs, lens: embed_windows(model, wavs, lens, device))
     window = model.config.window_samples
+    batch_windows, buckets = plan.batch_windows, plan.buckets()
     # CUDA: every batch is staged in one page-locked buffer, so the copy to the GPU is a DMA that needs no
     # pageable bounce (batches are assembled here from several files' windows, so pinning each file's
     # windows in the DataLoader would not help). The embeddings' copy back to the host ends each batch:
@@ -252,9 +291,11 @@ def run_windows(
             problems[item.index] = item.problem or "unusable"
             seen.add(item.index)
         elif deadline is not None and not _fits(deadline, waiting() + len(item.windows), computed, started):
-            stopped = (f"time limit: stopped before the file's windows would end after the deadline "
-                       f"({computed['windows']} windows predicted at "
-                       f"{computed['seconds'] / max(1, computed['windows']) * 1000:.1f} ms each)")  # fmt: skip
+            stopped = (
+                f"time limit: stopped before the file's windows would end after the deadline "
+                f"({computed['windows']} windows predicted at "
+                f"{computed['seconds'] / max(1, computed['windows']) * 1000:.1f} ms each)"
+            )
             problems[item.index] = TIME_LIMIT_PROBLEM
             break
         else:
@@ -315,8 +356,15 @@ def span_windows(
             part = samples[first:]
             if part.size == 0:
                 continue
-            wavs, rel, weights = file_windows(part, plan.window, plan.max_windows, plan.file_hop, plan.quiet_db,
-                                              plan.energy_weighted, plan.speeds)  # fmt: skip
+            wavs, rel, weights = file_windows(
+                part,
+                plan.window,
+                plan.max_windows,
+                plan.file_hop,
+                plan.quiet_db,
+                plan.energy_weighted,
+                plan.speeds,
+            )
         else:
             part = samples[first : int(round(end * plan.sample_rate))]
             if part.size == 0:

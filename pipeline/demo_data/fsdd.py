@@ -70,11 +70,15 @@ def scan_recordings(source: str | os.PathLike) -> list[Recording]:
     root = Path(source)
     if not root.is_dir():
         raise FSDDError(f"{root}: not a directory. Pass --source the FSDD 'recordings' folder.")
-    files = sorted((p for p in root.rglob("*") if p.suffix.lower() == ".wav" and p.is_file()),
-                   key=lambda p: (p.name, str(p)))  # fmt: skip
+    files = sorted(
+        (p for p in root.rglob("*") if p.suffix.lower() == ".wav" and p.is_file()),
+        key=lambda p: (p.name, str(p)),
+    )
     if not files:
-        raise FSDDError(f"{root}: no .wav files found. Pass --source the FSDD 'recordings' folder "
-                        "(files named {digit}_{speaker}_{index}.wav).")  # fmt: skip
+        raise FSDDError(
+            f"{root}: no .wav files found. Pass --source the FSDD 'recordings' folder "
+            "(files named {digit}_{speaker}_{index}.wav)."
+        )
     recordings = [parse_name(p) for p in files]
     # The name is a recording's identity: copies would leak across the split. Sorted, a copy follows its original.
     for first, second in itertools.pairwise(files):
@@ -132,8 +136,10 @@ def make_fsdd_competition(
         recordings = [rec for _, cell in cells for rec in itertools.islice(cell, max_per_cell)]
     train, test = split_recordings(recordings, test_fraction, seed)
     if not test:
-        raise FSDDError(f"{source}: too few recordings per (digit, speaker) for a test split "
-                        f"of {test_fraction:g}; {len(recordings)} files in total")  # fmt: skip
+        raise FSDDError(
+            f"{source}: too few recordings per (digit, speaker) for a test split "
+            f"of {test_fraction:g}; {len(recordings)} files in total"
+        )
 
     out = Path(out_dir)
     with new_competition_folder(out, overwrite) as staging:
@@ -180,5 +186,13 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-__all__ = ["TASKS", "FSDDError", "Recording", "link_or_copy", "make_fsdd_competition", "parse_name",
-           "scan_recordings", "split_recordings"]  # fmt: skip
+__all__ = [
+    "TASKS",
+    "FSDDError",
+    "Recording",
+    "link_or_copy",
+    "make_fsdd_competition",
+    "parse_name",
+    "scan_recordings",
+    "split_recordings",
+]

@@ -136,12 +136,42 @@ def make_soundscape_competition(
                 audio = _focal(rng, clips[label], clips[secondary] if secondary else None, sample_rate)
                 name = f"{label}/XC{seed:02d}{k:02d}{n:04d}.ogg"
                 _write(root / "train_audio" / name, audio, sample_rate)
-                rows.append([label, f"['{secondary}']" if secondary else "[]", "['call']", name, "XC",
-                             f"{rng.integers(1, 11) / 2:.1f}", f"https://xeno-canto.org/{k}{n}", "0.0", "0.0",
-                             label, label, "pipeline.soundscapes", "cc-by-sa 4.0"])  # fmt: skip
-        write_csv(root / "train.csv", ["primary_label", "secondary_labels", "type", "filename", "collection",
-                                       "rating", "url", "latitude", "longitude", "scientific_name", "common_name",
-                                       "author", "license"], rows)  # fmt: skip
+                rows.append(
+                    [
+                        label,
+                        f"['{secondary}']" if secondary else "[]",
+                        "['call']",
+                        name,
+                        "XC",
+                        f"{rng.integers(1, 11) / 2:.1f}",
+                        f"https://xeno-canto.org/{k}{n}",
+                        "0.0",
+                        "0.0",
+                        label,
+                        label,
+                        "pipeline.soundscapes",
+                        "cc-by-sa 4.0",
+                    ]
+                )
+        write_csv(
+            root / "train.csv",
+            [
+                "primary_label",
+                "secondary_labels",
+                "type",
+                "filename",
+                "collection",
+                "rating",
+                "url",
+                "latitude",
+                "longitude",
+                "scientific_name",
+                "common_name",
+                "author",
+                "license",
+            ],
+            rows,
+        )
         scape_rng = np.random.default_rng([seed, 2])
         hidden_truth = []
         for n in range(train_soundscapes):
@@ -171,14 +201,24 @@ def make_soundscape_competition(
             if not public:
                 _write(root / "test_soundscapes" / f"{stem}.ogg", audio, sample_rate)
             row_ids = [f"{stem}_{(c + 1) * segment_seconds:g}" for c in range(len(truth))]
-            solution += [[row_id, *(int(lab in present) for lab in labels)]
-                         for row_id, present in zip(row_ids, truth, strict=True)]  # fmt: skip
-            snr += [[row_id, label, f"{db:.2f}"] for row_id, chunk in zip(row_ids, levels, strict=True)
-                    for label, db in chunk]  # fmt: skip
+            solution += [
+                [row_id, *(int(lab in present) for lab in labels)]
+                for row_id, present in zip(row_ids, truth, strict=True)
+            ]
+            snr += [
+                [row_id, label, f"{db:.2f}"]
+                for row_id, chunk in zip(row_ids, levels, strict=True)
+                for label, db in chunk
+            ]
         placeholder = "soundscape_0000000"
-        write_csv(root / "sample_submission.csv", ["row_id", *labels],
-                  [[f"{placeholder}_{(c + 1) * segment_seconds:g}", *[f"{1 / len(labels):.6f}"] * len(labels)]
-                   for c in range(PLACEHOLDER_ROWS)])  # fmt: skip
+        write_csv(
+            root / "sample_submission.csv",
+            ["row_id", *labels],
+            [
+                [f"{placeholder}_{(c + 1) * segment_seconds:g}", *[f"{1 / len(labels):.6f}"] * len(labels)]
+                for c in range(PLACEHOLDER_ROWS)
+            ],
+        )
         if not public:
             write_csv(root / "solution.csv", ["row_id", *labels], solution)
             write_csv(root / "solution_snr.csv", ["row_id", "label", "snr_db"], snr)
@@ -224,8 +264,9 @@ def _background(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarr
     """A soundscape's background: brown-ish noise, gusts of band-passed wind, and an insect-like tone."""
     n = int(round(seconds * rate))
     brown = signal.sosfilt(signal.butter(1, 300, fs=rate, output="sos"), rng.standard_normal(n))
-    gust_sos = signal.butter(2, [rng.uniform(200, 600), rng.uniform(1500, 3000)], btype="bandpass", fs=rate,
-                             output="sos")  # fmt: skip
+    gust_sos = signal.butter(
+        2, [rng.uniform(200, 600), rng.uniform(1500, 3000)], btype="bandpass", fs=rate, output="sos"
+    )
     gusts = signal.sosfilt(gust_sos, rng.standard_normal(n))
     envelope = np.interp(np.arange(n), np.linspace(0, n, 12), rng.uniform(0.1, 1.0, 12))
     t = np.arange(n) / rate
@@ -236,9 +277,14 @@ def _background(rng: np.random.Generator, seconds: float, rate: int) -> np.ndarr
 
 
 def _soundscape(
-    rng: np.random.Generator, calls: dict[str, list[np.ndarray]], seconds: float, segment: float, rate: int,
-    background_db: float = 0.0, field: bool = False,
-) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:  # fmt: skip
+    rng: np.random.Generator,
+    calls: dict[str, list[np.ndarray]],
+    seconds: float,
+    segment: float,
+    rate: int,
+    background_db: float = 0.0,
+    field: bool = False,
+) -> tuple[np.ndarray, list[list[str]], list[list[tuple[str, float]]]]:
     """Background with calls, each wholly inside its chunk: 0-2 calls of distinct classes per chunk at -6 to +12 dB
     to the background, or with `field` as BirdCLEF's sound (the module docstring): residents calling in bouts, a
     rare visitor, every call distant, at -9 to +9 dB. `background_db` turns the background after the calls'
@@ -283,8 +329,11 @@ def _soundscape(
 
 def _chunk_rows(filename: str, truth: list[list[str]], segment: float) -> list[list[str]]:
     """The labelled table's rows (filename, start, end, "a;b") of a soundscape's chunks that hold calls."""
-    return [[filename, f"{c * segment:g}", f"{(c + 1) * segment:g}", ";".join(present)]
-            for c, present in enumerate(truth) if present]  # fmt: skip
+    return [
+        [filename, f"{c * segment:g}", f"{(c + 1) * segment:g}", ";".join(present)]
+        for c, present in enumerate(truth)
+        if present
+    ]
 
 
 def _distant(rng: np.random.Generator, call: np.ndarray, rate: int) -> np.ndarray:

@@ -305,8 +305,9 @@ class _File:
     stream: tuple[int, ...]  # the file's own random stream: sizes of other splits never shift its content
 
 
-def _render_file(root: Path, spec: _File, speakers: list[_Speaker], rates: tuple[int, ...],
-                 clip_seconds: float | None) -> None:  # fmt: skip
+def _render_file(
+    root: Path, spec: _File, speakers: list[_Speaker], rates: tuple[int, ...], clip_seconds: float | None
+) -> None:
     """One file: an utterance, or utterances with pauses between them cut to exactly `clip_seconds`."""
     rng = np.random.default_rng(list(spec.stream))
     sr = int(rng.choice(rates))
@@ -337,8 +338,17 @@ def _render_many(root: Path, files: list[_File], speakers, rates, clip_seconds, 
         list(pool.map(render, files, chunksize=-(-len(files) // (workers * 4))))
 
 
-def _build(root: Path, seed: int, n_speakers: int, train_per_speaker: int, test_per_speaker: int,
-           clip_seconds: float | None, rates: tuple[int, ...], formats: tuple[str, ...], workers: int) -> None:  # fmt: skip
+def _build(
+    root: Path,
+    seed: int,
+    n_speakers: int,
+    train_per_speaker: int,
+    test_per_speaker: int,
+    clip_seconds: float | None,
+    rates: tuple[int, ...],
+    formats: tuple[str, ...],
+    workers: int,
+) -> None:
     speakers = _draw_speakers(np.random.default_rng([seed, 0]), n_speakers)
     width = max(2, len(str(n_speakers - 1)))
     labels = [f"spk{i:0{width}d}" for i in range(n_speakers)]
@@ -411,24 +421,46 @@ def make_synthetic_competition(
         )
     out = Path(out_dir)
     with new_competition_folder(out, overwrite) as staging:
-        _build(staging, seed, n_speakers, train_per_speaker, test_per_speaker, clip_seconds,
-               tuple(sample_rates), tuple(formats), workers)  # fmt: skip
+        _build(
+            staging,
+            seed,
+            n_speakers,
+            train_per_speaker,
+            test_per_speaker,
+            clip_seconds,
+            tuple(sample_rates),
+            tuple(formats),
+            workers,
+        )
     return out
 
 
 def folder_of_hours(
-    out_dir: str | os.PathLike, hours: float, clip_seconds: float = 3.0, n_speakers: int = 50,
-    sample_rates: tuple[int, ...] = (8000,), formats: tuple[str, ...] = ("wav", "flac"), seed: int = 0,
-    overwrite: bool = False, workers: int | None = None,
-) -> Path:  # fmt: skip
+    out_dir: str | os.PathLike,
+    hours: float,
+    clip_seconds: float = 3.0,
+    n_speakers: int = 50,
+    sample_rates: tuple[int, ...] = (8000,),
+    formats: tuple[str, ...] = ("wav", "flac"),
+    seed: int = 0,
+    overwrite: bool = False,
+    workers: int | None = None,
+) -> Path:
     """A competition folder with `hours` of training audio in clips of `clip_seconds` (and a test split of a
     tenth of that), e.g. 16.7 h = 20,000 clips of 3 s: what the scale benchmark trains on."""
     per_speaker = max(1, round(hours * 3600 / clip_seconds / n_speakers))
     return make_synthetic_competition(
-        out_dir, seed=seed, n_speakers=n_speakers, train_per_speaker=per_speaker,
-        test_per_speaker=max(1, per_speaker // 10), overwrite=overwrite, clip_seconds=clip_seconds,
-        sample_rates=sample_rates, formats=formats, workers=workers or len(os.sched_getaffinity(0)),
-    )  # fmt: skip
+        out_dir,
+        seed=seed,
+        n_speakers=n_speakers,
+        train_per_speaker=per_speaker,
+        test_per_speaker=max(1, per_speaker // 10),
+        overwrite=overwrite,
+        clip_seconds=clip_seconds,
+        sample_rates=sample_rates,
+        formats=formats,
+        workers=workers or len(os.sched_getaffinity(0)),
+    )
 
 
 def make_high_band_competition(
@@ -451,8 +483,10 @@ def make_high_band_competition(
     def clip(rng: np.random.Generator, k: int) -> np.ndarray:
         n = int(rng.uniform(1.0, 2.0) * sample_rate)
         t = np.arange(n) / sample_rate
-        low = sum(np.sin(2 * np.pi * f * t + rng.uniform(0, 6.3)) * rng.uniform(0.2, 1.0)
-                  for f in rng.uniform(300, 3500, 4))  # fmt: skip
+        low = sum(
+            np.sin(2 * np.pi * f * t + rng.uniform(0, 6.3)) * rng.uniform(0.2, 1.0)
+            for f in rng.uniform(300, 3500, 4)
+        )
         low = low * (0.6 + 0.4 * np.sin(2 * np.pi * rng.uniform(2, 8) * t)) + 0.05 * rng.standard_normal(n)
         chirps = np.zeros(n)
         for _ in range(int(rng.integers(4, 8))):

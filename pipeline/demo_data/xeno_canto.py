@@ -13,7 +13,8 @@ scientific_name, common_name, xc_id, recordist, license, url), as `../shared/xc-
     ATTRIBUTION.txt                  every recording's recordist, licence and page
 
 The split is the source README's: within each species, sorted by xeno-canto id, every third recording is held
-out (`holdout_every`), so a recording and all its windows are on one side only. Labels are the species folder
+out (`holdout_every`), so a recording and all its windows are on one side only; `fold` 1 and 2 hold out the
+other two thirds (the README's split is fold 0). Labels are the species folder
 names (`acrocephalus_palustris`); `--codes` writes short codes instead (`acrpal`), as BirdCLEF's eBird codes
 are, so that only taxonomy.csv says which species a label is.
 """
@@ -40,8 +41,16 @@ METADATA_COLUMNS = (
     "license",
     "url",
 )
-TRAIN_COLUMNS = ["primary_label", "secondary_labels", "filename", "scientific_name", "common_name", "author",
-                 "license", "url"]  # fmt: skip
+TRAIN_COLUMNS = [
+    "primary_label",
+    "secondary_labels",
+    "filename",
+    "scientific_name",
+    "common_name",
+    "author",
+    "license",
+    "url",
+]
 
 
 def read_metadata(source: str | os.PathLike) -> list[dict[str, str]]:
@@ -49,8 +58,10 @@ def read_metadata(source: str | os.PathLike) -> list[dict[str, str]]:
     root = Path(source)
     table = root / "metadata.csv"
     if not table.is_file():
-        raise ValueError(f"{table}: not found. Pass --source a folder of <species>/XC<id>.mp3 with a metadata.csv "
-                         f"(columns {', '.join(METADATA_COLUMNS)}), such as ../shared/xc-warblers")  # fmt: skip
+        raise ValueError(
+            f"{table}: not found. Pass --source a folder of <species>/XC<id>.mp3 with a metadata.csv "
+            f"(columns {', '.join(METADATA_COLUMNS)}), such as ../shared/xc-warblers"
+        )
     with table.open(newline="", encoding="utf-8") as handle:
         rows = list(csv.DictReader(handle))
     if missing := [c for c in METADATA_COLUMNS if rows and c not in rows[0]]:
@@ -64,14 +75,19 @@ def read_metadata(source: str | os.PathLike) -> list[dict[str, str]]:
     return rows
 
 
-def split_by_recording(rows: list[dict[str, str]], holdout_every: int = 3) -> tuple[list[dict], list[dict]]:
+def split_by_recording(
+    rows: list[dict[str, str]], holdout_every: int = 3, fold: int = 0
+) -> tuple[list[dict], list[dict]]:
     """(train, test): within each species, sorted by xeno-canto id, every `holdout_every`-th recording is held
-    out (the 3rd, 6th, ...), as the source README's protocol does."""
+    out -- fold 0: the 3rd, 6th, ... (the source README's protocol); fold 1: the 1st, 4th, ...; fold 2: the 2nd,
+    5th, ...: the folds hold out every recording once."""
+    if not 0 <= fold < holdout_every:
+        raise ValueError(f"fold={fold!r}: use 0 to {holdout_every - 1}")
     train, test = [], []
     for species in sorted({r["species"] for r in rows}):
         ordered = sorted((r for r in rows if r["species"] == species), key=lambda r: int(r["xc_id"]))
         for k, row in enumerate(ordered, start=1):
-            (test if k % holdout_every == 0 else train).append(row)
+            (test if k % holdout_every == fold else train).append(row)
     return train, test
 
 
@@ -85,6 +101,7 @@ def make_xeno_canto_competition(
     source: str | os.PathLike,
     out_dir: str | os.PathLike,
     holdout_every: int = 3,
+    fold: int = 0,
     codes: bool = False,
     seed: int = 0,
     overwrite: bool = False,
@@ -94,7 +111,7 @@ def make_xeno_canto_competition(
     if holdout_every < 2:
         raise ValueError(f"holdout_every={holdout_every!r}: need at least 2 (one recording in three: 3)")
     rows = read_metadata(source)
-    train, test = split_by_recording(rows, holdout_every)
+    train, test = split_by_recording(rows, holdout_every, fold)
     out = Path(out_dir)
     with new_competition_folder(out, overwrite) as staging:
         _build(staging, Path(source), train, test, codes, seed)
@@ -109,8 +126,18 @@ def _build(root: Path, source: Path, train: list[dict], test: list[dict], codes:
     for row in train:
         rel = f"{label[row['species']]}/{Path(row['filename']).name}"
         link_or_copy(source / row["filename"], root / "train_audio" / rel)
-        train_rows.append([label[row["species"]], "[]", rel, row["scientific_name"], row["common_name"],
-                           row["recordist"], row["license"], row["url"]])  # fmt: skip
+        train_rows.append(
+            [
+                label[row["species"]],
+                "[]",
+                rel,
+                row["scientific_name"],
+                row["common_name"],
+                row["recordist"],
+                row["license"],
+                row["url"],
+            ]
+        )
     # Opaque ids, in a seeded random order: neither the id nor the row order says which species it is.
     order = np.random.default_rng([seed, 0xB1D]).permutation(len(test))
     test_rows, solution_rows = [], []

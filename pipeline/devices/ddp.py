@@ -97,15 +97,22 @@ def rank_device(accelerator: str, local_rank: int, visible_gpus: int) -> torch.d
     if visible_gpus == 1:
         return torch.device("cuda", 0)
     if local_rank >= visible_gpus:
-        raise RuntimeError(f"LOCAL_RANK={local_rank} but this process sees {visible_gpus} GPU(s); start at most "
-                           f"{visible_gpus} processes per node")  # fmt: skip
+        raise RuntimeError(
+            f"LOCAL_RANK={local_rank} but this process sees {visible_gpus} GPU(s); start at most "
+            f"{visible_gpus} processes per node"
+        )
     return torch.device("cuda", local_rank)
 
 
 def ddp_entry(
-    rank: int, world_size: int, fn: Callable[..., Any], args: tuple, topology: Topology, precision: str,
+    rank: int,
+    world_size: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    topology: Topology,
+    precision: str,
     collective_timeout_s: float,
-) -> Any:  # fmt: skip
+) -> Any:
     """One rank: join the process group, run `fn` with a DDPStrategy, leave the group."""
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     visible = torch.cuda.device_count() if topology.accelerator == "cuda" else 0

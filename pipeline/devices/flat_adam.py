@@ -46,8 +46,10 @@ class FlatAdam:
             return False
         group = optimizer.param_groups[0]
         params = group["params"]
-        plain = not any(group.get(flag) for flag in ("amsgrad", "maximize", "differentiable", "fused",
-                                                     "decoupled_weight_decay"))  # fmt: skip
+        plain = not any(
+            group.get(flag)
+            for flag in ("amsgrad", "maximize", "differentiable", "fused", "decoupled_weight_decay")
+        )
         values = (group["lr"], *group["betas"], group["eps"], group["weight_decay"])
         scalars = not any(isinstance(value, torch.Tensor) for value in values)
         uniform = len({(p.dtype, p.device) for p in params}) == 1 and params[0].dtype == torch.float32

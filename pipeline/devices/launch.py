@@ -296,8 +296,13 @@ def launch(
         try:
             for rank in range(nprocs):
                 Path(beats[rank]).touch()
-                rank_env = {**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank), _CHILD_MARKER: "1",
-                            _HEARTBEAT: beats[rank]}  # fmt: skip
+                rank_env = {
+                    **base_env,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    _CHILD_MARKER: "1",
+                    _HEARTBEAT: beats[rank],
+                }
                 p = ctx.Process(
                     target=_child_main,
                     args=(rank, rank_env, payload, paths[rank]),
@@ -318,8 +323,10 @@ def launch(
                 running, now = sorted(pending.values()), time.time()
                 stalled = [r for r in running if now - os.path.getmtime(beats[r]) > stall_limit]
                 if not ready and stalled:
-                    raise LaunchTimeout(f"rank(s) {stalled} made no progress for {stall_timeout} s (no heartbeat); "
-                                        "all ranks killed")  # fmt: skip
+                    raise LaunchTimeout(
+                        f"rank(s) {stalled} made no progress for {stall_timeout} s (no heartbeat); "
+                        "all ranks killed"
+                    )
                 if not ready and time.monotonic() >= deadline:
                     raise LaunchTimeout(
                         f"timeout after {timeout} s with rank(s) {running} still running; all ranks killed"

@@ -1,7 +1,8 @@
 """The hardware policy: parameters + this session's hardware -> how training runs (Lightning Fabric's connector).
 
 `decide` is the one place that turns TrainConfig's hardware fields and the detected topology into a strategy,
-a precision, a model size, the batch plan and the input pipeline's worker count; `python -m pipeline doctor`
+a precision, the batch plan and the input pipeline's worker count (the training plan, training/plan.py, calls
+it among the rest of what auto leaves open); `python -m pipeline doctor`
 calls it too, so what doctor prints is what training does. `run` is the launcher: it builds the strategy the
 plan names and calls the function it is handed, `fn(strategy, plan, *args)`, in every process of the
 topology (one process for a single device or XLA SPMD, one spawned process per device for DDP, or the
@@ -44,14 +45,15 @@ class HardwarePlan:
     topology: Topology
     strategy: str  # "single" | "ddp" | "xla-spmd"
     precision: str  # "fp32" | "bf16" | "fp16"
-    model_size: str
     batch: BatchPlan
     loader_workers: int  # DataLoader worker processes per training process
 
     def describe(self) -> str:
-        return (f"{describe_topology(self.topology)}. {self.batch.describe()}; {self.precision}; model "
-                f"'{self.model_size}'; input pipeline: {plural(self.loader_workers, 'worker process')}"
-                + (" per rank" if self.strategy == "ddp" else ""))  # fmt: skip
+        return (
+            f"{describe_topology(self.topology)}. {self.batch.describe()}; {self.precision}; input pipeline: "
+            f"{plural(self.loader_workers, 'worker process')}"
+            + (" per rank" if self.strategy == "ddp" else "")
+        )
 
 
 def session_topology(
@@ -66,16 +68,23 @@ def session_topology(
     world = int(e["WORLD_SIZE"])
     local = int(e.get("LOCAL_WORLD_SIZE") or world)
     if config.devices not in (None, world):
-        raise ConfigError(f"parameter devices={config.devices} but torchrun started WORLD_SIZE={world} "
-                          "processes; leave devices unset under torchrun")  # fmt: skip
+        raise ConfigError(
+            f"parameter devices={config.devices} but torchrun started WORLD_SIZE={world} "
+            "processes; leave devices unset under torchrun"
+        )
     here = detect_topology(config.accelerator, None, env=env, runner=runner)
     # One visible GPU: the scheduler gave each process its own (CUDA_VISIBLE_DEVICES per process, e.g. SLURM).
     if here.accelerator == "cuda" and 1 < here.num_devices < local:
-        raise ConfigError(f"torchrun started {local} processes on this node (LOCAL_WORLD_SIZE) but only "
-                          f"{here.num_devices} GPU(s) are visible ({here.detail}); use --nproc_per_node "
-                          f"{here.num_devices}")  # fmt: skip
-    return dataclasses.replace(here, num_devices=world, detail=f"{here.detail}; torchrun: {world} processes "
-                               f"on {plural(max(1, world // local), 'node')}")  # fmt: skip
+        raise ConfigError(
+            f"torchrun started {local} processes on this node (LOCAL_WORLD_SIZE) but only "
+            f"{here.num_devices} GPU(s) are visible ({here.detail}); use --nproc_per_node "
+            f"{here.num_devices}"
+        )
+    return dataclasses.replace(
+        here,
+        num_devices=world,
+        detail=f"{here.detail}; torchrun: {world} processes on {plural(max(1, world // local), 'node')}",
+    )
 
 
 def describe_topology(topology: Topology) -> str:
@@ -92,24 +101,14 @@ def describe_topology(topology: Topology) -> str:
 def resolve_precision(requested: str, topology: Topology) -> str:
     """bf16 on TPU and on GPUs with native bf16; fp16 + loss scaling on T4 (no native bf16); fp32 on CPU."""
     if requested == "fp16" and topology.accelerator == "tpu":
-        raise ConfigError("parameter precision='fp16' is not available on TPU (its matrix units take bf16); "
-                          "use 'bf16' (the default there) or 'fp32'")  # fmt: skip
+        raise ConfigError(
+            "parameter precision='fp16' is not available on TPU (its matrix units take bf16); "
+            "use 'bf16' (the default there) or 'fp32'"
+        )
     if requested != "auto":
         return requested
     cuda = "bf16" if topology.bf16_native else "fp16"
     return {"tpu": "bf16", "cuda": cuda}.get(topology.accelerator, "fp32")
-
-
-def resolve_model_size(requested: str, topology: Topology, env: dict[str, str] | None = None) -> str:
-    """`auto`: the VoxCeleb-size model on real accelerators, the small one on CPUs, and the tiny one on
-    torch_xla's CPU stand-in for a TPU, which exists to exercise the TPU code path (it runs ~50x slower
-    than eager CPU, ../shared/NOTES.md)."""
-    if requested != "auto":
-        return requested
-    if topology.accelerator == "tpu":
-        stand_in = (os.environ if env is None else env).get("PJRT_DEVICE", "TPU").upper() == "CPU"
-        return "tiny" if stand_in else "voxceleb"
-    return "voxceleb" if topology.accelerator == "cuda" else "small"
 
 
 def loader_workers(requested: int | None, topology: Topology, cpus: int | None = None) -> int:
@@ -132,9 +131,11 @@ def auto_per_device_batch(topology: Topology, train_rows: int | None = None) -> 
 
 
 def decide(
-    config: TrainConfig, topology: Topology | None = None, env: dict[str, str] | None = None,
+    config: TrainConfig,
+    topology: Topology | None = None,
+    env: dict[str, str] | None = None,
     train_rows: int | None = None,
-) -> HardwarePlan:  # fmt: skip
+) -> HardwarePlan:
     """The plan for `config` on `topology` (default: this session's), for about `train_rows` training files."""
     topology = topology or session_topology(config, env)
     strategy = {"tpu": "xla-spmd"}.get(topology.accelerator, "ddp" if topology.num_devices > 1 else "single")
@@ -149,9 +150,8 @@ def decide(
         accelerator=topology.accelerator,
     )
     precision = resolve_precision(config.precision, topology)
-    model_size = resolve_model_size(config.model_size, topology, env)
     workers = loader_workers(config.num_workers, topology)
-    return HardwarePlan(topology, strategy, precision, model_size, batch, workers)
+    return HardwarePlan(topology, strategy, precision, batch, workers)
 
 
 def run(plan: HardwarePlan, fn: Callable[..., Any], *args: Any, collective_timeout_s: float = 1800.0) -> Any:

@@ -65,8 +65,10 @@ class XLASpmdStrategy(SingleDevice):
         self._xs, self._met, self._torch_xla = xs, met, torch_xla
         self.num_devices = xr.global_runtime_device_count()
         if self.num_devices != topology.num_devices:
-            raise RuntimeError(f"torch_xla sees {self.num_devices} devices but the topology says "
-                               f"{topology.num_devices}; check PJRT_DEVICE / TPU_* (or CPU_NUM_DEVICES for the CPU stand-in)")  # fmt: skip
+            raise RuntimeError(
+                f"torch_xla sees {self.num_devices} devices but the topology says "
+                f"{topology.num_devices}; check PJRT_DEVICE / TPU_* (or CPU_NUM_DEVICES for the CPU stand-in)"
+            )
         # bf16 or fp32 (policy.resolve_precision refuses fp16 on TPU): no loss scaling.
         super().__init__(torch_xla.device(), precision)
         self.devices_per_process = self.num_devices

@@ -85,8 +85,10 @@ class GuardedEmbedder:
                 return checked_output(self.primary(wavs, lens), wavs, self.dim)
             except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
                 self.failure = f"{type(error).__name__}: {first_line(error)}"
-                self.log(f"inference engine: {self.name} failed on a batch of {wavs.shape[0]} windows "
-                         f"({self.failure}); torch computes this batch and the rest")  # fmt: skip
+                self.log(
+                    f"inference engine: {self.name} failed on a batch of {wavs.shape[0]} windows "
+                    f"({self.failure}); torch computes this batch and the rest"
+                )
         return self.fallback(wavs, lens)
 
 
@@ -108,9 +110,16 @@ class FirstBatchRace:
     batches (tests pass one that only the engines move, so the race's course does not depend on the load)."""
 
     def __init__(
-        self, candidate: Embed, torch_embed: Embed, dim: int, precision: str, log: Callable[[str], None],
-        *, race_batches: int = 3, clock: Callable[[], float] = time.perf_counter,
-    ) -> None:  # fmt: skip
+        self,
+        candidate: Embed,
+        torch_embed: Embed,
+        dim: int,
+        precision: str,
+        log: Callable[[str], None],
+        *,
+        race_batches: int = 3,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.candidate, self.torch_embed, self.dim, self.precision = candidate, torch_embed, dim, precision
         self.log, self.race_batches, self.clock = log, race_batches, clock
         self.name = str(getattr(candidate, "engine", "onnx"))
@@ -154,8 +163,9 @@ class FirstBatchRace:
         try:
             return checked_output(self.candidate(wavs, lens), wavs, self.dim)
         except Exception as error:  # noqa: BLE001 - any engine failure: torch takes over, rows are kept
-            self._decide_torch(f"failed on a batch of {wavs.shape[0]} windows: {type(error).__name__}: "
-                               f"{first_line(error)}")  # fmt: skip
+            self._decide_torch(
+                f"failed on a batch of {wavs.shape[0]} windows: {type(error).__name__}: {first_line(error)}"
+            )
             return None
 
     def _decide_torch(self, why: str) -> None:
@@ -233,9 +243,12 @@ def use_fast_reflect_padding(model: torch.nn.Module) -> int:
     switched = 0
     for module in model.modules():
         if (
-            isinstance(module, Conv1d) and hasattr(module, "_manage_padding") and module.padding == "same"
-            and module.padding_mode == "reflect" and module.stride == 1
-        ):  # fmt: skip
+            isinstance(module, Conv1d)
+            and hasattr(module, "_manage_padding")
+            and module.padding == "same"
+            and module.padding_mode == "reflect"
+            and module.stride == 1
+        ):
             module._manage_padding = types.MethodType(_reflect_pad_by_copies, module)
             switched += 1
     return switched

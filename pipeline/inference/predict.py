@@ -112,9 +112,18 @@ def predict(
         pin_memory=False,  # the assembled batch is what is pinned (run_windows' staging buffer)
     )
     windows = runtime.windows
-    result = run_windows(model, iter(loader), len(plan.spans), windows.batch_windows, runtime.device,
-                         runtime.progress, embed=embed, n_files=len(wanted), deadline=deadline,
-                         buckets=windows.buckets(), centre=runtime.centre)  # fmt: skip
+    result = run_windows(
+        model,
+        iter(loader),
+        len(plan.spans),
+        windows,
+        runtime.device,
+        progress=runtime.progress,
+        embed=embed,
+        n_files=len(wanted),
+        deadline=deadline,
+        centre=runtime.centre,
+    )
     if result.stopped:  # the files the deadline left: every one is named in the report
         left = {i: TIME_LIMIT_PROBLEM for i in wanted if i not in result.seen}
         result = replace(result, problems={**result.problems, **left})
@@ -171,8 +180,10 @@ def teacher_scores(
         rate = Rate(
             RATE_PROBE_SECONDS, time.perf_counter() - began, f"{RATE_PROBE_SECONDS:.0f} s of generated audio"
         )
-    log(f"teacher {teacher.name}: {done} of {len(files)} files, {rate.per_second:.1f} s of audio per second "
-        f"({rate.measured_on})")  # fmt: skip
+    log(
+        f"teacher {teacher.name}: {done} of {len(files)} files, {rate.per_second:.1f} s of audio per second "
+        f"({rate.measured_on})"
+    )
     return TeacherScores(logits, done, rate, stopped)
 
 
@@ -187,8 +198,7 @@ def probe_rate(model: SpeakerClassifier, embed: Embed, runtime: Runtime, segment
         spans = [(0, 0.0, None)]
     started = time.perf_counter()
     item = FileWindows(0, *span_windows(noise, spans, windows))
-    run_windows(model, iter([item]), len(spans), windows.batch_windows, runtime.device, embed=embed,
-                buckets=windows.buckets())  # fmt: skip
+    run_windows(model, iter([item]), len(spans), windows, runtime.device, embed=embed)
     measured_on = f"{RATE_PROBE_SECONDS:.0f} s of generated audio (the test set has less)"
     return Rate(RATE_PROBE_SECONDS, time.perf_counter() - started, measured_on)
 

@@ -37,6 +37,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from ..core.config import DEFAULT_TEMPLATE, ConfigError, InferConfig
 from ..core.data import audio_seconds
 from ..core.progress import plural
@@ -80,8 +82,17 @@ def plan_rows(sample: SampleSubmission, items: TestItems, config: InferConfig) -
     segment, why = choose_segment(config.segment_seconds, sample.ids, items)
     if segment is None:
         return plan_file_rows(sample, items, where, root, seconds, segment_rule=why)
-    return plan_chunk_rows(sample, items, seconds, segment, config.row_id_template, where, root=root,
-                           usual_seconds=config.expected_file_seconds, segment_rule=why)  # fmt: skip
+    return plan_chunk_rows(
+        sample,
+        items,
+        seconds,
+        segment,
+        config.row_id_template,
+        where,
+        root=root,
+        usual_seconds=config.expected_file_seconds,
+        segment_rule=why,
+    )
 
 
 def _header_seconds(root: Path, rel_path: str) -> float | None:
@@ -118,8 +129,12 @@ def read_chunk_ids(sample_ids: Sequence[str], item_ids: Collection[str]) -> Chun
     values = [float(match["seconds"]) for match in matches]
     steps = {round(b - a, 6) for seconds in by_file.values() for a, b in pairwise(sorted(seconds))}
     if len(steps) > 1 or 0.0 in steps:
-        return ChunkIds(None, False, f"the seconds of one file's sample_submission ids are not evenly spaced "
-                                     f"(steps {sorted(steps)[:4]})")  # fmt: skip
+        return ChunkIds(
+            None,
+            False,
+            f"the seconds of one file's sample_submission ids are not evenly spaced "
+            f"(steps {sorted(steps)[:4]})",
+        )
     of_test_files = any(prefix in items for prefix in by_file)
     if steps:
         segment = steps.pop()
@@ -151,16 +166,22 @@ def choose_segment(
         return ids.segment, f"segment_seconds auto: {ids.why}"
     if segment_seconds is None:
         if ids.segment is not None and ids.of_test_files:
-            raise ConfigError(f"parameter segment_seconds=None asks for a row per test file, but {ids.why}: "
-                              f"use segment_seconds='auto' or {ids.segment:g}")  # fmt: skip
+            raise ConfigError(
+                f"parameter segment_seconds=None asks for a row per test file, but {ids.why}: "
+                f"use segment_seconds='auto' or {ids.segment:g}"
+            )
         return None, "segment_seconds=None: a row per test file"
     segment = float(segment_seconds)
     if ids.segment is not None and abs(ids.segment - segment) > 1e-6:
-        raise ConfigError(f"parameter segment_seconds={segment:g}, but {ids.why}: use segment_seconds='auto' "
-                          f"or {ids.segment:g}")  # fmt: skip
+        raise ConfigError(
+            f"parameter segment_seconds={segment:g}, but {ids.why}: use segment_seconds='auto' "
+            f"or {ids.segment:g}"
+        )
     if ids.segment is None and sample_ids and set(sample_ids) <= item_ids:  # the ids name the test files
-        raise ConfigError(f"parameter segment_seconds={segment:g} asks for chunk rows, but {ids.why}: a row per "
-                          "file. Use segment_seconds='auto' or None")  # fmt: skip
+        raise ConfigError(
+            f"parameter segment_seconds={segment:g} asks for chunk rows, but {ids.why}: a row per "
+            "file. Use segment_seconds='auto' or None"
+        )
     return segment, f"segment_seconds={segment:g}"
 
 
@@ -172,12 +193,16 @@ def recognise_template(sample_ids: Sequence[str], segment: float) -> tuple[str, 
     of them is 0 (then starts). Ids of another shape give the BirdCLEF form, said so."""
     matches = [_NUMBERED.match(i) for i in sample_ids]
     if not sample_ids or not all(matches):
-        return DEFAULT_TEMPLATE, (f"{'no' if not sample_ids else 'not every'} sample_submission id has the form "
-                                  f"<file>_<seconds>: using BirdCLEF's {DEFAULT_TEMPLATE!r}")  # fmt: skip
+        return DEFAULT_TEMPLATE, (
+            f"{'no' if not sample_ids else 'not every'} sample_submission id has the form "
+            f"<file>_<seconds>: using BirdCLEF's {DEFAULT_TEMPLATE!r}"
+        )
     seconds = [float(m["seconds"]) for m in matches]
     if off_grid := [s for s in seconds if abs(s / segment - round(s / segment)) > 1e-6]:
-        return DEFAULT_TEMPLATE, (f"sample_submission ids end in seconds that are not multiples of "
-                                  f"segment_seconds={segment:g} (e.g. {off_grid[0]:g}): using {DEFAULT_TEMPLATE!r}")  # fmt: skip
+        return DEFAULT_TEMPLATE, (
+            f"sample_submission ids end in seconds that are not multiples of "
+            f"segment_seconds={segment:g} (e.g. {off_grid[0]:g}): using {DEFAULT_TEMPLATE!r}"
+        )
     if 0.0 in seconds:
         return "{id}_{start}", "sample_submission ids end in chunk starts (one is 0)"
     return DEFAULT_TEMPLATE, "sample_submission ids end in chunk ends (none is 0)"
@@ -205,10 +230,20 @@ def plan_file_rows(
     files = [row.rel_path for row in items.rows]
     planned = dict(sorted({row.id: k for k, row in enumerate(items.rows)}.items()))
     rows = _choose(sample, planned, items.source, where, "test file")
-    return RowPlan(root, rows.ids, rows.span_of, [Span(k) for k in range(len(files))], files,
-                   list(seconds) if seconds is not None else [None] * len(files), rows.rule,
-                   [row.id for row in items.rows], items.source, [*items.notes, *rows.notes], rows.missing,
-                   segment_rule=segment_rule)  # fmt: skip
+    return RowPlan(
+        root,
+        rows.ids,
+        rows.span_of,
+        [Span(k) for k in range(len(files))],
+        files,
+        list(seconds) if seconds is not None else [None] * len(files),
+        rows.rule,
+        [row.id for row in items.rows],
+        items.source,
+        [*items.notes, *rows.notes],
+        rows.missing,
+        segment_rule=segment_rule,
+    )
 
 
 def plan_chunk_rows(
@@ -247,29 +282,82 @@ def plan_chunk_rows(
         path = Path(row.rel_path)
         for c in range(count):
             start, end = c * segment, (c + 1) * segment
-            row_id = template.format(id=row.id, stem=path.stem, name=path.name, start=seconds_text(start),
-                                     end=seconds_text(end))  # fmt: skip
+            row_id = template.format(
+                id=row.id, stem=path.stem, name=path.name, start=seconds_text(start), end=seconds_text(end)
+            )
             if row_id in planned:
                 repeated.append(row_id)
                 continue
             planned[row_id] = len(spans)
             spans.append(Span(k, start, end))
     if guessed:
-        notes.append(f"{plural(len(guessed), 'file')} with no readable header get {plural(usual or 1, 'chunk')} "
-                     f"({why_usual}): {_some(guessed)}")  # fmt: skip
+        notes.append(
+            f"{plural(len(guessed), 'file')} with no readable header get {plural(usual or 1, 'chunk')} "
+            f"({why_usual}): {_some(guessed)}"
+        )
     if short:
-        notes.append(f"{plural(len(short), 'file')} shorter than the set's {plural(usual, 'chunk')} ({why_usual}; "
-                     f"truncated?) keep all their rows, those past their audio get the prior: {_some(short)}")  # fmt: skip
+        notes.append(
+            f"{plural(len(short), 'file')} shorter than the set's {plural(usual, 'chunk')} ({why_usual}; "
+            f"truncated?) keep all their rows, those past their audio get the prior: {_some(short)}"
+        )
     if trailing:
-        notes.append(f"{plural(trailing, 'file')} end in less than half a segment past their last chunk: that "
-                     "tail has no row (a tail of at least half a segment is a chunk of its own)")  # fmt: skip
+        notes.append(
+            f"{plural(trailing, 'file')} end in less than half a segment past their last chunk: that "
+            "tail has no row (a tail of at least half a segment is a chunk of its own)"
+        )
     if repeated:
-        notes.append(f"{plural(len(repeated), 'chunk id')} repeat an earlier file's (the first is kept): "
-                     f"{_some(repeated)}")  # fmt: skip
+        notes.append(
+            f"{plural(len(repeated), 'chunk id')} repeat an earlier file's (the first is kept): "
+            f"{_some(repeated)}"
+        )
     rows = _choose(sample, planned, items.source, where, f"{segment:g}-second chunk")
-    return RowPlan(root, rows.ids, rows.span_of, spans, [row.rel_path for row in items.rows], list(seconds),
-                   rows.rule, [row.id for row in items.rows], items.source, [*items.notes, *notes, *rows.notes],
-                   rows.missing, segment, segment_rule, template)  # fmt: skip
+    return RowPlan(
+        root,
+        rows.ids,
+        rows.span_of,
+        spans,
+        [row.rel_path for row in items.rows],
+        list(seconds),
+        rows.rule,
+        [row.id for row in items.rows],
+        items.source,
+        [*items.notes, *notes, *rows.notes],
+        rows.missing,
+        segment,
+        segment_rule,
+        template,
+    )
+
+
+def plan_window_rows(root: Path, files: Sequence[str], window: float, hop: float) -> RowPlan:
+    """A row per `window`-second stretch of every file (relative to `root`), `hop` seconds apart, from its
+    header's duration (a file shorter than a window: one stretch; no readable header: none): what a teacher
+    scores for self-training's targets (inference/targets.py). Rows are named `<file index>@<start>`."""
+    seconds = [_header_seconds(root, rel) for rel in files]
+    spans = [
+        Span(k, float(start), float(start) + window)
+        for k, duration in enumerate(seconds)
+        if duration
+        for start in np.arange(0.0, max(duration - window, 0.0) + 1e-6, hop)
+    ]
+    ids = [f"{span.file}@{span.start:g}" for span in spans]
+    unread = [files[k] for k, duration in enumerate(seconds) if not duration]
+    notes = (
+        [f"{plural(len(unread), 'file')} with no readable header have no window: {_some(unread)}"]
+        if unread
+        else []
+    )
+    return RowPlan(
+        root,
+        ids,
+        list(range(len(spans))),
+        spans,
+        list(files),
+        seconds,
+        f"rows: {window:g}-second windows, {hop:g} s apart, of {plural(len(files), 'file')}",
+        notes=notes,
+        segment=window,
+    )
 
 
 def usual_chunks(
@@ -303,9 +391,11 @@ def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, wher
     placeholders = [i for i in sample.ids if i not in planned]
     notes = []
     if not placeholders or source == "table":
-        rule = (f"rows: the {len(sample.ids)} ids of {sample.path.name}, in its order"
-                + (f" ({len(placeholders)} of them not among the test items' {unit}s: fallback rows)"
-                   if placeholders else ""))  # fmt: skip
+        rule = f"rows: the {len(sample.ids)} ids of {sample.path.name}, in its order" + (
+            f" ({len(placeholders)} of them not among the test items' {unit}s: fallback rows)"
+            if placeholders
+            else ""
+        )
         listed = set(sample.ids)
         if unlisted := [i for i in planned if i not in listed]:
             notes.append(
@@ -316,9 +406,11 @@ def _choose(sample: SampleSubmission, planned: dict[str, int], source: str, wher
             r: f"id of {sample.path.name} is not in {where}" for r, i in enumerate(ids) if i not in planned
         }
     else:
-        rule = (f"rows: one per {unit} ({len(planned)}), test files sorted by id, because {len(placeholders)} of "
-                f"the {len(sample.ids)} ids of {sample.path.name} name no {unit} (placeholders, as in the public "
-                "copy of a competition whose test audio appears only in the scoring rerun)")  # fmt: skip
+        rule = (
+            f"rows: one per {unit} ({len(planned)}), test files sorted by id, because {len(placeholders)} of "
+            f"the {len(sample.ids)} ids of {sample.path.name} name no {unit} (placeholders, as in the public "
+            "copy of a competition whose test audio appears only in the scoring rerun)"
+        )
         ids, missing = list(planned), {}
     return _Rows(ids, [planned.get(i) for i in ids], rule, notes, missing)
 
@@ -327,4 +419,12 @@ def _some(ids: Sequence[str]) -> str:
     return f"{', '.join(repr(i) for i in ids[:5])}{' ...' if len(ids) > 5 else ''}"
 
 
-__all__ = ["RowPlan", "chunk_count", "choose_segment", "plan_chunk_rows", "plan_file_rows", "plan_rows"]
+__all__ = [
+    "RowPlan",
+    "chunk_count",
+    "choose_segment",
+    "plan_chunk_rows",
+    "plan_file_rows",
+    "plan_rows",
+    "plan_window_rows",
+]

@@ -28,7 +28,7 @@ from ..core.config import ConfigError, InferConfig
 from ..core.model import ModelConfig
 from ..core.onnx import ONNX_FP32, ONNX_INT8, onnxruntime_missing
 from ..core.progress import plural
-from ..core.windows import WindowPlan, chunk_hop
+from ..core.windows import WindowPlan
 from ..devices.probe import cuda_device_count
 from ..devices.threads import available_cores, plan_threads
 from ..teachers.model import Teacher, TeacherError, find_teacher, runtime_missing
@@ -84,8 +84,10 @@ class TeacherChoice:
         if self.teacher is None:
             return f"teacher: none ({self.why})"
         known = sum(output >= 0 for output in self.outputs)
-        return (f"teacher: {self.teacher.name} blended at {self.weight:g} on {known} of {len(self.outputs)} "
-                f"classes ({self.why})")  # fmt: skip
+        return (
+            f"teacher: {self.teacher.name} blended at {self.weight:g} on {known} of {len(self.outputs)} "
+            f"classes ({self.why})"
+        )
 
 
 @dataclass(frozen=True)
@@ -106,9 +108,11 @@ class Runtime:
             engine += " unless torch is clearly faster on the first batch"
         speeds = self.windows.speeds
         views = f"; whole files read at {', '.join(f'{v:g}' for v in speeds)}x" if speeds != (1.0,) else ""
-        return (f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
-                f"{self.windows.batch_windows} windows ({plural(self.windows.length_buckets, 'length')}); engine: "
-                f"{engine} ({self.engine.why}){views}; {self.teacher.describe()}")  # fmt: skip
+        return (
+            f"runtime: {self.device}{threads}, {plural(self.num_workers, 'decode worker')}, batches of "
+            f"{self.windows.batch_windows} windows ({plural(self.windows.length_buckets, 'length')}); engine: "
+            f"{engine} ({self.engine.why}){views}; {self.teacher.describe()}"
+        )
 
 
 def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware | None = None) -> Runtime:
@@ -123,8 +127,16 @@ def resolve_runtime(config: InferConfig, artifact: Artifact, hardware: Hardware 
         threads = plan_threads(hardware.cores, workers, config.num_threads).compute_threads
     centre = artifact.embedding_centre if config.centre_embeddings else None
     plan = window_plan(config, model, batch, choose_speeds(config, artifact))
-    return Runtime(device, plan, workers, threads, choose_engine(config, artifact, device), config.progress,
-                   centre, choose_teacher(config, artifact))  # fmt: skip
+    return Runtime(
+        device,
+        plan,
+        workers,
+        threads,
+        choose_engine(config, artifact, device),
+        config.progress,
+        centre,
+        choose_teacher(config, artifact),
+    )
 
 
 def choose_teacher(config: InferConfig, artifact: Artifact) -> TeacherChoice:
@@ -133,8 +145,10 @@ def choose_teacher(config: InferConfig, artifact: Artifact) -> TeacherChoice:
     record, asked = artifact.teacher, config.teacher_blend
     if record is None:
         if asked not in ("auto", 0, 0.0):
-            raise ConfigError(f"teacher_blend={asked!r}, but {artifact.path} carries no teacher: train with "
-                              "pretrained_teacher (and teacher_blend > 0) to seal one")  # fmt: skip
+            raise ConfigError(
+                f"teacher_blend={asked!r}, but {artifact.path} carries no teacher: train with "
+                "pretrained_teacher (and teacher_blend > 0) to seal one"
+            )
         return TeacherChoice("the artifact carries no teacher")
     weight = float(record.get("blend_weight", 0.0)) if asked == "auto" else float(asked)
     if weight == 0:
@@ -151,8 +165,9 @@ def choose_teacher(config: InferConfig, artifact: Artifact) -> TeacherChoice:
             f"its {record.get('name', 'teacher')} cannot run here ({error}); the model alone"
         )
     classes = record.get("classes") or {}
-    outputs = tuple(teacher.labels.index(classes[c]) if classes.get(c) in teacher.labels else -1
-                    for c in artifact.labels)  # fmt: skip
+    outputs = tuple(
+        teacher.labels.index(classes[c]) if classes.get(c) in teacher.labels else -1 for c in artifact.labels
+    )
     return TeacherChoice(why, teacher, weight, outputs, record.get("unknown_logit"))
 
 
@@ -186,8 +201,10 @@ def batching_for(
         auto_workers = plan_threads(cores).decode_workers
     else:
         auto_batch, auto_workers = GPU_BATCH_WINDOWS, max(1, min(GPU_DECODE_WORKERS, cores - 1))
-    return (batch_windows if batch_windows is not None else auto_batch,
-            num_workers if num_workers is not None else auto_workers)  # fmt: skip
+    return (
+        batch_windows if batch_windows is not None else auto_batch,
+        num_workers if num_workers is not None else auto_workers,
+    )
 
 
 def window_plan(
@@ -196,12 +213,18 @@ def window_plan(
     """The artifact's windows; a chunk's windows `window_hop_seconds` apart (default: half a window), a whole
     file's `clip_hop_seconds` apart (default: tiling the file for the mean embedding, half a window for the
     other poolings), a whole file read at each of `speeds`."""
-    hop = chunk_hop(model.window_samples, config.window_hop_seconds, model.sample_rate)
-    tiled = config.clip_pooling == "mean" and config.clip_hop_seconds is None
-    file_hop = None if tiled else chunk_hop(model.window_samples, config.clip_hop_seconds, model.sample_rate)
-    return WindowPlan(model.window_samples, model.sample_rate, batch_windows, config.max_windows_per_file, hop,
-                      config.length_buckets, file_hop, config.quiet_window_db,
-                      config.energy_weighted_windows, speeds)  # fmt: skip
+    return WindowPlan.for_model(
+        model,
+        batch_windows,
+        max_windows_per_file=config.max_windows_per_file,
+        window_hop_seconds=config.window_hop_seconds,
+        tiled=config.clip_pooling == "mean" and config.clip_hop_seconds is None,
+        clip_hop_seconds=config.clip_hop_seconds,
+        length_buckets=config.length_buckets,
+        quiet_window_db=config.quiet_window_db,
+        energy_weighted_windows=config.energy_weighted_windows,
+        speeds=speeds,
+    )
 
 
 def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device) -> EngineChoice:
@@ -231,8 +254,11 @@ def choose_engine(config: InferConfig, artifact: Artifact, device: torch.device)
     else:
         return EngineChoice("torch", "fp32", "auto: the artifact has no int8 file")
     if path is None:
-        return EngineChoice("torch", "fp32", f"{why}, but the artifact has no {precision} ONNX file "
-                                             "(training writes them: export_onnx)")  # fmt: skip
+        return EngineChoice(
+            "torch",
+            "fp32",
+            f"{why}, but the artifact has no {precision} ONNX file (training writes them: export_onnx)",
+        )
     if missing := onnxruntime_missing():
         return EngineChoice("torch", "fp32", f"{why}, but ONNX Runtime is unavailable: {missing}")
     return EngineChoice("onnx" if config.engine == "onnx" else "race", precision, why, str(path))

@@ -68,8 +68,10 @@ class InferenceResult:
 
     def summary(self) -> str:
         devices = ", ".join(f"{d}: {n} files" for d, n in self.device_counts.items())
-        line = (f"wrote {self.submission_path} ({self.n_rows} rows, {self.n_fallbacks} fallbacks) in "
-                f"{self.seconds:.1f}s on {devices}; report {self.report_path}")  # fmt: skip
+        line = (
+            f"wrote {self.submission_path} ({self.n_rows} rows, {self.n_fallbacks} fallbacks) in "
+            f"{self.seconds:.1f}s on {devices}; report {self.report_path}"
+        )
         alarm = self.report.get("fallback_summary", {}).get("alarm")
         return f"{line}\n{alarm}" if alarm else line
 
@@ -122,13 +124,23 @@ class Scoring:
     fallback: str  # the label of a row with no usable audio
 
     @classmethod
-    def of(cls, config: InferConfig, artifact: Artifact, plan: RowPlan) -> Scoring:
+    def of(
+        cls, config: InferConfig, artifact: Artifact, plan: RowPlan, independent: bool | None = None
+    ) -> Scoring:
+        """The submission's rule: sigmoids for chunk rows and multi-label models; `independent` overrides it."""
         fallback = config.fallback_label or artifact.manifest["fallback_label"]  # sealed in every artifact
         if fallback not in artifact.labels:
             raise DataError(f"fallback_label={fallback!r} is not one of the model's labels {artifact.labels}")
         model = artifact.model.config
-        return cls(artifact.labels, config.chunk_pooling if plan.chunked else config.clip_pooling,
-                   plan.chunked or model.objective != "aam", float(model.score_scale), fallback)  # fmt: skip
+        if independent is None:
+            independent = plan.chunked or model.objective != "aam"
+        return cls(
+            artifact.labels,
+            config.chunk_pooling if plan.chunked else config.clip_pooling,
+            independent,
+            float(model.score_scale),
+            fallback,
+        )
 
 
 def write_submission(
@@ -202,14 +214,24 @@ def write_submission(
     report_path = path.with_name(path.stem + "_report.json")
     write_text_atomically(report_path, json.dumps(report, indent=2))
     if summary["stops_run"]:
-        raise AllFallbacksError(f"{summary['alarm']} No submission was written (fail_on_all_fallbacks); the "
-                                f"report is {report_path}.")  # fmt: skip
+        raise AllFallbacksError(
+            f"{summary['alarm']} No submission was written (fail_on_all_fallbacks); the "
+            f"report is {report_path}."
+        )
     if config.write_probabilities:
         write_all_probabilities(path.with_name("probabilities.csv"), plan, probs, spans.ok, scoring)
     if config.write_embeddings:
         write_embeddings(path.with_name("embeddings.npz"), plan, predictions)
-    return InferenceResult(path, report_path, len(plan.ids), len(fallbacks), dict(Counter(written)),
-                           {predictions.device: predictions.files}, report["seconds"], report)  # fmt: skip
+    return InferenceResult(
+        path,
+        report_path,
+        len(plan.ids),
+        len(fallbacks),
+        dict(Counter(written)),
+        {predictions.device: predictions.files},
+        report["seconds"],
+        report,
+    )
 
 
 def span_probabilities(
@@ -241,9 +263,13 @@ def label_rows(
 
 
 def probability_rows(
-    sample: SampleSubmission, plan: RowPlan, probs: np.ndarray, ok: np.ndarray, scoring: Scoring,
+    sample: SampleSubmission,
+    plan: RowPlan,
+    probs: np.ndarray,
+    ok: np.ndarray,
+    scoring: Scoring,
     prior: np.ndarray,
-) -> tuple[list[str], list[list[str]], list[str], list[str]]:  # fmt: skip
+) -> tuple[list[str], list[list[str]], list[str], list[str]]:
     """(header, rows, each row's most probable column, notes): a probability per sample_submission class
     column (a softmax's over the classes the header has: its share of the others goes to them); `prior` (over
     the model's labels) for a row with no usable audio."""
@@ -278,11 +304,15 @@ def probabilities(cosines: np.ndarray, scale: float, independent: bool) -> np.nd
 def class_notes(sample: SampleSubmission, labels: list[str], shared: np.ndarray) -> list[str]:
     notes = []
     if unseen := [c for c, k in zip(sample.value_columns, shared, strict=True) if k < 0]:
-        notes.append(f"{len(unseen)} class column(s) of {sample.path.name} the model never saw get probability 0: "
-                     f"{', '.join(repr(c) for c in unseen[:10])}{' ...' if len(unseen) > 10 else ''}")  # fmt: skip
+        notes.append(
+            f"{len(unseen)} class column(s) of {sample.path.name} the model never saw get probability 0: "
+            f"{', '.join(repr(c) for c in unseen[:10])}{' ...' if len(unseen) > 10 else ''}"
+        )
     if missing := [label for label in labels if label not in set(sample.value_columns)]:
-        notes.append(f"{len(missing)} label(s) the model knows have no column in {sample.path.name} (their share "
-                     f"goes to the others): {', '.join(repr(c) for c in missing[:10])}")  # fmt: skip
+        notes.append(
+            f"{len(missing)} label(s) the model knows have no column in {sample.path.name} (their share "
+            f"goes to the others): {', '.join(repr(c) for c in missing[:10])}"
+        )
     return notes
 
 
@@ -340,14 +370,21 @@ def fallback_summary(config: InferConfig, causes: Counter[str], n_rows: int, pat
         what = "every row" if fell_back == n_rows else f"{fell_back} of {n_rows} rows ({share:.0%})"
         why = "; ".join(f"{rows} rows: {cause}" for cause, rows in causes.most_common(3))
         more = f" (and {len(causes) - 3} more causes)" if len(causes) > 3 else ""
-        alarm = (f"ALARM: {what} of {path.name} fell back to the training prior, so it would score no better "
-                 f"than chance. This is a failure of the input, not a submission: {why}{more}.")  # fmt: skip
+        alarm = (
+            f"ALARM: {what} of {path.name} fell back to the training prior, so it would score no better "
+            f"than chance. This is a failure of the input, not a submission: {why}{more}."
+        )
     stop = config.fail_on_all_fallbacks
     if stop is None:  # auto: the scoring rerun must always write a submission; everywhere else, stop
         stop = not is_competition_rerun()
-    return {"rows": fell_back, "share": round(share, 4), "alarm_share": config.fallback_alarm_share,
-            "causes": [{"cause": cause, "rows": rows} for cause, rows in causes.most_common()],
-            "alarm": alarm, "stops_run": bool(alarm and stop)}  # fmt: skip
+    return {
+        "rows": fell_back,
+        "share": round(share, 4),
+        "alarm_share": config.fallback_alarm_share,
+        "causes": [{"cause": cause, "rows": rows} for cause, rows in causes.most_common()],
+        "alarm": alarm,
+        "stops_run": bool(alarm and stop),
+    }
 
 
 def write_all_probabilities(
@@ -357,8 +394,11 @@ def write_all_probabilities(
     ids, spans = _rows_with_audio(plan)
     rows = probs[spans].copy()
     rows[~ok[spans]] = np.nan
-    write_csv(path, ["id", *scoring.labels],
-              ([row_id, *(f"{p:.6f}" for p in row)] for row_id, row in zip(ids, rows, strict=True)))  # fmt: skip
+    write_csv(
+        path,
+        ["id", *scoring.labels],
+        ([row_id, *(f"{p:.6f}" for p in row)] for row_id, row in zip(ids, rows, strict=True)),
+    )
 
 
 def write_embeddings(path: Path, plan: RowPlan, predictions: Predictions) -> None:
@@ -381,11 +421,18 @@ def speed_report(config: InferConfig, predictions: Predictions) -> dict[str, Any
     """The rate (seconds of audio per second) and, for `expected_test_files` x `expected_file_seconds`, the
     projected prediction time; "line" is what the notebook prints."""
     rate, threads = predictions.rate, predictions.threads or torch.get_num_threads()
-    speed: dict[str, Any] = {"audio_seconds": round(rate.audio_seconds, 1), "seconds": round(rate.seconds, 2),
-                             "audio_seconds_per_second": round(rate.per_second, 1), "measured_on": rate.measured_on,
-                             "threads": threads, "engine": predictions.engine}  # fmt: skip
-    line = (f"rate: {rate.per_second:.1f} s of audio per second ({rate.measured_on}, {predictions.engine}, "
-            f"{plural(threads, 'thread')})")  # fmt: skip
+    speed: dict[str, Any] = {
+        "audio_seconds": round(rate.audio_seconds, 1),
+        "seconds": round(rate.seconds, 2),
+        "audio_seconds_per_second": round(rate.per_second, 1),
+        "measured_on": rate.measured_on,
+        "threads": threads,
+        "engine": predictions.engine,
+    }
+    line = (
+        f"rate: {rate.per_second:.1f} s of audio per second ({rate.measured_on}, {predictions.engine}, "
+        f"{plural(threads, 'thread')})"
+    )
     taught = predictions.teacher
     if taught is not None:
         speed["teacher_audio_seconds_per_second"] = round(taught.rate.per_second, 1)
@@ -394,8 +441,10 @@ def speed_report(config: InferConfig, predictions: Predictions) -> dict[str, Any
         hidden = config.expected_test_files * config.expected_file_seconds
         seconds = hidden / rate.per_second + (hidden / taught.rate.per_second if taught is not None else 0.0)
         speed["projected_seconds"] = round(seconds, 1)
-        line += (f"; projected for {config.expected_test_files} files x {config.expected_file_seconds:g} s: "
-                 f"{seconds / 60:.1f} min of prediction" + (", the teacher's included" if taught else ""))  # fmt: skip
+        line += (
+            f"; projected for {config.expected_test_files} files x {config.expected_file_seconds:g} s: "
+            f"{seconds / 60:.1f} min of prediction" + (", the teacher's included" if taught else "")
+        )
         if config.time_limit_minutes:
             line += f" (time limit {config.time_limit_minutes:g} min)"
     speed["line"] = line
@@ -407,9 +456,15 @@ def teacher_report(predictions: Predictions, runtime: Runtime) -> dict[str, Any]
     choice, taught = runtime.teacher, predictions.teacher
     report: dict[str, Any] = {"blended": taught is not None, "why": choice.why}
     if choice.teacher is not None and taught is not None:
-        report.update(name=choice.teacher.name, weight=choice.weight, unknown_logit=choice.unknown_logit,
-                      classes_known=int(sum(o >= 0 for o in choice.outputs)), files=taught.files,
-                      audio_seconds_per_second=round(taught.rate.per_second, 1), stopped=taught.stopped)  # fmt: skip
+        report.update(
+            name=choice.teacher.name,
+            weight=choice.weight,
+            unknown_logit=choice.unknown_logit,
+            classes_known=int(sum(o >= 0 for o in choice.outputs)),
+            files=taught.files,
+            audio_seconds_per_second=round(taught.rate.per_second, 1),
+            stopped=taught.stopped,
+        )
     return report
 
 

@@ -50,11 +50,20 @@ class Taught:
     def record(self, weight: float) -> dict[str, Any]:
         """What the artifact keeps of it (teacher.json beside its files; provenance too)."""
         teacher = self.teacher
-        return {"name": teacher.name, "sample_rate": teacher.sample_rate, "window_seconds": teacher.window_seconds,
-                "output": teacher.output, "licence": teacher.licence, "sha256": teacher.sha256(),
-                **self.class_map.as_record(), "unknown_logit": self.unknown_logit, "blend_weight": weight,
-                "unknown_logit_fitted_on": "the training recordings' labels" if self.unknown_logit is not None
-                else None}  # fmt: skip
+        return {
+            "name": teacher.name,
+            "sample_rate": teacher.sample_rate,
+            "window_seconds": teacher.window_seconds,
+            "output": teacher.output,
+            "licence": teacher.licence,
+            "sha256": teacher.sha256(),
+            **self.class_map.as_record(),
+            "unknown_logit": self.unknown_logit,
+            "blend_weight": weight,
+            "unknown_logit_fitted_on": "the training recordings' labels"
+            if self.unknown_logit is not None
+            else None,
+        }
 
 
 def teach(config: TrainConfig, log: Callable[[str], Any] = print) -> Taught:
@@ -62,7 +71,9 @@ def teach(config: TrainConfig, log: Callable[[str], Any] = print) -> Taught:
     teacher = find_teacher(config.pretrained_teacher)
     rows, _ = read_train_table(config.data_dir, "skip", TrainTable.of(config))
     classes = label_list(row.label for row in rows)
-    class_map = match_classes(classes, teacher.labels, read_taxonomy(config.data_dir), config.teacher_exclude)
+    class_map = match_classes(
+        classes, teacher.labels, read_taxonomy(config.data_dir), config.teacher_exclude or ()
+    )
     log(f"pretrained teacher: {teacher.describe()}; {class_map.describe()}")
     runtime = teacher.runtime(config.num_threads)
     base = Path(config.artifact_dir)
@@ -77,26 +88,45 @@ def teach(config: TrainConfig, log: Callable[[str], Any] = print) -> Taught:
         ]
         prefix = config.noise_dir.strip("/") + "/"
         soundscapes = base.with_name(f"{base.name}.teacher_soundscapes.csv")
-        _targets(runtime, class_map, config, found, [f.removeprefix(prefix) for f in found], soundscapes,
-                 "soundscapes", log)  # fmt: skip
-    unknown = _fit_unknown(recordings, rows, classes, class_map)
+        _targets(
+            runtime,
+            class_map,
+            config,
+            found,
+            [f.removeprefix(prefix) for f in found],
+            soundscapes,
+            "soundscapes",
+            log,
+        )
+    unknown = fit_unknown(recordings, rows, classes, class_map)
     if unknown is not None:
-        log(f"pretrained teacher: 'none of mine' above logit {unknown:g} (fitted on the training recordings of the "
-            f"{len(class_map.lacking)} classes it lacks and the others)")  # fmt: skip
+        log(
+            f"pretrained teacher: 'none of mine' above logit {unknown:g} (fitted on the training recordings of the "
+            f"{len(class_map.lacking)} classes it lacks and the others)"
+        )
     return Taught(teacher, class_map, recordings, soundscapes, unknown, rate)
 
 
 def _targets(
-    runtime: TeacherRuntime, class_map: ClassMap, config: TrainConfig, files: list[str], names: list[str],
-    out: Path, what: str, log: Callable[[str], Any],
-) -> float:  # fmt: skip
+    runtime: TeacherRuntime,
+    class_map: ClassMap,
+    config: TrainConfig,
+    files: list[str],
+    names: list[str],
+    out: Path,
+    what: str,
+    log: Callable[[str], Any],
+) -> float:
     """Write (or keep, when the same teacher already scored the same files into it) a targets file; returns
     the teacher's rate in seconds of audio per second."""
     lineage_path = out.with_suffix(".json")
     if out.is_file() and lineage_path.is_file():
         kept = json.loads(lineage_path.read_text())
-        same = (kept.get("teacher_sha256") == runtime.teacher.sha256() and kept.get("files") == len(files)
-                and kept.get("classes") == class_map.as_record()["classes"])  # fmt: skip
+        same = (
+            kept.get("teacher_sha256") == runtime.teacher.sha256()
+            and kept.get("files") == len(files)
+            and kept.get("classes") == class_map.as_record()["classes"]
+        )
         if same:
             log(
                 f"pretrained teacher: {out.name} is there, scored by the same teacher from the same files: kept"
@@ -106,7 +136,7 @@ def _targets(
     return float(lineage["audio_seconds_per_second"])
 
 
-def _fit_unknown(recordings: Path, rows: list, classes: list[str], class_map: ClassMap) -> float | None:
+def fit_unknown(recordings: Path, rows: list, classes: list[str], class_map: ClassMap) -> float | None:
     """The unknown logit, from each recording's highest window probability per known class and its label:
     None on multi-label tables (their rows are independent: the teacher's sigmoid is each class's own) and
     when the teacher knows every class."""
@@ -136,12 +166,17 @@ def seal(artifact_dir: str | Path, taught: Taught, weight: float, log: Callable[
         description.write_text(
             json.dumps({**record, "model": model_name, "labels": "teacher_labels.txt"}, indent=2)
         )
-        files = {model_name: teacher.model_path, "teacher_labels.txt": _labels_file(teacher, Path(scratch)),
-                 TEACHER_RECORD: description}  # fmt: skip
+        files = {
+            model_name: teacher.model_path,
+            "teacher_labels.txt": _labels_file(teacher, Path(scratch)),
+            TEACHER_RECORD: description,
+        }
         provenance = {"pretrained_teacher": {k: v for k, v in record.items() if k != "classes"}}
         path = add_to_artifact(artifact_dir, files, provenance)
-    log(f"pretrained teacher: {teacher.name} sealed in {path} ({teacher.model_path.stat().st_size / 1e6:.0f} MB), "
-        f"blended at inference with weight {weight:g} ({teacher.licence or 'see its licence'})")  # fmt: skip
+    log(
+        f"pretrained teacher: {teacher.name} sealed in {path} ({teacher.model_path.stat().st_size / 1e6:.0f} MB), "
+        f"blended at inference with weight {weight:g} ({teacher.licence or 'see its licence'})"
+    )
     return path
 
 
@@ -151,4 +186,4 @@ def _labels_file(teacher: Teacher, scratch: Path) -> Path:
     return path
 
 
-__all__ = ["Taught", "seal", "teach"]
+__all__ = ["Taught", "fit_unknown", "seal", "teach"]

@@ -24,7 +24,6 @@ round's artifact is the submission's (`train_rounds`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -32,21 +31,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
-from ..core import objectives
-from ..core.artifact import load_artifact
 from ..core.config import ConfigError, InferConfig, TrainConfig
-from ..core.data import audio_seconds
-from ..core.staging import write_text_atomically
-from ..core.tables import TrainTable, discover_test_files, read_train_table, write_csv
-from ..core.windows import Span
-from ..inference.predict import predict
-from ..inference.rows import RowPlan
-from ..inference.runtime import resolve_runtime
+from ..core.tables import TrainTable, discover_test_files, read_train_table
+from ..inference.targets import write_window_targets
+from ..training.plan import resolve_session
 from ..training.train import TrainResult, train
 from . import pretrained
+
+# How a round's teacher scores: the infer stage's defaults on torch fp32, not the int8 race, whose winner may
+# change from run to run: a lost session that scores again must write the same targets, or the next round's
+# checkpoint (its fingerprint holds the targets' hash) would not resume.
+TEACHER_SCORING = InferConfig(engine="torch", progress=False)
 
 
 def score_soundscapes(
@@ -64,8 +59,18 @@ def score_soundscapes(
     prefix = soundscape_dir.strip("/") + "/"
     # Independent sigmoids even from a one-label teacher: a stretch of soundscape holds any number of calls, or
     # none, where a softmax would share out a probability of 1.
-    return score_windows(artifact_dir, data_dir, files, [f.removeprefix(prefix) for f in files], out,
-                         hop_seconds=hop_seconds, log=log, what="soundscapes", independent=True)  # fmt: skip
+    return write_window_targets(
+        artifact_dir,
+        data_dir,
+        files,
+        [f.removeprefix(prefix) for f in files],
+        out,
+        hop_seconds=hop_seconds,
+        independent=True,
+        config=TEACHER_SCORING,
+        what="soundscapes",
+        log=log,
+    )
 
 
 def score_recordings(
@@ -75,58 +80,16 @@ def score_recordings(
     data_dir (TrainConfig.focal_targets): what a distilled student learns beside the labels."""
     rows, _ = read_train_table(config.data_dir, "skip", TrainTable.of(config))
     files = sorted({row.rel_path for row in rows})
-    return score_windows(
-        artifact_dir, config.data_dir, files, files, out, log=log, what="training recordings"
+    return write_window_targets(
+        artifact_dir,
+        config.data_dir,
+        files,
+        files,
+        out,
+        config=TEACHER_SCORING,
+        what="training recordings",
+        log=log,
     )
-
-
-def score_windows(
-    artifact_dir: str | Path,
-    data_dir: str | Path,
-    files: list[str],
-    names: list[str],
-    out: str | Path,
-    *,
-    hop_seconds: float | None = None,
-    log: Callable[[str], Any] = print,
-    what: str = "files",
-    independent: bool | None = None,
-) -> Path:
-    """The teacher's probabilities for every window of `files` (relative to `data_dir`), written as `names` in
-    a targets file at `out`, with a lineage record beside it. `independent`: sigmoids per class, or a softmax;
-    None: as the teacher was trained (a softmax for the aam objective)."""
-    started = time.perf_counter()
-    artifact = load_artifact(artifact_dir)
-    model = artifact.model.config
-    window = model.window_samples / model.sample_rate
-    hop = hop_seconds or window / 2
-    spans = []
-    for k, rel in enumerate(files):
-        seconds = float(audio_seconds(Path(data_dir) / rel) or 0.0)
-        for start in np.arange(0.0, max(seconds - window, 0.0) + 1e-6, hop):
-            spans.append(Span(k, float(start), float(start) + window))
-    plan = RowPlan(Path(data_dir), [str(i) for i in range(len(spans))], list(range(len(spans))), spans, files,
-                   [None] * len(files), "teacher windows", segment=window)  # fmt: skip
-    runtime = resolve_runtime(InferConfig(engine="torch", progress=False), artifact)
-    spans_scored = predict(artifact.model, plan, runtime, log=lambda _: None).spans
-    probs = objectives.probabilities(
-        torch.from_numpy(np.nan_to_num(spans_scored.pooled["max"], nan=-1.0).astype(np.float64)),
-        float(model.score_scale), model.objective != "aam" if independent is None else independent,
-    ).numpy()  # fmt: skip
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    rows = ([names[span.file], f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
-            for span, row, ok in zip(spans, probs, spans_scored.ok, strict=True) if ok)  # fmt: skip
-    write_csv(out, ["filename", "start", "end", *artifact.labels], rows)
-    # What the teacher learned from: its own targets' lineage (None for a focal-only model).
-    taught = (artifact.manifest.get("provenance") or {}).get("soundscape_targets")
-    lineage = {"teacher": Path(artifact_dir).name, "teacher_provenance": taught,
-               "windows": int(spans_scored.ok.sum()), "files": len(files), "hop_seconds": hop,
-               "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}  # fmt: skip
-    write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
-    log(f"teacher {artifact_dir}: {len(spans)} windows of {len(files)} {what} scored in "
-        f"{time.perf_counter() - started:.0f} s -> {out}")  # fmt: skip
-    return out
 
 
 def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> TrainResult:
@@ -140,15 +103,19 @@ def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> Trai
     Each round gets an equal share of what is left of `time_budget_minutes`; a round whose artifact is already
     there from an earlier session, trained with the same parameters, is kept rather than trained again, so a
     lost session resumes at the round it was in (and that round at its last checkpoint)."""
+    config = resolve_session(config)  # the rounds' artifacts and targets are named after artifact_dir
     taught = None
     if config.pretrained_teacher:  # its scores teach this run (rounds/pretrained.py); it is sealed at the end
         taught = pretrained.teach(config, log)
         rounds = config.self_training_rounds
         # Its recording scores teach every crop (distill_focal); its soundscape scores teach the first round.
-        config = replace(config, pretrained_teacher=None,
-                         focal_targets=str(taught.recordings) if config.distill_focal else config.focal_targets,
-                         distill_focal=config.distill_focal and bool(rounds),
-                         teacher=str(taught.soundscapes) if rounds and taught.soundscapes else None)  # fmt: skip
+        config = replace(
+            config,
+            pretrained_teacher=None,
+            focal_targets=str(taught.recordings) if config.distill_focal else config.focal_targets,
+            distill_focal=config.distill_focal and bool(rounds),
+            teacher=str(taught.soundscapes) if rounds and taught.soundscapes else None,
+        )
     result = _rounds(config, log)
     if taught is not None and config.teacher_blend > 0:
         pretrained.seal(result.artifact_dir, taught, config.teacher_blend, log)
@@ -160,8 +127,10 @@ def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
     if rounds == 0:
         return train(config)
     if not config.noise_dir and not config.distill_focal:
-        raise ConfigError("self_training_rounds needs noise_dir (the unlabelled soundscapes the teacher scores) "
-                          "or distill_focal (the teacher scores the training recordings)")  # fmt: skip
+        raise ConfigError(
+            "self_training_rounds needs noise_dir (the unlabelled soundscapes the teacher scores) "
+            "or distill_focal (the teacher scores the training recordings)"
+        )
     started = time.monotonic()
     base = Path(config.artifact_dir)
     teacher = config.teacher
@@ -184,12 +153,23 @@ def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
         if config.time_budget_minutes is not None:
             left = config.time_budget_minutes - (time.monotonic() - started) / 60
             budget = max(1.0, left / (len(stages) - position))
-        round_config = replace(config, artifact_dir=str(artifact), soundscape_targets=targets, focal_targets=focal,
-                               time_budget_minutes=budget, self_training_rounds=0, teacher=None, distill_focal=False)  # fmt: skip
+        round_config = replace(
+            config,
+            artifact_dir=str(artifact),
+            soundscape_targets=targets,
+            focal_targets=focal,
+            time_budget_minutes=budget,
+            self_training_rounds=0,
+            teacher=None,
+            distill_focal=False,
+        )
         taught = [Path(t).name for t in (targets, focal) if t]
-        log(f"self-training round {k or 0} of {rounds}: "
+        log(
+            f"self-training round {k or 0} of {rounds}: "
             + (f"targets {' and '.join(taught)}" if taught else "focal recordings only")
-            + (f", {budget:.0f} min" if budget else "") + f" -> {artifact}")  # fmt: skip
+            + (f", {budget:.0f} min" if budget else "")
+            + f" -> {artifact}"
+        )
         if not last and _trained_with(artifact, round_config):
             log(f"round {k or 0}: {artifact} is there, trained with these parameters: kept")
         else:
@@ -200,8 +180,8 @@ def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
 
 def _trained_with(artifact: Path, config: TrainConfig) -> bool:
     """Whether `artifact` holds a finished model trained with `config` (compared as its provenance keeps it)."""
+    from ..training.plan import auto_could_choose
     from ..training.provenance import PATH_FIELDS
-    from ..training.recipe import auto_could_choose
 
     manifest = artifact / "manifest.json"
     if not manifest.is_file():
@@ -210,8 +190,11 @@ def _trained_with(artifact: Path, config: TrainConfig) -> bool:
     wanted = {k: Path(v).name if k in PATH_FIELDS and v else v for k, v in dataclasses.asdict(config).items()}
     # The provenance keeps what training ran with: a parameter left to auto (None) is kept as what the data
     # decided, which the same data decides again.
-    return all(kept.get(k) == v or (v is None and auto_could_choose(k, kept.get(k)))
-               for k, v in wanted.items() if k not in ("time_budget_minutes", "progress"))  # fmt: skip
+    return all(
+        kept.get(k) == v or (v is None and auto_could_choose(k, kept.get(k)))
+        for k, v in wanted.items()
+        if k not in ("time_budget_minutes", "progress")
+    )
 
 
-__all__ = ["score_recordings", "score_soundscapes", "score_windows", "train_rounds"]
+__all__ = ["TEACHER_SCORING", "score_recordings", "score_soundscapes", "train_rounds"]

@@ -72,8 +72,14 @@ def analyse(
     queue: deque[tuple[str, tuple[str, ...]]] = deque()
     seen: set[str] = {context} if context is not None else set()
 
-    def follow(events: list[ImportEvent], module: str | None, file: str, offset: int = 0,
-               cell: int | None = None, chain: tuple[str, ...] = ()) -> None:  # fmt: skip
+    def follow(
+        events: list[ImportEvent],
+        module: str | None,
+        file: str,
+        offset: int = 0,
+        cell: int | None = None,
+        chain: tuple[str, ...] = (),
+    ) -> None:
         """Queue the project modules that the imports `events` of the target (`module` None) or of `module`
         execute; report those that must exist but are not found."""
         for event in events:
@@ -86,10 +92,13 @@ def analyse(
                 if project.file(name) is not None:
                     queue.append((name, (*chain, site)))
                 elif must_exist and not project.exists(name):  # else a namespace package: nothing to read
-                    message = (f"project module `{name}` is imported but not found under {project.root} "
-                               "(pass --root); it could not be checked")  # fmt: skip
-                    report.findings.append(Finding(file, line, RULE_UNRESOLVED, message, cell,
-                                                   (*chain, site) if module else ()))  # fmt: skip
+                    message = (
+                        f"project module `{name}` is imported but not found under {project.root} "
+                        "(pass --root); it could not be checked"
+                    )
+                    report.findings.append(
+                        Finding(file, line, RULE_UNRESOLVED, message, cell, (*chain, site) if module else ())
+                    )
 
     for unit, tree, shells in parsed:
         scan = Scanner(aliases, local_dirs, sockets).run(tree, shells)

@@ -55,24 +55,53 @@ def aliases_of(trees: Sequence[ast.AST]) -> dict[str, str]:
 
 
 _SHELL_CALLS = {
-    "subprocess.run", "subprocess.call", "subprocess.check_call", "subprocess.check_output", "subprocess.Popen",
-    "subprocess.getoutput", "subprocess.getstatusoutput", "os.system", "os.popen",
-    "get_ipython().system", "get_ipython().system_raw", "get_ipython().getoutput",
-}  # fmt: skip
+    "subprocess.run",
+    "subprocess.call",
+    "subprocess.check_call",
+    "subprocess.check_output",
+    "subprocess.Popen",
+    "subprocess.getoutput",
+    "subprocess.getstatusoutput",
+    "os.system",
+    "os.popen",
+    "get_ipython().system",
+    "get_ipython().system_raw",
+    "get_ipython().getoutput",
+}
 _DYNAMIC_IMPORTS = {"importlib.import_module", "importlib.__import__", "__import__"}
 # Distinctive function names that download whatever module they come from (download_file: speechbrain's
 # data_utils; download_asset: torchaudio.utils).
 _DOWNLOAD_NAMES = {
-    "urlopen", "urlretrieve", "hf_hub_download", "snapshot_download", "cached_download", "load_state_dict_from_url",
-    "download_url_to_file", "download_file", "download_asset",
-}  # fmt: skip
+    "urlopen",
+    "urlretrieve",
+    "hf_hub_download",
+    "snapshot_download",
+    "cached_download",
+    "load_state_dict_from_url",
+    "download_url_to_file",
+    "download_file",
+    "download_asset",
+}
 _DOWNLOAD_QUALNAMES = {
-    "torch.hub.load", "torch.hub.list", "torch.hub.help", "torch.utils.model_zoo.load_url", "wget.download",
-    "gdown.download", "gdown.download_folder", "pooch.retrieve", "http.client.HTTPConnection",
-    "http.client.HTTPSConnection", "aiohttp.ClientSession", "urllib3.PoolManager", "urllib3.request",
-    "socket.create_connection", "socket.socket().connect", "socket.socket().connect_ex", "ftplib.FTP",
+    "torch.hub.load",
+    "torch.hub.list",
+    "torch.hub.help",
+    "torch.utils.model_zoo.load_url",
+    "wget.download",
+    "gdown.download",
+    "gdown.download_folder",
+    "pooch.retrieve",
+    "http.client.HTTPConnection",
+    "http.client.HTTPSConnection",
+    "aiohttp.ClientSession",
+    "urllib3.PoolManager",
+    "urllib3.request",
+    "socket.create_connection",
+    "socket.socket().connect",
+    "socket.socket().connect_ex",
+    "ftplib.FTP",
     "ftplib.FTP_TLS",
-}  # fmt: skip
+}
 # pip's Python entry points: `pip.main(["install", ...])` is a pip install like any other.
 _PIP_API = {"pip.main", "pip._internal.main", "pip._internal.main.main", "pip._internal.cli.main.main"}
 _REQUESTS_FUNCS = set("get post put patch delete head options request Session session".split())
@@ -182,8 +211,10 @@ class Scanner:
             source = _keyword(node, "source") or _keyword(node, "pretrained_model_name_or_path")
             value = _const_str(source or (args[0] if args else None))
             if value is not None and not offline and self.looks_remote(value, bare=last == "from_pretrained"):
-                message = (f"{what} with source {value!r} fetches from the model hub; pass a local directory "
-                           "(e.g. an attached /kaggle/input dataset) instead")  # fmt: skip
+                message = (
+                    f"{what} with source {value!r} fetches from the model hub; pass a local directory "
+                    "(e.g. an attached /kaggle/input dataset) instead"
+                )
                 self.problems.append((line, RULE_DOWNLOAD, message))
         elif last in _DOWNLOAD_NAMES or qual in _DOWNLOAD_QUALNAMES or _KAGGLE_API.match(last):
             # torch.hub.load(dir, name, source="local") is the offline way to use a hub repo.
@@ -193,9 +224,13 @@ class Scanner:
             (qual.startswith("requests.") and last in _REQUESTS_FUNCS)
             or qual.startswith("httpx.")
             or (last == "get_file" and "keras" in qual)
-            or (last in ("connect", "connect_ex") and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name) and node.func.value.id in self.sockets)
-        ):  # fmt: skip
+            or (
+                last in ("connect", "connect_ex")
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id in self.sockets
+            )
+        ):
             self.download(line, what)
         elif qual.startswith("speechbrain.") and last == "fetch":
             # speechbrain.utils.fetching.fetch(filename, source, ...): a hub id or URL downloads.

@@ -71,12 +71,19 @@ def _analyse_segment(tokens: list[str], problems: list[tuple[str, str]], runs: l
             runs.append((flag, toks[toks.index(flag) + 1]))
             return
     sub = next((t for t in toks[1:] if not t.startswith("-")), "")
-    if (cmd in ("conda", "mamba", "micromamba") and sub in ("install", "create", "update", "upgrade")
-            and "--offline" not in toks) or (cmd in ("apt", "apt-get") and sub == "install"):  # fmt: skip
+    if (
+        cmd in ("conda", "mamba", "micromamba")
+        and sub in ("install", "create", "update", "upgrade")
+        and "--offline" not in toks
+    ) or (cmd in ("apt", "apt-get") and sub == "install"):
         problems.append((RULE_PIP, online))
-    elif cmd in _DOWNLOADERS or (cmd == "git" and (
-        sub in ("clone", "pull", "fetch") or (sub in ("lfs", "submodule") and {"pull", "fetch", "update"} & set(toks))
-    )):  # fmt: skip
+    elif cmd in _DOWNLOADERS or (
+        cmd == "git"
+        and (
+            sub in ("clone", "pull", "fetch")
+            or (sub in ("lfs", "submodule") and {"pull", "fetch", "update"} & set(toks))
+        )
+    ):
         problems.append((RULE_DOWNLOAD, f"`{text}` downloads from the network (off in the submission)"))
     elif cmd == "kaggle" and ("download" in toks or toks[1:3] == ["kernels", "output"]):
         problems.append(

@@ -71,9 +71,22 @@ def script_units(text: str) -> list[Unit]:
 
 _SHELL_CELL_MAGICS = {"bash", "sh", "script", "system", "sx"}
 _INERT_CELL_MAGICS = {
-    "writefile", "file", "html", "HTML", "javascript", "js", "markdown", "latex", "svg", "md",
-    "sql", "perl", "ruby", "error", "warn",
-}  # fmt: skip
+    "writefile",
+    "file",
+    "html",
+    "HTML",
+    "javascript",
+    "js",
+    "markdown",
+    "latex",
+    "svg",
+    "md",
+    "sql",
+    "perl",
+    "ruby",
+    "error",
+    "warn",
+}
 _PY_LINE_MAGICS = {"time", "timeit", "prun", "debug", "memit"}
 _MAGIC_LINE = re.compile(r"^(?P<indent>[ \t]*)(?:[A-Za-z_][\w, \t]*=[ \t]*)?(?P<bang>!!?|%)(?P<body>.*)$")
 _COMMENTED_MAGIC = re.compile(

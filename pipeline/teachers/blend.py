@@ -55,8 +55,11 @@ def teacher_probabilities(
     logits = np.asarray(logits, dtype=np.float64)
     known = np.isfinite(logits)
     if independent:
-        return np.where(known, 1.0 / (1.0 + np.exp(-np.clip(np.nan_to_num(logits), -15.0, 15.0))), np.where(
-            known.any(axis=1, keepdims=True), model_probs, np.nan))  # fmt: skip
+        return np.where(
+            known,
+            1.0 / (1.0 + np.exp(-np.clip(np.nan_to_num(logits), -15.0, 15.0))),
+            np.where(known.any(axis=1, keepdims=True), model_probs, np.nan),
+        )
     out = np.full(logits.shape, np.nan)
     for row in np.flatnonzero(known.any(axis=1)):
         mine = known[row]

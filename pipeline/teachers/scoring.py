@@ -47,7 +47,7 @@ def teacher_windows(samples: np.ndarray, window: int, hop: int) -> tuple[np.ndar
     return out, np.asarray(starts, dtype=np.int64)
 
 
-def run_windows(runtime: TeacherRuntime, windows: np.ndarray) -> np.ndarray:
+def window_logits(runtime: TeacherRuntime, windows: np.ndarray) -> np.ndarray:
     """[n, outputs] logits of `windows`, BATCH_WINDOWS at a time."""
     outs = [runtime.logits(windows[k : k + BATCH_WINDOWS]) for k in range(0, len(windows), BATCH_WINDOWS)]
     return np.concatenate(outs) if outs else np.zeros((0, len(runtime.teacher.labels)), dtype=np.float32)
@@ -89,7 +89,7 @@ def score_files(
             yield k, np.zeros(0), np.zeros((0, len(teacher.labels)), dtype=np.float32), problem
             continue
         windows, starts = teacher_windows(samples, window, hop)
-        yield k, starts / teacher.sample_rate, run_windows(runtime, windows), None
+        yield k, starts / teacher.sample_rate, window_logits(runtime, windows), None
 
 
 def write_targets(
@@ -133,15 +133,26 @@ def write_targets(
     out.parent.mkdir(parents=True, exist_ok=True)
     write_csv(out, ["filename", "start", "end", *(class_map.classes[k] for k in known)], rows())
     seconds = time.perf_counter() - started
-    lineage = {"teacher": teacher.name, "teacher_sha256": teacher.sha256(), "windows": n_windows,
-               "files": len(files), "unreadable": problems, "hop_seconds": hop_seconds or window,
-               "window_seconds": window, "threads": runtime.threads, "seconds": round(seconds, 1),
-               "audio_seconds_per_second": round(audio / max(seconds, 1e-9), 1), **class_map.as_record(),
-               "sha256": hashlib.sha256(out.read_bytes()).hexdigest()}  # fmt: skip
+    lineage = {
+        "teacher": teacher.name,
+        "teacher_sha256": teacher.sha256(),
+        "windows": n_windows,
+        "files": len(files),
+        "unreadable": problems,
+        "hop_seconds": hop_seconds or window,
+        "window_seconds": window,
+        "threads": runtime.threads,
+        "seconds": round(seconds, 1),
+        "audio_seconds_per_second": round(audio / max(seconds, 1e-9), 1),
+        **class_map.as_record(),
+        "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
+    }
     write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
-    log(f"teacher {teacher.name}: {n_windows} windows of {len(files) - len(problems)} {what} "
+    log(
+        f"teacher {teacher.name}: {n_windows} windows of {len(files) - len(problems)} {what} "
         f"({audio / 3600:.2f} h) in {seconds:.0f} s, {lineage['audio_seconds_per_second']:g} s of audio per second "
-        f"on {runtime.threads} thread(s) -> {out}" + (f"; {len(problems)} unreadable" if problems else ""))  # fmt: skip
+        f"on {runtime.threads} thread(s) -> {out}" + (f"; {len(problems)} unreadable" if problems else "")
+    )
     return lineage
 
 
@@ -152,7 +163,7 @@ def span_logits(
     teacher's windows that start inside it. `samples` at the teacher's rate."""
     teacher = runtime.teacher
     windows, starts = teacher_windows(samples, teacher.window_samples, teacher.window_samples)
-    logits = run_windows(runtime, windows)
+    logits = window_logits(runtime, windows)
     seconds = starts / teacher.sample_rate
     out = np.full((len(spans), logits.shape[1]), -np.inf, dtype=np.float32)
     for k, (start, end) in enumerate(spans):

@@ -72,8 +72,10 @@ class ClassMap:
         return f"teacher knows {len(self.known)} of {len(self.classes)} classes{lacking}"
 
     def as_record(self) -> dict:
-        return {"classes": {c: n for c, n in zip(self.classes, self.names, strict=True) if n},
-                "lacking": dict(self.lacking)}  # fmt: skip
+        return {
+            "classes": {c: n for c, n in zip(self.classes, self.names, strict=True) if n},
+            "lacking": dict(self.lacking),
+        }
 
 
 def match_classes(

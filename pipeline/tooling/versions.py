@@ -69,11 +69,29 @@ class Image:
 
 # Common to both images per Kaggle's published requirements (and torch's own dependencies).
 _IMAGE_COMMON: dict[str, str | None] = dict.fromkeys(
-    ("numpy", "scipy", "scikit-learn", "threadpoolctl", "tqdm", "pyyaml", "safetensors",
-     "huggingface-hub", "joblib", "packaging",
-     "requests", "cffi", "pycparser", "filelock", "typing-extensions", "sympy", "networkx",
-     "jinja2", "fsspec", "setuptools")
-)  # fmt: skip
+    (
+        "numpy",
+        "scipy",
+        "scikit-learn",
+        "threadpoolctl",
+        "tqdm",
+        "pyyaml",
+        "safetensors",
+        "huggingface-hub",
+        "joblib",
+        "packaging",
+        "requests",
+        "cffi",
+        "pycparser",
+        "filelock",
+        "typing-extensions",
+        "sympy",
+        "networkx",
+        "jinja2",
+        "fsspec",
+        "setuptools",
+    )
+)
 
 KAGGLE_TPU = Image(
     name="kaggle-tpu",
@@ -85,9 +103,14 @@ KAGGLE_GPU = Image(
     name="kaggle-gpu",
     python="3.12",
     glibc="2.35",
-    preinstalled={**_IMAGE_COMMON, "torch": "2.10.0", "torchaudio": "2.10.0", "torchcodec": "0.10.0",
-                  "soundfile": "0.13.1"},
-)  # fmt: skip
+    preinstalled={
+        **_IMAGE_COMMON,
+        "torch": "2.10.0",
+        "torchaudio": "2.10.0",
+        "torchcodec": "0.10.0",
+        "soundfile": "0.13.1",
+    },
+)
 IMAGES = {image.name: image for image in (KAGGLE_TPU, KAGGLE_GPU)}
 
 
@@ -101,49 +124,86 @@ def _image_extra(image: Image) -> dict[str, str]:
 # package` for both images, whose published requirements have none of them.
 ONNX_STACK = {"onnxruntime": "1.32.0", "onnxscript": "0.7.2", "onnx": "1.23.2"}
 # The Kaggle legs' handoff checks (Leg.handoff_checks).
-_TPU_HANDOFF = ("train notebook on 8 XLA CPU devices -> artifact",
-                "ONNX export of the artifact's embedding model (fp32, int8)")  # fmt: skip
-_GPU_HANDOFF = ("no torch_xla in the kernel", "infer notebook offline on the kaggle-tpu artifact",
-                "SpeechBrain client agrees with the submission",
-                "ONNX engine on the kaggle-tpu export agrees with torch")  # fmt: skip
+_TPU_HANDOFF = (
+    "train notebook on 8 XLA CPU devices -> artifact",
+    "ONNX export of the artifact's embedding model (fp32, int8)",
+)
+_GPU_HANDOFF = (
+    "no torch_xla in the kernel",
+    "infer notebook offline on the kaggle-tpu artifact",
+    "SpeechBrain client agrees with the submission",
+    "ONNX engine on the kaggle-tpu export agrees with torch",
+)
 
 LEGS: tuple[Leg, ...] = (
     Leg(
-        "floor", "2.7.1", "2.7.1", "2.7.0", "1.1.0",
+        "floor",
+        "2.7.1",
+        "2.7.1",
+        "2.7.0",
+        "1.1.0",
         about="lower bound of every range in pyproject.toml",
-        checks=("pytest -m 'not slow'", "pytest -m xla", "train -> infer notebooks (cpu)", "SpeechBrain client"),
-        extra={"numpy": "1.26.0", "scipy": "1.11.2", "safetensors": "0.4.0", "soundfile": "0.12.1",
-               "pyyaml": "6.0.1", "tqdm": "4.64.0", "packaging": "22.0", "scikit-learn": "1.3.1",
-               **ONNX_STACK},
+        checks=(
+            "pytest -m 'not slow'",
+            "pytest -m xla",
+            "train -> infer notebooks (cpu)",
+            "SpeechBrain client",
+        ),
+        extra={
+            "numpy": "1.26.0",
+            "scipy": "1.11.2",
+            "safetensors": "0.4.0",
+            "soundfile": "0.12.1",
+            "pyyaml": "6.0.1",
+            "tqdm": "4.64.0",
+            "packaging": "22.0",
+            "scikit-learn": "1.3.1",
+            **ONNX_STACK,
+        },
     ),
     Leg(
-        "kaggle-tpu", KAGGLE_TPU.preinstalled["torch"], KAGGLE_TPU.preinstalled["torchaudio"],
-        KAGGLE_TPU.preinstalled["torch_xla"], "1.1.2",
+        "kaggle-tpu",
+        KAGGLE_TPU.preinstalled["torch"],
+        KAGGLE_TPU.preinstalled["torchaudio"],
+        KAGGLE_TPU.preinstalled["torch_xla"],
+        "1.1.2",
         about="Kaggle TPU image: trains the handoff artifact",
         checks=("pytest -m xla, less the notebook test the handoff repeats", *_TPU_HANDOFF),
         extra={**_image_extra(KAGGLE_TPU), **ONNX_STACK},
         handoff_checks=_TPU_HANDOFF,
     ),
     Leg(
-        "dev", "2.9.1", "2.9.1", "2.9.0", "1.1.2",
+        "dev",
+        "2.9.1",
+        "2.9.1",
+        "2.9.0",
+        "1.1.2",
         about="requirements.lock, run by `make test`",
         checks=("ruff; the whole pytest suite (XLA, DDP, notebooks, offline guard)",),
         extra={"numpy": "2.4.6", **ONNX_STACK},
         in_matrix=False,
     ),
     Leg(
-        "kaggle-gpu", KAGGLE_GPU.preinstalled["torch"], KAGGLE_GPU.preinstalled["torchaudio"], None, "1.1.2",
+        "kaggle-gpu",
+        KAGGLE_GPU.preinstalled["torch"],
+        KAGGLE_GPU.preinstalled["torchaudio"],
+        None,
+        "1.1.2",
         about="Kaggle GPU image: predicts from kaggle-tpu's artifact, offline",
         checks=_GPU_HANDOFF,
         extra={**_image_extra(KAGGLE_GPU), **ONNX_STACK},
         handoff_checks=_GPU_HANDOFF,
     ),
     Leg(
-        "newest", "2.11.0", "2.11.0", None, "1.1.2",
+        "newest",
+        "2.11.0",
+        "2.11.0",
+        None,
+        "1.1.2",
         about="newest releases pyproject.toml allows; no torch_xla exists for 2.11",
         checks=("pytest -m 'not slow'", "train -> infer notebooks (cpu)", "SpeechBrain client"),
     ),
-)  # fmt: skip
+)
 BY_NAME = {leg.name: leg for leg in LEGS}
 MATRIX_LEGS = tuple(leg for leg in LEGS if leg.in_matrix)
 HANDOFF_LEGS = tuple(leg for leg in MATRIX_LEGS if leg.handoff_checks)
@@ -238,8 +298,10 @@ def compare(version_of: Callable[[str], str | None] = installed_version) -> Comp
             out_of_range.append(f"{name} {version} is outside the tested {spec}")
     notes = []
     if xla and torch and _release(xla)[:2] != _release(torch)[:2]:
-        notes.append(f"torch_xla {xla} is built for torch {'.'.join(map(str, _release(xla)[:2]))}, "
-                     f"not torch {torch}: importing it will fail (C++ ABI)")  # fmt: skip
+        notes.append(
+            f"torch_xla {xla} is built for torch {'.'.join(map(str, _release(xla)[:2]))}, "
+            f"not torch {torch}: importing it will fail (C++ ABI)"
+        )
     return Comparison(session, matches, nearest, out_of_range, notes)
 
 

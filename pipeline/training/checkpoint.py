@@ -79,9 +79,15 @@ def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
 
 
 def save(
-    checkpoint_dir: Path, fingerprint: str, model, optimizer, scheduler, strategy: Strategy, state,
+    checkpoint_dir: Path,
+    fingerprint: str,
+    model,
+    optimizer,
+    scheduler,
+    strategy: Strategy,
+    state,
     average=None,
-) -> None:  # fmt: skip
+) -> None:
     """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
     if not strategy.is_main:
         return
@@ -109,9 +115,11 @@ def read(checkpoint_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> d
     if (Path(checkpoint_dir) / LATEST).is_file():  # one written without a run folder of its own
         others.append(Path(checkpoint_dir) / LATEST)
     if others:
-        log(f"checkpoint(s) of runs with other parameters or data, left untouched: "
+        log(
+            f"checkpoint(s) of runs with other parameters or data, left untouched: "
             f"{', '.join(str(p) for p in others[:3])}{' ...' if len(others) > 3 else ''}; rerun with those "
-            f"parameters to continue one. This run checkpoints to {path}")  # fmt: skip
+            f"parameters to continue one. This run checkpoints to {path}"
+        )
     if not path.is_file():
         return None
     try:
@@ -128,9 +136,15 @@ def read(checkpoint_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> d
 
 
 def restore(
-    payload: dict[str, Any], model, optimizer, scheduler, strategy: Strategy, state: TrainingState,
-    average=None, log: Callable[[str], Any] = print,
-) -> str:  # fmt: skip
+    payload: dict[str, Any],
+    model,
+    optimizer,
+    scheduler,
+    strategy: Strategy,
+    state: TrainingState,
+    average=None,
+    log: Callable[[str], Any] = print,
+) -> str:
     """Load a checkpoint `read` returned into the live objects; returns where the run resumes."""
     strategy.unwrap(model).load_state_dict(payload["model"])
     optimizer.load_state_dict(payload["optimizer"])

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,16 +17,13 @@ from pathlib import Path
 import numpy as np
 
 from ..core import kaggle, tables
-from ..core.config import ConfigError, TrainConfig
+from ..core.config import TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
-from ..core.tables import DataError, TrainRow, read_labelled_chunks, read_train_table, skip_or_stop
+from ..core.tables import DataError, TrainRow, read_labelled_chunks, skip_or_stop
 from .augment import FocalTargets, SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
 
-# The share of files with several labels from which objective "auto" learns several labels per clip (bce):
-# BirdCLEF's focal recordings have secondary labels on a fifth to a third of the files.
-MULTI_LABEL_SHARE = 0.05
 MAX_CROPS_PER_FILE = 8  # crops per file and epoch, for files of many windows (TrainingData.epoch_rows)
 
 
@@ -86,39 +82,33 @@ class TrainingData:
 
     def label_counts(self) -> dict[str, int]:
         """Training rows per class (files that have it, for multi-label objectives): the prior at inference."""
-        counts = (self.multi_hot > 0).sum(axis=0) if self.multi_hot is not None else np.bincount(
-            self.targets, minlength=len(self.labels))  # fmt: skip
+        counts = (
+            (self.multi_hot > 0).sum(axis=0)
+            if self.multi_hot is not None
+            else np.bincount(self.targets, minlength=len(self.labels))
+        )
         return {label: int(n) for label, n in zip(self.labels, counts, strict=True)}
 
     def describe(self) -> str:
-        return (f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {plural(len(self.labels), 'class')}, "
-                f"{len(self.train_idx)} train / {len(self.val_idx)} validation")  # fmt: skip
-
-
-def default_cache_dir() -> Path:
-    """Where decoded audio is cached when cache_dir is not given. On Kaggle: /kaggle/tmp (not saved with the
-    notebook's output, and not counted against /kaggle/working's 20 GB: 100 hours of audio are 11.5 GB), else
-    /tmp. Elsewhere: the user's cache folder ($XDG_CACHE_HOME, ~/.cache), shared by every run on the machine."""
-    if kaggle.on_kaggle():
-        tmp = kaggle.kaggle_root() / "tmp"
-        return (tmp if tmp.is_dir() else Path("/tmp")) / "ecapa-audio-cache"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "kaggle-ecapa-pipeline" / "audio"
+        return (
+            f"data: {len(self.rows)} files ({self.store.hours:.1f} h), {plural(len(self.labels), 'class')}, "
+            f"{len(self.train_idx)} train / {len(self.val_idx)} validation"
+        )
 
 
 def load_training_data(
     config: TrainConfig,
-    log: Callable[[str], object] = print,
-    table: tuple[list[TrainRow], list[dict[str, str]]] | None = None,
+    log: Callable[[str], object],
+    table: tuple[list[TrainRow], list[dict[str, str]]],
+    *,
+    objective: str,
 ) -> TrainingData:
-    """Cache the training table's audio and split it. A row with no label or unusable audio stops the run with
-    an error naming its line (or, under on_bad_row="skip", is left out and reported). `table`: what
-    `read_train_table` returned for `config`, when the caller has read it already (train() sizes the hardware
-    plan by it); else it is read here."""
+    """Cache the training table's audio and split it, for `objective` (the plan decides it: plan.py). A row with
+    no label or unusable audio stops the run with an error naming its line (or, under on_bad_row="skip", is
+    left out and reported). `table`: what `read_train_table` returned for `config`; `config` has its session
+    and sample rate resolved (plan.resolve_session)."""
     data_dir = Path(config.data_dir)
     csv_path = data_dir / config.train_table
-    if table is None:
-        table = read_train_table(data_dir, config.on_bad_row, tables.TrainTable.of(config))
     rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
     notes: list[str] = []
 
@@ -130,9 +120,13 @@ def load_training_data(
     rows, repeat_notes = drop_repeated_rows(rows, csv_path)
     note(*repeat_notes)
     try:
-        store = _cached(config, [row.rel_path for row in rows], log,
-                        search=kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else [],
-                        stop_at_first_failure=config.on_bad_row != "skip")  # fmt: skip
+        store = _cached(
+            config,
+            [row.rel_path for row in rows],
+            log,
+            search=kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else [],
+            stop_at_first_failure=config.on_bad_row != "skip",
+        )
     except CacheBuildStopped as stop:
         row = rows[stop.index]
         skip_or_stop("error", [], csv_path, row.line, row.written or row.rel_path, stop.reason)
@@ -146,13 +140,6 @@ def load_training_data(
     rows = [rows[i] for i in kept]
     items = np.asarray(kept, dtype=np.int64)
     labels = tables.label_list(row.label for row in rows)
-    objective, why = choose_objective(config.objective, rows, labels)
-    if config.soundscape_targets and not is_multi_label(objective):
-        if config.objective != "auto":
-            raise ConfigError(f"soundscape_targets needs a multi-label objective (bce or focal), not "
-                              f"objective={config.objective!r}: a stretch of soundscape holds any number of classes")  # fmt: skip
-        objective, why = "bce", "soundscape_targets: a stretch of soundscape holds any number of classes"
-    note(f"objective: {objective} ({why})")
     multi_hot = None
     if is_multi_label(objective):
         first, multi_hot, target_notes = per_file_targets(rows, labels, config.secondary_label_weight)
@@ -172,19 +159,45 @@ def load_training_data(
         stretches, record = load_soundscape_targets(config, labels, held_out, log)
     if config.focal_targets:
         focal, focal_record = load_focal_targets(config, rows, labels, log, objective)
-    return TrainingData(store, rows, items, labels, targets, train_idx, val_idx, skipped, notes,
-                        objective=objective, noise=noise, multi_hot=multi_hot, soundscapes=soundscapes,
-                        soundscape_targets=stretches, targets_record=record, focal_targets=focal,
-                        focal_record=focal_record)  # fmt: skip
+    return TrainingData(
+        store,
+        rows,
+        items,
+        labels,
+        targets,
+        train_idx,
+        val_idx,
+        skipped,
+        notes,
+        objective=objective,
+        noise=noise,
+        multi_hot=multi_hot,
+        soundscapes=soundscapes,
+        soundscape_targets=stretches,
+        targets_record=record,
+        focal_targets=focal,
+        focal_record=focal_record,
+    )
 
 
-def _cached(config: TrainConfig, files: list[str], log: Callable[[str], object], what: str | None = None,
-            **options: object) -> AudioStore:  # fmt: skip
+def _cached(
+    config: TrainConfig,
+    files: list[str],
+    log: Callable[[str], object],
+    what: str | None = None,
+    **options: object,
+) -> AudioStore:
     """The cache of `files` (relative to data_dir) at the run's sample rate, found or built in cache_dir. With
     `what` (the table that named these soundscapes), one that cannot be used stops the run, named."""
-    store = open_or_build(source_files(Path(config.data_dir), files), config.cache_dir or default_cache_dir(),
-                          sample_rate=config.sample_rate, log=log, progress=config.progress,
-                          keep_apart={"data_dir": config.data_dir}, **options)  # fmt: skip
+    store = open_or_build(
+        source_files(Path(config.data_dir), files),
+        config.cache_dir,
+        sample_rate=config.sample_rate,
+        log=log,
+        progress=config.progress,
+        keep_apart={"data_dir": config.data_dir},
+        **options,
+    )
     if what is not None and store.failures:
         index, why = next(iter(store.failures.items()))
         raise DataError(
@@ -206,8 +219,12 @@ def _targets_record(path: Path, **fields: object) -> dict:
     """What the provenance keeps of a targets file: its name and hash, `fields`, and the lineage its teacher
     wrote beside it (`<name>.json`, pipeline/rounds/self_training.py)."""
     lineage = path.with_suffix(".json")
-    return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **fields,
-            "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None}  # fmt: skip
+    return {
+        "file": path.name,
+        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        **fields,
+        "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
+    }
 
 
 def load_focal_targets(
@@ -230,18 +247,26 @@ def load_focal_targets(
         first.append(len(order))
     covered = sum(1 for row in rows if row.rel_path in by_file)
     if not covered:
-        raise DataError(f"{path}: none of its {len(by_file)} files is a recording of the training table (filenames "
-                        f"are relative to data_dir, e.g. {rows[0].rel_path!r}); score the training recordings")  # fmt: skip
+        raise DataError(
+            f"{path}: none of its {len(by_file)} files is a recording of the training table (filenames "
+            f"are relative to data_dir, e.g. {rows[0].rel_path!r}); score the training recordings"
+        )
     focal = FocalTargets(
-        np.asarray(first, dtype=np.int64), ((found.starts[order] + found.ends[order]) / 2 * rate).astype(np.int64),
-        found.probs[order], float(config.focal_target_weight),
-        None if found.known is None or found.known.all() else found.known, one_label=not is_multi_label(objective),
-    )  # fmt: skip
-    record = _targets_record(path, windows=len(order), rows_covered=covered, rows=len(rows),
-                             weight=config.focal_target_weight)  # fmt: skip
-    log(f"focal targets: {plural(len(order), 'teacher window')} over {covered} of {plural(len(rows), 'training row')} "
+        np.asarray(first, dtype=np.int64),
+        ((found.starts[order] + found.ends[order]) / 2 * rate).astype(np.int64),
+        found.probs[order],
+        float(config.focal_target_weight),
+        None if found.known is None or found.known.all() else found.known,
+        one_label=not is_multi_label(objective),
+    )
+    record = _targets_record(
+        path, windows=len(order), rows_covered=covered, rows=len(rows), weight=config.focal_target_weight
+    )
+    log(
+        f"focal targets: {plural(len(order), 'teacher window')} over {covered} of {plural(len(rows), 'training row')} "
         f"from {path.name}, weight {config.focal_target_weight:g}"
-        + (f" ({len(rows) - covered} rows keep their labels alone)" if covered < len(rows) else ""))  # fmt: skip
+        + (f" ({len(rows) - covered} rows keep their labels alone)" if covered < len(rows) else "")
+    )
     return focal, record
 
 
@@ -260,28 +285,41 @@ def load_soundscape_targets(
     usable = np.fromiter((rel[name] not in held_out for name in found.files), bool, len(found.files))
     keep = np.flatnonzero((probs.max(axis=1) >= config.target_threshold) & usable)
     if not len(keep):
-        raise DataError(f"{path}: no stretch has a probability >= target_threshold={config.target_threshold:g}; "
-                        "lower it")  # fmt: skip
+        raise DataError(
+            f"{path}: no stretch has a probability >= target_threshold={config.target_threshold:g}; lower it"
+        )
     files = sorted({rel[found.files[k]] for k in keep})
     store = _cached(config, files, log, what=str(path))
     position = {name: k for k, name in enumerate(files)}
     rate = config.sample_rate
     stretches = SoundscapeTargets(
-        store, np.array([position[rel[found.files[k]]] for k in keep], dtype=np.int64),
-        (found.starts[keep] * rate).astype(np.int64), (found.ends[keep] * rate).astype(np.int64), probs[keep],
-    )  # fmt: skip
+        store,
+        np.array([position[rel[found.files[k]]] for k in keep], dtype=np.int64),
+        (found.starts[keep] * rate).astype(np.int64),
+        (found.ends[keep] * rate).astype(np.int64),
+        probs[keep],
+    )
     record = _targets_record(
-        path, stretches=len(keep), of=len(found.files), soundscapes=len(files),
-        mean_target_mass=round(float(probs[keep].sum(1).mean()), 4), power=config.target_power,
-        floor=config.target_floor, threshold=config.target_threshold, probability=config.target_probability,
-    )  # fmt: skip
-    log(f"soundscape targets: {plural(len(keep), 'stretch', 'stretches')} of {plural(len(files), 'soundscape')} from {path.name} "
-        f"(mean target mass {record['mean_target_mass']:.2f} per stretch)")  # fmt: skip
+        path,
+        stretches=len(keep),
+        of=len(found.files),
+        soundscapes=len(files),
+        mean_target_mass=round(float(probs[keep].sum(1).mean()), 4),
+        power=config.target_power,
+        floor=config.target_floor,
+        threshold=config.target_threshold,
+        probability=config.target_probability,
+    )
+    log(
+        f"soundscape targets: {plural(len(keep), 'stretch', 'stretches')} of {plural(len(files), 'soundscape')} from {path.name} "
+        f"(mean target mass {record['mean_target_mass']:.2f} per stretch)"
+    )
     return stretches, record
 
 
-def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Callable[[str], object] = print
-                              ) -> LabelledSoundscapes:  # fmt: skip
+def load_labelled_soundscapes(
+    config: TrainConfig, labels: list[str], log: Callable[[str], object] = print
+) -> LabelledSoundscapes:
     """The labelled chunks of val_soundscapes_table, their soundscapes cached. Labels that are no class of the
     training table are left out (and said); a soundscape that cannot be read stops with its name."""
     chunks = read_labelled_chunks(config.data_dir, config.val_soundscapes_table, config.val_soundscapes_dir)
@@ -293,50 +331,50 @@ def load_labelled_soundscapes(config: TrainConfig, labels: list[str], log: Calla
         truth[row, [class_of[label] for label in chunk.labels if label in class_of]] = 1.0
     unknown = {label for chunk in chunks for label in chunk.labels} - class_of.keys()
     position = {path: k for k, path in enumerate(files)}
-    log(f"validation soundscapes: {plural(len(chunks), 'labelled chunk')} of {plural(len(files), 'soundscape')}"
-        + (f"; {plural(len(unknown), 'label')} no class of the training table is left out: "
-           f"{', '.join(repr(u) for u in sorted(unknown)[:10])}" if unknown else ""))  # fmt: skip
-    return LabelledSoundscapes(store, np.array([position[c.rel_path] for c in chunks], dtype=np.int64),
-                               np.array([c.start for c in chunks]), np.array([c.end for c in chunks]), truth, files)  # fmt: skip
+    log(
+        f"validation soundscapes: {plural(len(chunks), 'labelled chunk')} of {plural(len(files), 'soundscape')}"
+        + (
+            f"; {plural(len(unknown), 'label')} no class of the training table is left out: "
+            f"{', '.join(repr(u) for u in sorted(unknown)[:10])}"
+            if unknown
+            else ""
+        )
+    )
+    return LabelledSoundscapes(
+        store,
+        np.array([position[c.rel_path] for c in chunks], dtype=np.int64),
+        np.array([c.start for c in chunks]),
+        np.array([c.end for c in chunks]),
+        truth,
+        files,
+    )
 
 
-def load_noise(config: TrainConfig, log: Callable[[str], object] = print, exclude: set[str] = frozenset()
-               ) -> AudioStore:  # fmt: skip
+def load_noise(
+    config: TrainConfig, log: Callable[[str], object] = print, exclude: set[str] = frozenset()
+) -> AudioStore:
     """The background recordings under `noise_dir` (every audio file, nested folders included, but those in
     `exclude`: validation soundscapes), cached like the training audio. Unreadable ones are left out and said;
     none usable is an error naming the folder."""
     data_dir = Path(config.data_dir)
     root, prefix = tables.audio_root(data_dir, config.noise_dir, "noise_dir")
-    found = sorted(f"{prefix}/{p.relative_to(root).as_posix()}" if prefix else p.relative_to(root).as_posix()
-                   for p in tables.audio_files_under(root) if p.is_file())  # fmt: skip
+    found = sorted(
+        f"{prefix}/{p.relative_to(root).as_posix()}" if prefix else p.relative_to(root).as_posix()
+        for p in tables.audio_files_under(root)
+        if p.is_file()
+    )
     if left_out := exclude & set(found):
         log(f"noise_dir: {plural(len(left_out), 'validation soundscape')} left out of the background")
         found = [f for f in found if f not in exclude]
     store = _cached(config, found, log)
     if len(store.failures) == len(store):
-        raise DataError(f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {root} "
-                        f"({len(found)} found); point it at a folder of background recordings or leave it unset")  # fmt: skip
+        raise DataError(
+            f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {root} "
+            f"({len(found)} found); point it at a folder of background recordings or leave it unset"
+        )
     if store.failures:
         log(f"noise_dir: {plural(len(store.failures), 'file')} unusable and left out of the background noise")
     return store
-
-
-def choose_objective(objective: str, rows: list[TrainRow], labels: list[str]) -> tuple[str, str]:
-    """The objective and why: "auto" is bce when at least MULTI_LABEL_SHARE of the files have several labels (a
-    separated label cell, a secondary label that is a class, or one file in rows of two labels), else aam."""
-    if objective != "auto":
-        return objective, "the objective parameter"
-    classes = set(labels)
-    labels_of: dict[str, set[str]] = {}
-    for row in rows:
-        labels_of.setdefault(row.rel_path, set()).update({row.label}, classes.intersection(row.secondary))
-    several = sum(len(found) > 1 for found in labels_of.values())
-    if several >= MULTI_LABEL_SHARE * len(labels_of):
-        return "bce", f"auto: {several} of {plural(len(labels_of), 'file')} have several labels"
-    if several:  # a few double-labelled files in a single-label task: each label trains on the file
-        return "aam", (f"auto: only {several} of {plural(len(labels_of), 'file')} have several labels (less than "
-                       f"{MULTI_LABEL_SHARE:.0%}); each of their labels is trained on as a clip of its own")  # fmt: skip
-    return "aam", "auto: every file has one label"
 
 
 def per_file_targets(
@@ -356,8 +394,14 @@ def per_file_targets(
         targets[position[row.rel_path], secondary] = secondary_weight
     targets[[position[row.rel_path] for row in rows], [class_of[row.label] for row in rows]] = 1.0
     unknown = {label for row in rows for label in row.secondary} - class_of.keys()
-    notes = [f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as its label) "
-             f"and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}"] if unknown else []  # fmt: skip
+    notes = (
+        [
+            f"{plural(len(unknown), 'secondary label')} name no class of the table (no file has it as its label) "
+            f"and are left out: {', '.join(repr(u) for u in sorted(unknown)[:10])}"
+        ]
+        if unknown
+        else []
+    )
     return order, targets, notes
 
 
@@ -380,8 +424,10 @@ def split_files(rows: list[TrainRow], fraction: float, seed: int) -> tuple[list[
             trained |= {other.label for other in rows if other.rel_path == row.rel_path}
             returned += 1
     if returned:
-        extra = (f"validation: {plural(returned, 'file')} with several labels went back to training, where "
-                 "one of their labels had no other file")  # fmt: skip
+        extra = (
+            f"validation: {plural(returned, 'file')} with several labels went back to training, where "
+            "one of their labels had no other file"
+        )
         note = f"{note}; {extra}" if note else extra
     train_idx = [i for i, row in enumerate(rows) if row.rel_path not in held]
     val_idx = [i for i, row in enumerate(rows) if row.rel_path in held]
@@ -404,11 +450,15 @@ def drop_repeated_rows(rows: list[TrainRow], csv_path: Path) -> tuple[list[Train
         kept.append(row)
     notes = []
     if repeats:
-        notes.append(f"{csv_path.name}: {len(repeats)} repeated row(s) dropped (same path and label as an "
-                     f"earlier row): {', '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''}")  # fmt: skip
+        notes.append(
+            f"{csv_path.name}: {len(repeats)} repeated row(s) dropped (same path and label as an "
+            f"earlier row): {', '.join(repeats[:5])}{' ...' if len(repeats) > 5 else ''}"
+        )
     if conflicts := sorted(path for path, labels in labels_of.items() if len(labels) > 1):
-        notes.append(f"{csv_path.name}: {len(conflicts)} file(s) carry more than one label; each label is "
-                     f"trained on: {', '.join(repr(p) for p in conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}")  # fmt: skip
+        notes.append(
+            f"{csv_path.name}: {len(conflicts)} file(s) carry more than one label; each label is "
+            f"trained on: {', '.join(repr(p) for p in conflicts[:5])}{' ...' if len(conflicts) > 5 else ''}"
+        )
     return kept, notes
 
 
@@ -445,11 +495,15 @@ def stratified_split(
     note = None
     if not val_idx:
         why = "val_fraction=0" if fraction <= 0 else "every class has a single clip, which training needs"
-        note = (f"no validation split ({why}): model selection is off, the last epoch's weights are saved "
-                "and no validation accuracy is reported")  # fmt: skip
+        note = (
+            f"no validation split ({why}): model selection is off, the last epoch's weights are saved "
+            "and no validation accuracy is reported"
+        )
     elif topped_up:
         counts = Counter(labels)
-        note = (f"validation: {len(val_idx)} files; val_fraction={fraction:g} of each class gives "
-                f"{len(val_idx) - topped_up} with {len(counts)} classes of {min(counts.values())}-"
-                f"{max(counts.values())} clips, so {topped_up} more came from classes that could spare a clip")  # fmt: skip
+        note = (
+            f"validation: {len(val_idx)} files; val_fraction={fraction:g} of each class gives "
+            f"{len(val_idx) - topped_up} with {len(counts)} classes of {min(counts.values())}-"
+            f"{max(counts.values())} clips, so {topped_up} more came from classes that could spare a clip"
+        )
     return train_idx, val_idx, note

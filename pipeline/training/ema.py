@@ -112,8 +112,12 @@ class WeightAverage:
         buffers = buffers if self.average_buffers else []
         self._float_names, self._n_params = parameters + buffers, len(parameters)
         others = self._other_names = [name for name in averaged if name not in set(self._float_names)]
-        self._pairs = ([averaged[n] for n in self._float_names], [current[n].detach() for n in self._float_names],
-                       [averaged[n] for n in others], [current[n].detach() for n in others])  # fmt: skip
+        self._pairs = (
+            [averaged[n] for n in self._float_names],
+            [current[n].detach() for n in self._float_names],
+            [averaged[n] for n in others],
+            [current[n].detach() for n in others],
+        )
 
     def _float_groups(self) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]]:
         """(averaged, live) tensors of the parameters, then of the float buffers; empty groups left out."""

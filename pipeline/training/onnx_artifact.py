@@ -51,9 +51,13 @@ class OnnxFiles:
 
 
 def export_for_artifact(
-    model: SpeakerClassifier, data: TrainingData, config: TrainConfig, metric: str, folder: Path,
+    model: SpeakerClassifier,
+    data: TrainingData,
+    config: TrainConfig,
+    metric: str,
+    folder: Path,
     log: Callable[[str], Any] = print,
-) -> OnnxFiles:  # fmt: skip
+) -> OnnxFiles:
     """The fp32 and int8 ONNX files of `model` (CPU, eval) in `folder`, int8 judged on the validation split by
     `metric` (accuracy for one-class models). Never raises for an export or quantisation problem."""
     try:
@@ -64,14 +68,21 @@ def export_for_artifact(
         )
         return OnnxFiles(record={"error": str(error)})
     result = OnnxFiles({ONNX_FP32: exported.path})
-    result.record = {"torch": exported.torch_version, "opset": exported.opset,
-                     "fp32": {"file": ONNX_FP32, "export_s": round(exported.seconds, 1),
-                              "max_abs_diff_vs_torch": exported.max_abs_diff}}  # fmt: skip
+    result.record = {
+        "torch": exported.torch_version,
+        "opset": exported.opset,
+        "fp32": {
+            "file": ONNX_FP32,
+            "export_s": round(exported.seconds, 1),
+            "max_abs_diff_vs_torch": exported.max_abs_diff,
+        },
+    }
     started = time.perf_counter()
     try:
         # One training crop per file (real audio: random noise has other activation ranges).
-        wavs, lens = sampled_crops(data.store, data.items, data.train_idx or data.val_idx, CALIBRATION_WINDOWS,
-                                   config, salt=2039)  # fmt: skip
+        wavs, lens = sampled_crops(
+            data.store, data.items, data.train_idx or data.val_idx, CALIBRATION_WINDOWS, config, salt=2039
+        )
         int8_path = core_onnx.quantize_embedding_model(model, exported.path, folder / ONNX_INT8, wavs, lens)
         rule = int8_rule(model, data, config, metric, exported.path, int8_path)
     except Exception as error:  # noqa: BLE001 - onnxruntime.quantization raises many types; fp32 still ships
@@ -79,16 +90,24 @@ def export_for_artifact(
         result.record["int8"] = {"error": f"{type(error).__name__}: {error}"[:500]}
         return result
     result.files[ONNX_INT8] = int8_path
-    result.record["int8"] = {"file": ONNX_INT8, "calibration_windows": len(wavs),
-                             "seconds": round(time.perf_counter() - started, 1), **rule}  # fmt: skip
+    result.record["int8"] = {
+        "file": ONNX_INT8,
+        "calibration_windows": len(wavs),
+        "seconds": round(time.perf_counter() - started, 1),
+        **rule,
+    }
     log(f"ONNX files for CPU inference: fp32 (export {exported.seconds:.0f} s), int8 {describe(rule)}")
     return result
 
 
 def int8_rule(
-    model: SpeakerClassifier, data: TrainingData, config: TrainConfig, metric: str, fp32_path: Path,
+    model: SpeakerClassifier,
+    data: TrainingData,
+    config: TrainConfig,
+    metric: str,
+    fp32_path: Path,
     int8_path: Path,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """fp32 and int8 ONNX Runtime scored as validation scores (files_to_judge's files; labelled soundscape
     chunks too when there are), and whether int8 stays within the rule on each."""
     name = "accuracy" if data.objective == "aam" else metric
@@ -122,8 +141,11 @@ def files_to_judge(data: TrainingData) -> tuple[str, list[int]]:
 
 
 def describe(rule: dict[str, Any]) -> str:
-    values = "; ".join(f"{where} {rule['metric']} fp32 {v['fp32']:.4f}, int8 {v['int8']:.4f}"
-                       for where, v in rule.items() if isinstance(v, dict))  # fmt: skip
+    values = "; ".join(
+        f"{where} {rule['metric']} fp32 {v['fp32']:.4f}, int8 {v['int8']:.4f}"
+        for where, v in rule.items()
+        if isinstance(v, dict)
+    )
     if rule["passed"]:
         return f"passes: the infer stage runs it ({values})"
     return f"fails the 0.5-point rule: inference runs fp32 ({values})"

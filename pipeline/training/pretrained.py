@@ -37,39 +37,18 @@ ECAPA_TAG = "!new:speechbrain.lobes.models.ECAPA_TDNN.ECAPA_TDNN"
 FBANK_TAG = "!new:speechbrain.lobes.features.Fbank"
 NORM_TAG = "!new:speechbrain.processing.features.InputNormalization"
 # ECAPA_TDNN arguments our ModelConfig carries, by ModelConfig field name.
-_MAPPED = {"input_size": "n_mels", "channels": "channels", "lin_neurons": "lin_neurons",
-           "attention_channels": "attention_channels", "se_channels": "se_channels"}  # fmt: skip
+_MAPPED = {
+    "input_size": "n_mels",
+    "channels": "channels",
+    "lin_neurons": "lin_neurons",
+    "attention_channels": "attention_channels",
+    "se_channels": "se_channels",
+}
 _IGNORED = {"device"}  # placement, not architecture
 
 
 class PretrainedError(ConfigError):
     """`init_from` is not a usable SpeechBrain ECAPA-TDNN directory. The message names the file and key."""
-
-
-SOUNDSCAPE_MEMBERS = 3  # ensemble_members auto with noise_dir, for the sizes below
-# Sizes whose three members still predict BirdCLEF's hidden set (700 x 60 s) on a 4-core CPU in minutes: 3x
-# the one model's time was measured (README). voxceleb's one model took 14.6 min there (int8, the H100 host's
-# CPU) and ~30 min on this project's 2-core machine on a slow day: three would not leave the 90-minute
-# submission its margin, and their gain at that size is unmeasured.
-ENSEMBLE_SIZES = ("tiny", "small")
-
-
-def fresh_frontend(config: TrainConfig) -> str:
-    """The front end of a model trained from scratch: `frontend`, or for auto pcen when `noise_dir` names
-    background recordings (the test audio is field recordings in noise) and logmel otherwise."""
-    if config.frontend != "auto":
-        return config.frontend
-    return "pcen" if config.noise_dir else "logmel"
-
-
-def resolve_members(config: TrainConfig, model_size: str) -> int:
-    """How many ECAPA-TDNNs a model trained from scratch holds: `ensemble_members`, or for auto 3 when
-    `noise_dir` names background recordings (soundscapes: see TrainConfig) and the size is one of
-    ENSEMBLE_SIZES, 1 otherwise. A fine-tuned model has one (TrainConfig refuses more)."""
-    if config.ensemble_members is not None:
-        return config.ensemble_members
-    soundscapes = config.noise_dir and not config.init_from
-    return SOUNDSCAPE_MEMBERS if soundscapes and model_size in ENSEMBLE_SIZES else 1
 
 
 def initial_model(
@@ -78,9 +57,13 @@ def initial_model(
     labels: list[str],
     log: Callable[[str], Any] = print,
     objective: str = "aam",
+    *,
+    frontend: str = "logmel",
+    members: int = 1,
 ) -> SpeakerClassifier:
-    """A fresh model of `model_size`, or the encoder of `config.init_from` with a new classifier for `labels`
-    (frozen when `config.freeze_encoder`), trained for `objective`."""
+    """A fresh model of `model_size` (`members` ECAPA-TDNNs on `frontend` features: the plan decides them,
+    plan.py), or the encoder of `config.init_from` with a new classifier for `labels` (frozen when
+    `config.freeze_encoder`; its own front end, one member), trained for `objective`."""
     # A pretrained encoder brings its own architecture; its n_mels and sample rate equal these (checked below).
     common = {
         "n_classes": len(labels),
@@ -91,16 +74,16 @@ def initial_model(
         "objective": objective,
     }
     if not config.init_from:
-        model_config = ModelConfig.from_preset(
-            model_size, frontend=fresh_frontend(config), members=resolve_members(config, model_size), **common
-        )
+        model_config = ModelConfig.from_preset(model_size, frontend=frontend, members=members, **common)
         return SpeakerClassifier(model_config)
 
     pretrained = read_pretrained(config.init_from)
     if config.sample_rate != SAMPLE_RATE:  # read_pretrained accepts only SpeechBrain's default Fbank (16 kHz)
-        raise PretrainedError(f"sample_rate={config.sample_rate} but the pretrained model {pretrained.hyperparams} "
-                              f"was trained on {SAMPLE_RATE} Hz features: set sample_rate={SAMPLE_RATE} to "
-                              "fine-tune it, or train from scratch without init_from")  # fmt: skip
+        raise PretrainedError(
+            f"sample_rate={config.sample_rate} but the pretrained model {pretrained.hyperparams} "
+            f"was trained on {SAMPLE_RATE} Hz features: set sample_rate={SAMPLE_RATE} to "
+            "fine-tune it, or train from scratch without init_from"
+        )
     if pretrained.model_args["n_mels"] != config.n_mels:
         raise PretrainedError(
             f"n_mels={config.n_mels} but the pretrained model {pretrained.hyperparams} takes "
@@ -108,19 +91,23 @@ def initial_model(
             f"n_mels={pretrained.model_args['n_mels']}"
         )
     if config.frontend not in ("auto", pretrained.frontend):
-        raise PretrainedError(f"frontend={config.frontend!r} but the pretrained model {pretrained.hyperparams} "
-                              f"was trained on {pretrained.frontend!r} features: set frontend={pretrained.frontend!r} "
-                              "(or auto) to fine-tune it, or train from scratch without init_from")  # fmt: skip
+        raise PretrainedError(
+            f"frontend={config.frontend!r} but the pretrained model {pretrained.hyperparams} "
+            f"was trained on {pretrained.frontend!r} features: set frontend={pretrained.frontend!r} "
+            "(or auto) to fine-tune it, or train from scratch without init_from"
+        )
     model_config = ModelConfig(**{**common, **pretrained.model_args, "frontend": pretrained.frontend})
     model = SpeakerClassifier(model_config)
     load_encoder_weights(model, pretrained.weights)
     if config.freeze_encoder:
         freeze_encoder(model)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log(f"init_from {pretrained.root}: ECAPA-TDNN channels {model_config.channels}, "
+    log(
+        f"init_from {pretrained.root}: ECAPA-TDNN channels {model_config.channels}, "
         f"{model_config.lin_neurons}-d embeddings, {model_config.n_mels} mels (model_size={model_size!r} is "
         f"not used); encoder weights from {pretrained.weights.name}, new classifier for {len(labels)} classes; "
-        f"{'encoder frozen, ' if config.freeze_encoder else ''}{trainable:,} trainable parameters")  # fmt: skip
+        f"{'encoder frozen, ' if config.freeze_encoder else ''}{trainable:,} trainable parameters"
+    )
     return model
 
 
@@ -143,8 +130,13 @@ def read_pretrained(init_from: str | Path) -> Pretrained:
             model_config = verify_artifact(root)["model_config"]
         except ArtifactError as error:
             raise PretrainedError(str(error)) from error
-        return Pretrained(root, hyperparams, root / WEIGHTS, {k: model_config[k] for k in _MAPPED.values()},
-                          model_config.get("frontend", "logmel"))  # fmt: skip
+        return Pretrained(
+            root,
+            hyperparams,
+            root / WEIGHTS,
+            {k: model_config[k] for k in _MAPPED.values()},
+            model_config.get("frontend", "logmel"),
+        )
     tree = read_hyperparams(hyperparams)
     model_args = ecapa_args(tree, hyperparams)
     check_front_end(tree, hyperparams, model_args["n_mels"])
@@ -171,8 +163,10 @@ def find_hyperparams(init_from: Path) -> Path:
             f"directory (e.g. a copy of speechbrain/spkrec-ecapa-voxceleb) has {HYPERPARAMS} and "
             f"{ENCODER}.ckpt"
         )
-    raise PretrainedError(f"init_from={str(init_from)!r}: several {HYPERPARAMS} below it "
-                          f"({', '.join(str(p) for p in found[:5])}); point init_from at one")  # fmt: skip
+    raise PretrainedError(
+        f"init_from={str(init_from)!r}: several {HYPERPARAMS} below it "
+        f"({', '.join(str(p) for p in found[:5])}); point init_from at one"
+    )
 
 
 @dataclass
@@ -226,8 +220,10 @@ def ecapa_args(tree: dict[str, Any], path: Path) -> dict[str, Any]:
         raise PretrainedError(f"{path}: no `{ENCODER}` key; not a SpeechBrain speaker-embedding recipe")
     if not isinstance(node, Tagged) or node.tag != ECAPA_TAG:
         found = node.tag if isinstance(node, Tagged) else type(node).__name__
-        raise PretrainedError(f"{path}: `{ENCODER}` is {found}, not {ECAPA_TAG}: only ECAPA-TDNN encoders "
-                              "can initialise this model")  # fmt: skip
+        raise PretrainedError(
+            f"{path}: `{ENCODER}` is {found}, not {ECAPA_TAG}: only ECAPA-TDNN encoders "
+            "can initialise this model"
+        )
     given = node.value if isinstance(node.value, dict) else {}
     defaults = _defaults(ECAPA_TDNN)
     if unknown := sorted(set(given) - set(defaults) - {"input_size"}):
@@ -256,8 +252,10 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
         raise PretrainedError(f"{path}: `compute_features` must be {FBANK_TAG} (found {_describe(fbank)})")
     fbank_args = fbank.value if isinstance(fbank.value, dict) else {}
     if fbank_args.get("n_mels") != n_mels:
-        raise PretrainedError(f"{path}: `compute_features.n_mels` is {fbank_args.get('n_mels')!r} but "
-                              f"`{ENCODER}.input_size` is {n_mels}")  # fmt: skip
+        raise PretrainedError(
+            f"{path}: `compute_features.n_mels` is {fbank_args.get('n_mels')!r} but "
+            f"`{ENCODER}.input_size` is {n_mels}"
+        )
     from speechbrain.lobes.features import Fbank
 
     fbank_defaults = _defaults(Fbank)
@@ -265,8 +263,10 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
         if name in ("n_mels", "requires_grad"):
             continue
         if name not in fbank_defaults or not _same(value, fbank_defaults[name]):
-            raise PretrainedError(f"{path}: `compute_features.{name}: {_show(value)}` differs from the Fbank "
-                                  "settings this project's model computes (SpeechBrain's defaults)")  # fmt: skip
+            raise PretrainedError(
+                f"{path}: `compute_features.{name}: {_show(value)}` differs from the Fbank "
+                "settings this project's model computes (SpeechBrain's defaults)"
+            )
     if fbank_args.get("sample_rate", SAMPLE_RATE) != SAMPLE_RATE:
         raise PretrainedError(
             f"{path}: the model expects {fbank_args['sample_rate']} Hz audio, not {SAMPLE_RATE}"
@@ -274,11 +274,16 @@ def check_front_end(tree: dict[str, Any], path: Path, n_mels: int) -> None:
     norm = tree.get("mean_var_norm")
     norm_args = norm.value if isinstance(norm, Tagged) and isinstance(norm.value, dict) else None
     if (  # norm_args is None for anything but a tagged mapping
-        norm_args is None or norm.tag != NORM_TAG or norm_args.get("norm_type") != "sentence"
-        or norm_args.get("std_norm", True) is not False or norm_args.get("mean_norm", True) is not True
-    ):  # fmt: skip
-        raise PretrainedError(f"{path}: `mean_var_norm` must be {NORM_TAG} with norm_type: sentence and "
-                              f"std_norm: False, as this project's model (found {_describe(norm)})")  # fmt: skip
+        norm_args is None
+        or norm.tag != NORM_TAG
+        or norm_args.get("norm_type") != "sentence"
+        or norm_args.get("std_norm", True) is not False
+        or norm_args.get("mean_norm", True) is not True
+    ):
+        raise PretrainedError(
+            f"{path}: `mean_var_norm` must be {NORM_TAG} with norm_type: sentence and "
+            f"std_norm: False, as this project's model (found {_describe(norm)})"
+        )
 
 
 def encoder_weights_file(root: Path, tree: dict[str, Any]) -> Path:
@@ -291,10 +296,14 @@ def encoder_weights_file(root: Path, tree: dict[str, Any]) -> Path:
     hint, pretrainer = "", tree.get("pretrainer")
     paths = (pretrainer.value or {}).get("paths") if isinstance(pretrainer, Tagged) else None
     if isinstance(paths, dict) and paths.get(ENCODER):
-        hint = (f" hyperparams.yaml's pretrainer names {paths[ENCODER]!r}, which is never downloaded "
-                "(submission sessions are offline):")  # fmt: skip
-    raise PretrainedError(f"{root / (ENCODER + '.ckpt')}: not found.{hint} copy the pretrained model's "
-                          f"{ENCODER}.ckpt into {root}")  # fmt: skip
+        hint = (
+            f" hyperparams.yaml's pretrainer names {paths[ENCODER]!r}, which is never downloaded "
+            "(submission sessions are offline):"
+        )
+    raise PretrainedError(
+        f"{root / (ENCODER + '.ckpt')}: not found.{hint} copy the pretrained model's "
+        f"{ENCODER}.ckpt into {root}"
+    )
 
 
 def read_encoder_state(weights: Path) -> dict[str, torch.Tensor]:
@@ -313,8 +322,10 @@ def read_encoder_state(weights: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - weights_only refusals, truncated zips, not a checkpoint...
-        raise PretrainedError(f"{weights}: cannot be read as a weights-only checkpoint "
-                              f"({type(error).__name__}: {first_line(error)})") from error  # fmt: skip
+        raise PretrainedError(
+            f"{weights}: cannot be read as a weights-only checkpoint "
+            f"({type(error).__name__}: {first_line(error)})"
+        ) from error
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
     ):
@@ -332,13 +343,24 @@ def load_encoder_weights(model: SpeakerClassifier, weights: Path) -> None:
         state.setdefault(key, expected[key])
     missing = [k for k in expected if k not in state]
     unexpected = [k for k in state if k not in expected]
-    wrong = [f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}" for k, v in expected.items()
-             if k in state and state[k].shape != v.shape]  # fmt: skip
-    problems = [f"{what} {found[:3]}{' ...' if len(found) > 3 else ''}" for what, found in
-                (("missing keys", missing), ("unexpected keys", unexpected), ("shape mismatch", wrong)) if found]  # fmt: skip
+    wrong = [
+        f"{k} {tuple(state[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
+    ]
+    problems = [
+        f"{what} {found[:3]}{' ...' if len(found) > 3 else ''}"
+        for what, found in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatch", wrong),
+        )
+        if found
+    ]
     if problems:
-        raise PretrainedError(f"{weights}: does not fit the ECAPA-TDNN described by hyperparams.yaml: "
-                              + "; ".join(problems))  # fmt: skip
+        raise PretrainedError(
+            f"{weights}: does not fit the ECAPA-TDNN described by hyperparams.yaml: " + "; ".join(problems)
+        )
     model.embedding_model.load_state_dict(state, strict=True)
 
 

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.config import MODEL_PRESETS, TrainConfig
-from ..devices.policy import HardwarePlan
 from ..devices.probe import Topology
 from ..devices.strategy import Strategy
 
 if TYPE_CHECKING:
     from .dataset import TrainingData
+    from .plan import TrainPlan
 
 PATH_FIELDS = {
     "data_dir",
@@ -40,10 +40,23 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
     """What a checkpoint must match to be resumed: the parameters that shape the run and the training rows,
     not where things live (Kaggle mounts the same competition under another path in a later version) or
     budgets."""
-    keep = {k: v for k, v in asdict(config).items()
-            if k not in {"data_dir", "artifact_dir", "checkpoint_dir", "time_budget_minutes", "progress",
-                         "checkpoint_every_minutes", "num_threads", "cache_dir", "num_workers",
-                         "collective_timeout_minutes"}}  # fmt: skip
+    keep = {
+        k: v
+        for k, v in asdict(config).items()
+        if k
+        not in {
+            "data_dir",
+            "artifact_dir",
+            "checkpoint_dir",
+            "time_budget_minutes",
+            "progress",
+            "checkpoint_every_minutes",
+            "num_threads",
+            "cache_dir",
+            "num_workers",
+            "collective_timeout_minutes",
+        }
+    }
     rows = [[row.rel_path, row.label] for row in dataset.rows]
     shape = {"config": keep, "rows": rows, "devices": topology.num_devices}
     for key, record in (("targets", dataset.targets_record), ("focal_targets", dataset.focal_record)):
@@ -52,8 +65,9 @@ def run_fingerprint(config: TrainConfig, dataset: TrainingData, topology: Topolo
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy: Strategy, result) -> dict[str, Any]:
-    topology = plan.topology
+def build_provenance(config: TrainConfig, plan: TrainPlan, strategy: Strategy, result) -> dict[str, Any]:
+    hardware = plan.hardware
+    topology = hardware.topology
     return {
         "accelerator": topology.accelerator,
         "device_kind": topology.device_kind,
@@ -62,9 +76,11 @@ def build_provenance(config: TrainConfig, plan: HardwarePlan, strategy: Strategy
         "strategy": strategy.name,
         "precision": strategy.precision,
         "model_size": plan.model_size,
-        "batch_plan": plan.batch.to_dict(),
+        "batch_plan": hardware.batch.to_dict(),
         "schedule": result.schedule,
-        "loader_workers": plan.loader_workers,
+        "loader_workers": hardware.loader_workers,
+        "data_kind": {"name": plan.kind.name, "why": plan.kind.why},
+        "auto": list(plan.decided),
         "epochs_run": len(result.history),
         "epochs_planned": config.epochs,
         "best_epoch": result.best_epoch,
@@ -112,8 +128,9 @@ def package_versions() -> dict[str, str | None]:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).parent)  # fmt: skip
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).parent
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

@@ -171,8 +171,13 @@ def open_or_build(
     for folder in [Path(cache_dir) / key, *map(Path, search)]:
         if _complete(folder, key):
             return _reuse(folder, log)
-    root = check_output_dir(cache_dir, name="cache_dir", is_ours=is_cache_dir, what="a folder of audio caches",
-                            keep_apart=keep_apart)  # fmt: skip
+    root = check_output_dir(
+        cache_dir,
+        name="cache_dir",
+        is_ours=is_cache_dir,
+        what="a folder of audio caches",
+        keep_apart=keep_apart,
+    )
     root.mkdir(parents=True, exist_ok=True)
     with FileLock(str(root / f".{key}.lock")):  # another process may be building this very cache: wait for it
         if _complete(root / key, key):
@@ -184,8 +189,10 @@ def open_or_build(
             mark(staging, CACHE_KIND)
         store = AudioStore(root / key)
         size = sum(p.stat().st_size for p in (root / key).iterdir() if p.name != MARKER)
-        log(f"audio cache: {len(store)} files, {store.hours:.1f} h, {size / 1e9:.2f} GB in "
-            f"{root / key}, built in {time.perf_counter() - started:.0f} s")  # fmt: skip
+        log(
+            f"audio cache: {len(store)} files, {store.hours:.1f} h, {size / 1e9:.2f} GB in "
+            f"{root / key}, built in {time.perf_counter() - started:.0f} s"
+        )
         return store
 
 
@@ -203,8 +210,10 @@ def _complete(folder: Path, key: str) -> bool:
 
 def _reuse(folder: Path, log: Callable[[str], object]) -> AudioStore:
     store = AudioStore(folder)
-    log(f"audio cache: reusing {folder} ({len(store)} files, {store.hours:.1f} h, built "
-        f"{store.manifest.get('built', '?')})")  # fmt: skip
+    log(
+        f"audio cache: reusing {folder} ({len(store)} files, {store.hours:.1f} h, built "
+        f"{store.manifest.get('built', '?')})"
+    )
     return store
 
 
@@ -220,9 +229,11 @@ def _explain_rebuild(root: Path, records: list[list], log: Callable[[str], objec
         if len(shared) < 0.5 * len(ours):
             continue
         changed = sum(ours[k] != theirs[k] for k in shared)
-        log(f"audio cache: {manifest_path.parent.name} holds {len(shared)} of these files but differs "
+        log(
+            f"audio cache: {manifest_path.parent.name} holds {len(shared)} of these files but differs "
             f"({len(ours.keys() - shared)} added, {len(theirs.keys() - shared)} removed, {changed} with another "
-            "size or modification time): building a new one beside it")  # fmt: skip
+            "size or modification time): building a new one beside it"
+        )
         return
 
 
@@ -291,12 +302,16 @@ def _build(
     tasks = _tasks(files, records)
     workers = max(1, min(workers or len(os.sched_getaffinity(0)), len(tasks) or 1))
     total_gb = sum(r[1] for r in records if r[1] > 0) / 1e9
-    log(f"audio cache: decoding {plural(n, 'file')} ({total_gb:.2f} GB) to {sample_rate / 1000:g} kHz with "
-        f"{plural(workers, 'process', 'processes')} into {staging.parent / key}")  # fmt: skip
+    log(
+        f"audio cache: decoding {plural(n, 'file')} ({total_gb:.2f} GB) to {sample_rate / 1000:g} kHz with "
+        f"{plural(workers, 'process', 'processes')} into {staging.parent / key}"
+    )
     bar = progress_bar(n, "decode", "file", progress)
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
-        futures = {pool.submit(decode_task, task, str(staging / f"shard-{k:05d}.pcm"), sample_rate): k
-                   for k, task in enumerate(tasks)}  # fmt: skip
+        futures = {
+            pool.submit(decode_task, task, str(staging / f"shard-{k:05d}.pcm"), sample_rate): k
+            for k, task in enumerate(tasks)
+        }
         try:
             for future in concurrent.futures.as_completed(futures):
                 k = futures[future]
@@ -318,8 +333,15 @@ def _build(
             if bar is not None:
                 bar.close()
     envelope_offset = np.concatenate([[0], np.cumsum([len(e) for e in envelopes])]).astype(np.int64)
-    np.savez(staging / INDEX, shard=shard, offset=offset, length=length, gain=gain,
-             envelope=np.concatenate(envelopes).astype(np.float32), envelope_offset=envelope_offset)  # fmt: skip
+    np.savez(
+        staging / INDEX,
+        shard=shard,
+        offset=offset,
+        length=length,
+        gain=gain,
+        envelope=np.concatenate(envelopes).astype(np.float32),
+        envelope_offset=envelope_offset,
+    )
     manifest = {
         "version": CACHE_VERSION,
         "fingerprint": key,

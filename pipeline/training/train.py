@@ -1,8 +1,8 @@
 """The train stage: competition folder -> artifact, on whatever topology the session has.
 
-    train(config)   check the outputs -> hardware plan (devices/policy) -> training data (audio decoded once
-                    into the cache, by every core) -> policy.run(plan, fit, config, data, started)
-    fit(strategy, plan, config, data, started)
+    train(config)   check the outputs -> the plan and the training data (plan.py: every auto decided once,
+                    the audio decoded once into the cache, by every core) -> policy.run(hardware, fit, plan, ...)
+    fit(strategy, hardware, plan, data, started)
                     run by every process of the topology, with its strategy: prepare -> run_epochs -> finish
 
 Everything hardware-specific is behind the strategy the policy hands to `fit` (devices/strategy.py, ddp.py,
@@ -23,7 +23,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +32,22 @@ import torch
 
 from ..core.artifact import check_artifact_dir, save_artifact
 from ..core.config import ConfigError, TrainConfig
-from ..core.metrics import selection_metric
 from ..core.model import count_parameters, host_model
 from ..core.objectives import make_loss
-from ..core.progress import first_line, plural, progress_bar
+from ..core.progress import first_line, progress_bar
 from ..core.report import save_training_figures
 from ..core.scaling import Schedule, plan_schedule
 from ..core.staging import check_output_dir
-from ..core.tables import TrainTable, read_train_table
 from ..devices import policy
 from ..devices.policy import HardwarePlan
 from ..devices.strategy import Strategy
 from . import checkpoint as ckpt
 from . import onnx_artifact
-from . import recipe as data_recipe
 from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
-from .dataset import TrainingData, load_training_data
+from .dataset import TrainingData
 from .ema import WeightAverage
+from .plan import TrainPlan, plan_training, resolve_session
 from .pretrained import initial_model
 from .provenance import build_provenance, run_fingerprint, weights_digest
 from .validation import (
@@ -96,44 +94,35 @@ class TrainResult:
     def summary(self) -> str:
         value = "n/a" if self.best_val_metric is None else f"{self.best_val_metric:.4f}"
         compiles = "" if self.compile_count is None else f"; XLA compilations {self.compile_count}"
-        return (f"trained on {self.topology['device_kind']} x{self.topology['num_devices']} in "
-                f"{self.seconds:.0f}s; kept val {self.metric} {value} (epoch {self.best_epoch}){compiles}; "
-                f"artifact {self.artifact_dir}")  # fmt: skip
+        return (
+            f"trained on {self.topology['device_kind']} x{self.topology['num_devices']} in "
+            f"{self.seconds:.0f}s; kept val {self.metric} {value} (epoch {self.best_epoch}){compiles}; "
+            f"artifact {self.artifact_dir}"
+        )
 
 
 def train(config: TrainConfig) -> TrainResult:
-    """Train on every device of this session and save the artifact. Called by notebooks/train.ipynb."""
+    """Train on every device of this session and save the artifact (the train notebook calls it through
+    pipeline.rounds.self_training.train_rounds)."""
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
     if config.pretrained_teacher:
-        raise ConfigError("pretrained_teacher is run by the train notebook's entry, "
-                          "pipeline.rounds.self_training.train_rounds(config): call that instead of train()")  # fmt: skip
-    check_output_dirs(config)  # before anything slow: never train for hours, then refuse to save
-    table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))  # sizes TPU batches
-    plan = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.split_fraction)))
+        raise ConfigError(
+            "pretrained_teacher is run by the train notebook's entry, "
+            "pipeline.rounds.self_training.train_rounds(config): call that instead of train()"
+        )
     # Under torchrun every rank runs this: rank 0 says what it does.
     log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
-    log(plan.describe())  # what was found and what will be done, before anything slow happens
-    data = load_training_data(config, log, table)  # audio decoded once per machine, before any rank starts
-    config, plan, data = follow_the_data(config, plan, data, log)  # every rank decides alike from one table
-    return policy.run(plan, fit, config, data, started,
-                      collective_timeout_s=config.collective_timeout_minutes * 60)  # fmt: skip
-
-
-def follow_the_data(
-    config: TrainConfig, plan: HardwarePlan, data: TrainingData, log: Callable[[str], Any]
-) -> tuple[TrainConfig, HardwarePlan, TrainingData]:
-    """The auto parameters the training table decides (recipe.py), from its clips' lengths and an epoch's crops;
-    the held-out files train too when it decides val_fraction 0."""
-    clip_seconds = data.store.lengths[data.items[data.train_idx]] / config.sample_rate
-    epoch_crops = len(data.epoch_rows(config.window_samples, config.crops_per_file))
-    config, size = data_recipe.follow_the_data(config, plan.model_size, plan.topology.accelerator, clip_seconds,
-                                               data.objective, epoch_crops, log)  # fmt: skip
-    if config.val_fraction == 0 and data.val_idx:
-        log(
-            f"validation: none; its {plural(len(data.val_idx), 'file')} train too, the last epoch's weights are kept"
-        )
-        data = replace(data, train_idx=sorted(data.train_idx + data.val_idx), val_idx=[])
-    return config, replace(plan, model_size=size), data
+    # Before anything slow: never train for hours, then refuse to save.
+    check_output_dirs(resolve_session(config))
+    plan, data = plan_training(config, log)  # audio decoded once per machine, before any rank starts
+    return policy.run(
+        plan.hardware,
+        fit,
+        plan,
+        data,
+        started,
+        collective_timeout_s=plan.config.collective_timeout_minutes * 60,
+    )
 
 
 def checkpoint_dir_of(config: TrainConfig) -> Path:
@@ -145,8 +134,13 @@ def check_output_dirs(config: TrainConfig) -> None:
     it; neither may overlap the data or each other (pipeline.core.staging's rule for every output folder)."""
     checkpoints = checkpoint_dir_of(config)
     check_artifact_dir(config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoints)
-    check_output_dir(checkpoints, name="checkpoint_dir", is_ours=lambda _: True,
-                     what="a checkpoint folder", keep_apart={"data_dir": config.data_dir})  # fmt: skip
+    check_output_dir(
+        checkpoints,
+        name="checkpoint_dir",
+        is_ours=lambda _: True,
+        what="a checkpoint folder",
+        keep_apart={"data_dir": config.data_dir},
+    )
 
 
 @dataclass
@@ -154,8 +148,8 @@ class Run:
     """The live state of one process's training run, shared by prepare / run_epochs / finish."""
 
     strategy: Strategy
-    config: TrainConfig
-    plan: HardwarePlan
+    config: TrainConfig  # plan.config: every auto decided
+    plan: TrainPlan
     data: TrainingData
     schedule: Schedule
     model: torch.nn.Module
@@ -177,38 +171,55 @@ class Run:
     export_reserve_s: float = 0.0  # kept back from the time budget for the ONNX files (rank 0 writes them)
 
     def save_checkpoint(self) -> None:
-        ckpt.save(self.checkpoint_dir, self.fingerprint, self.model, self.optimizer, self.scheduler,
-                  self.strategy, self.state, self.average)  # fmt: skip
+        ckpt.save(
+            self.checkpoint_dir,
+            self.fingerprint,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.strategy,
+            self.state,
+            self.average,
+        )
         self.last_checkpoint = time.monotonic()
 
 
 def fit(
-    strategy: Strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float
+    strategy: Strategy, hardware: HardwarePlan, plan: TrainPlan, data: TrainingData, started: float
 ) -> TrainResult:
     """The training run of one process of the topology (policy.run calls it with the process's strategy and
-    the plan it was built from)."""
-    run = prepare(strategy, plan, config, data, started)
+    the hardware plan it was built from, plan.hardware)."""
+    run = prepare(strategy, plan, data, started)
     run_epochs(run)
     return finish(run)
 
 
-def prepare(
-    strategy: Strategy, plan: HardwarePlan, config: TrainConfig, data: TrainingData, started: float
-) -> Run:
+def prepare(strategy: Strategy, train_plan: TrainPlan, data: TrainingData, started: float) -> Run:
     """Model, optimizer, schedule, weight average, resumed state and the batch pipeline of this process."""
+    config, hardware = train_plan.config, train_plan.hardware
     torch.manual_seed(config.seed)
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     log = print if strategy.is_main else lambda *_: None
     epoch_rows = data.epoch_rows(config.window_samples, config.crops_per_file)
-    schedule = plan_schedule(plan.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
-    model = initial_model(config, plan.model_size, data.labels, log, data.objective)  # fresh or fine-tuned
+    schedule = plan_schedule(hardware.batch, len(epoch_rows), config.epochs, config.warmup_epochs)
+    model = initial_model(  # fresh or fine-tuned
+        config,
+        train_plan.model_size,
+        data.labels,
+        log,
+        train_plan.objective,
+        frontend=train_plan.frontend,
+        members=train_plan.members,
+    )
     # Rank 0 decides when to stop, and it writes the ONNX files after the last step: their time is kept back.
     timed = strategy.is_main and config.time_budget_minutes
     export_reserve = onnx_artifact.reserve_seconds(model.config, data, config) if timed else 0.0
     members = f" x {model.config.members} members" if model.config.members > 1 else ""
-    log(f"{data.describe()}; model: ECAPA-TDNN '{plan.model_size}'{members}, {count_parameters(model) / 1e6:.2f}M "
-        f"parameters, {model.config.frontend} features; {schedule.describe()}; {strategy.describe()}")  # fmt: skip
+    log(
+        f"{data.describe()}; model: ECAPA-TDNN '{train_plan.model_size}'{members}, {count_parameters(model) / 1e6:.2f}M "
+        f"parameters, {model.config.frontend} features; {schedule.describe()}; {strategy.describe()}"
+    )
     # The average is built before the model is wrapped (DDP) and moved with it: it is never all-reduced.
     # Its BatchNorm statistics are averaged only when validation does not recompute them.
     horizon = config.ema_epochs * schedule.steps_per_epoch
@@ -221,12 +232,14 @@ def prepare(
     trainable = [p for p in model.parameters() if p.requires_grad]  # freeze_encoder: the classifier only
     # foreach: one call for all parameters. On XLA the step is traced in Python every time; per-parameter Adam
     # took ~100 ms of host time per step there, foreach ~45 ms (benchmarks/xla_step.py). CUDA picks it anyway.
-    optimizer = torch.optim.Adam(trainable, lr=plan.batch.lr, weight_decay=config.weight_decay, foreach=True)
+    optimizer = torch.optim.Adam(
+        trainable, lr=hardware.batch.lr, weight_decay=config.weight_decay, foreach=True
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
 
     state = ckpt.TrainingState()
     checkpoint_dir = checkpoint_dir_of(config)
-    fingerprint = run_fingerprint(config, data, plan.topology)
+    fingerprint = run_fingerprint(config, data, hardware.topology)
     # Only rank 0's filesystem is sure to hold the checkpoint: it reads it, every rank gets what it read.
     payload = ckpt.read(checkpoint_dir, fingerprint, log) if strategy.is_main else None
     payload = strategy.broadcast_object(payload)
@@ -235,43 +248,88 @@ def prepare(
     )
 
     augmentation = Augmentation(
-        noise=data.noise, noise_probability=config.noise_probability,
+        noise=data.noise,
+        noise_probability=config.noise_probability,
         noise_snr_db=(config.noise_snr_db_low, config.noise_snr_db_high),
         mix_probability=config.mix_probability if data.multi_hot is not None else 0.0,
         background_probability=config.background_probability if data.multi_hot is not None else 0.0,
         speed_probability=config.speed_probability,
-        time_mask_probability=config.time_mask_probability, freq_mask_probability=config.freq_mask_probability,
-        targets=data.soundscape_targets, target_probability=config.target_probability,
-        blend_probability=config.blend_probability if data.multi_hot is None else 0.0, classes=len(data.labels),
+        time_mask_probability=config.time_mask_probability,
+        freq_mask_probability=config.freq_mask_probability,
+        targets=data.soundscape_targets,
+        target_probability=config.target_probability,
+        blend_probability=config.blend_probability if data.multi_hot is None else 0.0,
+        classes=len(data.labels),
         multi_label=data.multi_hot is not None,
-    )  # fmt: skip
-    log(augmentation.describe() + (" (no crop mixing: the aam objective learns one class per clip)"
-                                   if config.mix_probability and data.multi_hot is None else ""))  # fmt: skip
+    )
+    log(
+        augmentation.describe()
+        + (
+            " (no crop mixing: the aam objective learns one class per clip)"
+            if config.mix_probability and data.multi_hot is None
+            else ""
+        )
+    )
     recipe = BatchRecipe(
-        store=data.store, items=data.items, rows=strategy.shard(epoch_rows),
+        store=data.store,
+        items=data.items,
+        rows=strategy.shard(epoch_rows),
         targets=data.multi_hot if data.multi_hot is not None else data.targets,
-        rows_per_batch=plan.batch.per_device_batch * strategy.devices_per_process,
-        batches_per_epoch=schedule.steps_per_epoch * plan.batch.grad_accum, window=config.window_samples,
-        seed=config.seed, rank=strategy.rank, min_short_fraction=config.min_short_fraction,
+        rows_per_batch=hardware.batch.per_device_batch * strategy.devices_per_process,
+        batches_per_epoch=schedule.steps_per_epoch * hardware.batch.grad_accum,
+        window=config.window_samples,
+        seed=config.seed,
+        rank=strategy.rank,
+        min_short_fraction=config.min_short_fraction,
         host_features_mels=config.n_mels if strategy.features_on_host else None,
         host_features_frontend=strategy.unwrap(model).config.frontend,
-        crop_on_sound=config.crop_on_sound, augmentation=augmentation, focal_targets=data.focal_targets,
-    )  # fmt: skip
-    loader = training_loader(recipe, state.epoch, state.step_in_epoch * plan.batch.grad_accum, config.epochs,
-                             plan.loader_workers, pin_memory=strategy.device.type == "cuda")  # fmt: skip
+        crop_on_sound=config.crop_on_sound,
+        augmentation=augmentation,
+        focal_targets=data.focal_targets,
+    )
+    loader = training_loader(
+        recipe,
+        state.epoch,
+        state.step_in_epoch * hardware.batch.grad_accum,
+        config.epochs,
+        hardware.loader_workers,
+        pin_memory=strategy.device.type == "cuda",
+    )
     return Run(
-        strategy, config, plan, data, schedule, model, average, optimizer, scheduler, state, fingerprint,
-        checkpoint_dir, calibration_windows(data.store, data.items, data.train_idx, config),
-        strategy.device_batches(iter(loader)), log, started, selection_metric(config.metric, data.objective),
-        resumed, last_checkpoint=time.monotonic(), export_reserve_s=export_reserve,
-    )  # fmt: skip
+        strategy,
+        config,
+        train_plan,
+        data,
+        schedule,
+        model,
+        average,
+        optimizer,
+        scheduler,
+        state,
+        fingerprint,
+        checkpoint_dir,
+        calibration_windows(data.store, data.items, data.train_idx, config),
+        strategy.device_batches(iter(loader)),
+        log,
+        started,
+        train_plan.metric,
+        resumed,
+        last_checkpoint=time.monotonic(),
+        export_reserve_s=export_reserve,
+    )
 
 
 def run_epochs(run: Run) -> None:
     """Epochs of steps, each followed by validation, until the last epoch or the time budget."""
     config, state = run.config, run.state
-    bar = progress_bar(run.schedule.total_steps, "train", "step", run.strategy.is_main and config.progress,
-                       state.global_step, False)  # fmt: skip
+    bar = progress_bar(
+        run.schedule.total_steps,
+        "train",
+        "step",
+        run.strategy.is_main and config.progress,
+        state.global_step,
+        False,
+    )
     try:
         for epoch in range(state.epoch, config.epochs):
             timing = run_steps(run, epoch, bar)
@@ -301,7 +359,7 @@ def run_steps(run: Run, epoch: int, bar) -> dict[str, float]:
     first = state.step_in_epoch
     for step in range(first, run.schedule.steps_per_epoch):
         started = time.perf_counter()
-        micro_batches = [next(run.batches) for _ in range(run.plan.batch.grad_accum)]
+        micro_batches = [next(run.batches) for _ in range(run.plan.hardware.batch.grad_accum)]
         ready = time.perf_counter()
         loss = train_step(run.model, strategy, loss_fn, run.optimizer, micro_batches, run.average)
         advance_schedule(run.scheduler)
@@ -355,7 +413,9 @@ def validate(run: Run, epoch: int, timing: dict[str, float]) -> None:
         **(result.metrics if result else {}),
         "lr": run.scheduler.get_last_lr()[0],
         "seconds": round(time.monotonic() - run.started, 1),
-        "samples_per_s": round(timing["steps"] * run.plan.batch.global_batch / loop, 1) if loop else 0.0,
+        "samples_per_s": round(timing["steps"] * run.plan.hardware.batch.global_batch / loop, 1)
+        if loop
+        else 0.0,
         "step_ms": round(1000 * timing["step_s"] / steps, 2),
         "data_wait_ms": round(1000 * timing["data_wait_s"] / steps, 2),
         "data_wait_share": round(timing["data_wait_s"] / loop, 4) if loop else 0.0,
@@ -395,8 +455,8 @@ def finish(run: Run) -> TrainResult:
         train_files=len({data.rows[i].rel_path for i in data.train_idx}),
         best_epoch=state.best_epoch,
         seconds=time.monotonic() - run.started,
-        plan=run.plan.batch.to_dict(),
-        topology=run.plan.topology.to_dict(),
+        plan=run.plan.hardware.batch.to_dict(),
+        topology=run.plan.hardware.topology.to_dict(),
         compile_count=strategy.compile_count(),  # every device computation of the run is behind us
         schedule=run.schedule.to_dict(),
         skipped_rows=data.skipped,
@@ -411,8 +471,10 @@ def finish(run: Run) -> TrainResult:
         return result  # no collective follows: the other ranks leave while rank 0 saves
     centre = _embedding_centre(run, final)
     if (speeds := test_time_speeds(config)) != (1.0,):
-        run.log(f"test-time speeds: the infer stage reads each file at {', '.join(f'{v:g}' for v in speeds)}x "
-                "(the model trained with speed perturbation; infer parameter test_time_speeds)")  # fmt: skip
+        run.log(
+            f"test-time speeds: the infer stage reads each file at {', '.join(f'{v:g}' for v in speeds)}x "
+            "(the model trained with speed perturbation; infer parameter test_time_speeds)"
+        )
     provenance = build_provenance(config, run.plan, strategy, result)
     # Self-training and distillation: the teachers' scores, and their lineage.
     provenance["soundscape_targets"], provenance["focal_targets"] = data.targets_record, data.focal_record
@@ -420,18 +482,26 @@ def finish(run: Run) -> TrainResult:
     if (predictions := state.best_predictions) is None:  # no epoch validated (or no split): curves only
         truth = predictions = np.zeros(0, dtype=np.int64)
     with tempfile.TemporaryDirectory() as folder:
-        figures = save_training_figures(state.history, truth, predictions, data.labels, Path(folder),
-                                        state.best_epoch, run.metric)  # fmt: skip
+        figures = save_training_figures(
+            state.history, truth, predictions, data.labels, Path(folder), state.best_epoch, run.metric
+        )
         with _onnx_files(run, final) as onnx:
             provenance["onnx"] = result.onnx = onnx.record
-            result.artifact_dir = save_artifact(config.artifact_dir, final, data.labels, provenance,
-                                                extra_files={**figures, **onnx.files},
-                                                fallback_label=data.labels[int(np.bincount(data.targets).argmax())],
-                                                embedding_centre=centre,
-                                                test_time_speeds=list(speeds) if speeds != (1.0,) else None)  # fmt: skip
+            result.artifact_dir = save_artifact(
+                config.artifact_dir,
+                final,
+                data.labels,
+                provenance,
+                extra_files={**figures, **onnx.files},
+                fallback_label=data.labels[int(np.bincount(data.targets).argmax())],
+                embedding_centre=centre,
+                test_time_speeds=list(speeds) if speeds != (1.0,) else None,
+            )
     if run.stopped_early:
-        run.log(f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
-                "parameters to continue training")  # fmt: skip
+        run.log(
+            f"checkpoint kept in {ckpt.run_dir(run.checkpoint_dir, run.fingerprint)}: rerun with the same "
+            "parameters to continue training"
+        )
     else:
         ckpt.remove(run.checkpoint_dir, run.fingerprint)
     run.log(result.summary())
@@ -443,8 +513,10 @@ def _embedding_centre(run: Run, final: torch.nn.Module) -> list[float] | None:
     started = time.monotonic()
     centre = embedding_centre(final, run.data, run.config)
     if centre is not None:
-        run.log(f"embedding centre: the training files' mean unit embedding (length {np.linalg.norm(centre):.3f}, "
-                f"{time.monotonic() - started:.0f} s); inference scores embeddings minus it")  # fmt: skip
+        run.log(
+            f"embedding centre: the training files' mean unit embedding (length {np.linalg.norm(centre):.3f}, "
+            f"{time.monotonic() - started:.0f} s); inference scores embeddings minus it"
+        )
     return centre
 
 
@@ -464,8 +536,10 @@ def _onnx_files(run: Run, final: torch.nn.Module):
         except Exception as error:  # noqa: BLE001 - hours of training must not be lost to an optional file
             # export_for_artifact turns the failures it knows into a line of its own; this is for the rest
             # (seen on a GPU machine: an int8 failure whose message was empty broke the error report itself).
-            run.log(f"ONNX files: none in the artifact ({type(error).__name__}: {first_line(error)}); "
-                    "inference runs torch")  # fmt: skip
+            run.log(
+                f"ONNX files: none in the artifact ({type(error).__name__}: {first_line(error)}); "
+                "inference runs torch"
+            )
             onnx = onnx_artifact.OnnxFiles(record={"error": f"{type(error).__name__}: {error}"[:500]})
         onnx.record["seconds"] = round(time.monotonic() - started, 1)
         if compiles is not None:  # XLA: the export must not have touched the device (0 new graphs)
@@ -537,8 +611,12 @@ def format_epoch(record: dict[str, float], epochs: int, metric: str = "accuracy"
         parts.append(_value(f"val_{metric}", record, f"val_{metric}"))
     if f"val_soundscape_{metric}" in record:
         parts.append(_value(f"soundscapes {metric}", record, f"val_soundscape_{metric}"))
-    parts += [f"lr {record['lr']:.2e}", f"{record.get('samples_per_s', 0):.0f} samples/s",
-              f"data wait {record.get('data_wait_share', 0):.1%}", f"{record['seconds']:.0f}s"]  # fmt: skip
+    parts += [
+        f"lr {record['lr']:.2e}",
+        f"{record.get('samples_per_s', 0):.0f} samples/s",
+        f"data wait {record.get('data_wait_share', 0):.1%}",
+        f"{record['seconds']:.0f}s",
+    ]
     return " | ".join(parts)
 
 

@@ -17,16 +17,9 @@ import numpy as np
 import torch
 
 from ..core import metrics
-from ..core.config import (
-    DEFAULT_CHUNK_POOLING,
-    ENERGY_WEIGHTED_WINDOWS,
-    MAX_WINDOWS_PER_FILE,
-    QUIET_WINDOW_DB,
-    TEST_TIME_SPEEDS,
-    TrainConfig,
-)
+from ..core.config import DEFAULT_CHUNK_POOLING, TEST_TIME_SPEEDS, TrainConfig
 from ..core.objectives import validation_loss
-from ..core.windows import FileWindows, WindowPlan, chunk_hop, run_windows, span_windows
+from ..core.windows import FileWindows, WindowPlan, run_windows, span_windows
 from ..devices.strategy import Strategy
 from .batches import crops
 from .ema import WeightAverage, recompute_batchnorm
@@ -134,17 +127,20 @@ def test_time_speeds(config: TrainConfig) -> tuple[float, ...]:
 
 
 def file_scores(
-    model: torch.nn.Module, data: TrainingData, config: TrainConfig, embed: Embed,
-    positions: list[int] | None = None, device: torch.device = CPU,
-) -> torch.Tensor:  # fmt: skip
+    model: torch.nn.Module,
+    data: TrainingData,
+    config: TrainConfig,
+    embed: Embed,
+    positions: list[int] | None = None,
+    device: torch.device = CPU,
+) -> torch.Tensor:
     """[validation files, classes] float64 cosine scores of the held-out files at `positions` in val_idx
     (default: all of them), their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0."""
     val_idx = data.val_idx
     mine = list(range(len(val_idx))) if positions is None else positions
-    # The infer stage's defaults (max_windows, quiet_db, energy weights, speeds): selection measures what it
-    # computes.
-    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, quiet_db=QUIET_WINDOW_DB,
-                      energy_weighted=ENERGY_WEIGHTED_WINDOWS, speeds=test_time_speeds(config))  # fmt: skip
+    # The infer stage's defaults (for_model's: max windows, quiet windows, energy weights) and its speeds:
+    # selection measures what it computes.
+    plan = WindowPlan.for_model(config, VALIDATION_BATCH, speeds=test_time_speeds(config))
 
     def files():
         for k, position in enumerate(mine):
@@ -152,7 +148,7 @@ def file_scores(
             yield FileWindows(k, *span_windows(samples, [(k, 0.0, None)], plan))
 
     with torch.inference_mode():
-        predictions = run_windows(model, files(), len(mine), VALIDATION_BATCH, device, embed=embed)
+        predictions = run_windows(model, files(), len(mine), plan, device, embed=embed)
     scores = torch.zeros(len(val_idx), len(data.labels), dtype=torch.float64)
     if mine:
         scores[mine] = torch.from_numpy(predictions.scores).double()
@@ -177,36 +173,39 @@ def spread_evenly(rows: list[int], count: int) -> list[int]:
 def embedding_centre(model: torch.nn.Module, data: TrainingData, config: TrainConfig) -> list[float] | None:
     """The mean of training files' unit embeddings, each computed as inference computes a file's (its windows'
     weighted mean unit embedding, quiet windows left out) by `model` on the host: what inference subtracts before its
-    cosines (core/windows.py). None unless config.centre_embeddings (training/recipe.py decides an auto one) and
+    cosines (core/windows.py). None unless config.centre_embeddings (training/plan.py decides an auto one) and
     the objective is aam (one class per clip, the cosine classifier).
     Files are read as they are, not at the test-time speeds as well: the speed views gained with this centre
     (docs/measurements.md) and would cost the pass five times its time."""
     if not config.centre_embeddings or data.objective != "aam" or not data.train_idx:
         return None
     chosen = spread_evenly(data.train_idx, CENTRE_FILES)
-    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, CENTRE_WINDOWS_PER_FILE,
-                      quiet_db=QUIET_WINDOW_DB, energy_weighted=ENERGY_WEIGHTED_WINDOWS)  # fmt: skip
+    plan = WindowPlan.for_model(config, VALIDATION_BATCH, max_windows_per_file=CENTRE_WINDOWS_PER_FILE)
 
     def files():
         for k, row in enumerate(chosen):
             yield FileWindows(k, *span_windows(data.store.read(int(data.items[row])), [(k, 0.0, None)], plan))
 
     with torch.inference_mode():
-        found = run_windows(model, files(), len(chosen), VALIDATION_BATCH, CPU)
+        found = run_windows(model, files(), len(chosen), plan, CPU)
     unit = torch.nn.functional.normalize(torch.from_numpy(found.embeddings[found.ok]), dim=1)
     return unit.mean(dim=0).tolist()
 
 
 def chunk_scores(
-    model: torch.nn.Module, chunks: LabelledSoundscapes, config: TrainConfig, embed: Embed,
-    positions: list[int] | None = None, device: torch.device = CPU,
-) -> torch.Tensor:  # fmt: skip
+    model: torch.nn.Module,
+    chunks: LabelledSoundscapes,
+    config: TrainConfig,
+    embed: Embed,
+    positions: list[int] | None = None,
+    device: torch.device = CPU,
+) -> torch.Tensor:
     """[chunks, classes] float64 cosine scores of the labelled soundscape chunks at `positions` (default: all),
     their windows embedded by `embed(wavs, lens)` (on `device`); other rows are 0. Computed as the infer
     notebook's defaults compute a chunk's: windows half a window apart, pooled by the default chunk_pooling."""
     pooling = DEFAULT_CHUNK_POOLING
-    hop = chunk_hop(config.window_samples, None, config.sample_rate)
-    plan = WindowPlan(config.window_samples, config.sample_rate, VALIDATION_BATCH, MAX_WINDOWS_PER_FILE, hop)
+    # A chunk is never a whole file: the whole-file choices (quiet windows, energy weights) are off.
+    plan = WindowPlan.for_model(config, VALIDATION_BATCH, quiet_window_db=None, energy_weighted_windows=False)
     mine = list(range(len(chunks.items))) if positions is None else positions
     rate = config.sample_rate
 
@@ -217,7 +216,7 @@ def chunk_scores(
             yield FileWindows(k, *span_windows(samples, [(k, 0.0, end - start)], plan))
 
     with torch.inference_mode():
-        predictions = run_windows(model, spans(), len(mine), VALIDATION_BATCH, device, embed=embed)
+        predictions = run_windows(model, spans(), len(mine), plan, device, embed=embed)
     scores = torch.zeros(len(chunks.items), chunks.truth.shape[1], dtype=torch.float64)
     if mine:
         scores[mine] = torch.from_numpy(np.nan_to_num(predictions.pooled[pooling], nan=-1.0)).double()

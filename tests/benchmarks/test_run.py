@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from benchmarks import run as bench
 
 
@@ -22,3 +24,16 @@ def test_fsdd_with_both_tasks_failing_is_an_error(monkeypatch, tmp_path):
     entry = bench.run_all(only=["fsdd"])["sections"]["fsdd"]
     assert entry["status"] == "error"
     assert "speaker: ValueError: speaker broke" in entry["error"] and "digit broke" in entry["error"]
+
+
+def test_each_section_writes_its_raw_file_only_where_asked(monkeypatch, tmp_path):
+    monkeypatch.setenv("FSDD_RECORDINGS", str(tmp_path / "no-recordings"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    monkeypatch.setattr(bench, "ROOT", repo)
+    bench.run_all(only=["fsdd"])  # no raw_dir: a test's run never touches the repository's benchmarks/raw/
+    bench.run_all(only=["fsdd"], raw_dir=tmp_path / "raw")
+    assert list(repo.iterdir()) == []
+    record = json.loads((tmp_path / "raw" / "fsdd.json").read_text())
+    assert record["section"] == "fsdd" and record["status"] == "not available"
+    assert record["machine"]["python"] and "commit" in record

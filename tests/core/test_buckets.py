@@ -81,7 +81,7 @@ def test_bucketed_predictions_equal_full_windows_and_no_compute_runs_on_padding(
 
     plan = WindowPlan(window, model.config.sample_rate, 8, length_buckets=4, energy_weighted=True)
     items = clip_items(clips, plan)
-    bucketed = run_windows(model, items, len(clips), 8, cpu, embed=recording, buckets=plan.buckets())
+    bucketed = run_windows(model, items, len(clips), plan, cpu, embed=recording)
     full = classify_clips(model, clips, window, batch_windows=8, device=cpu)
     assert bucketed.ok.all()
     np.testing.assert_allclose(bucketed.scores, full.scores, atol=TOLERANCE)
@@ -110,7 +110,7 @@ def test_a_pcen_models_bucketed_predictions_equal_full_windows(tiny_artifact, sy
     window, cpu = model.config.window_samples, torch.device("cpu")
     clips = short_clips(model, sorted((synthetic_data / "audio").rglob("*.wav"))[:16])
     plan = WindowPlan(window, model.config.sample_rate, 8, length_buckets=4)
-    bucketed = run_windows(model, clip_items(clips, plan), len(clips), 8, cpu, buckets=plan.buckets())
+    bucketed = run_windows(model, clip_items(clips, plan), len(clips), plan, cpu)
     full = classify_clips(model, clips, window, batch_windows=8, device=cpu)
     np.testing.assert_allclose(bucketed.scores, full.scores, atol=TOLERANCE)
 

@@ -14,9 +14,9 @@ from pipeline.core.config import TrainConfig
 from pipeline.core.tables import read_train_table
 from pipeline.devices.ddp import DDPStrategy, ddp_entry
 from pipeline.devices.launch import launch
-from pipeline.devices.policy import decide
 from pipeline.devices.strategy import Strategy
 from pipeline.training.dataset import stratified_split
+from pipeline.training.plan import plan_training
 from pipeline.training.train import fit
 
 
@@ -41,9 +41,11 @@ def test_two_gloo_ranks_end_with_identical_weights_and_split_the_data(
 
     config = TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"),
                          **{**TINY_TRAIN, "epochs": 2, "devices": 2})  # fmt: skip
-    plan = decide(config)
-    work = (plan, config, synthetic_training_data, time.monotonic())
-    results = launch(ddp_entry, nprocs=2, args=(fit, work, plan.topology, "fp32", 120.0), timeout=240)
+    plan, data = plan_training(config, log=lambda *_: None)
+    work = (plan.hardware, plan, data, time.monotonic())
+    results = launch(
+        ddp_entry, nprocs=2, args=(fit, work, plan.hardware.topology, "fp32", 120.0), timeout=240
+    )
     assert results[0].weights_sha256 == results[1].weights_sha256
     assert results[0].rows_trained + results[1].rows_trained == len(synthetic_training_data.train_idx)
     manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
@@ -123,13 +125,12 @@ def _torchrun_training(synthetic_data, tmp_path) -> tuple[list[str], Path]:
 
 
 def _ddp_work(config):
-    """What train() hands every rank after its strategy: the plan, the config, the training data, the start time."""
+    """What train() hands every rank after its strategy: the hardware plan, the training plan, the training
+    data, the start time (and the hardware plan, for the launcher's topology)."""
     import time
 
-    from pipeline.training.dataset import load_training_data
-
-    plan = decide(config)
-    return plan, (plan, config, load_training_data(config, log=lambda *_: None), time.monotonic())
+    plan, data = plan_training(config, log=lambda *_: None)
+    return plan.hardware, (plan.hardware, plan, data, time.monotonic())
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ from pipeline.devices.policy import (
     auto_per_device_batch,
     decide,
     loader_workers,
-    resolve_model_size,
     resolve_precision,
     run,
     session_topology,
@@ -66,13 +65,6 @@ def test_precision_follows_the_hardware():
         resolve_precision("fp16", TPU)  # would silently run fp32 on XLA otherwise
 
 
-def test_model_size_follows_the_hardware():
-    assert resolve_model_size("auto", T4) == "voxceleb" and resolve_model_size("auto", CPU) == "small"
-    assert resolve_model_size("auto", TPU, env={"PJRT_DEVICE": "TPU"}) == "voxceleb"
-    assert resolve_model_size("auto", TPU, env={"PJRT_DEVICE": "CPU"}) == "tiny"  # the stand-in
-    assert resolve_model_size("base", TPU) == "base"
-
-
 def test_tpu_batches_are_large_unless_the_data_is_small():
     assert auto_per_device_batch(TPU) == 128 and auto_per_device_batch(T4) == 32
     assert auto_per_device_batch(TPU, train_rows=1_000_000) == 128
@@ -83,7 +75,7 @@ def test_tpu_batches_are_large_unless_the_data_is_small():
 
 def test_one_plan_for_training_and_doctor():
     plan = decide(TrainConfig(), T4)
-    assert (plan.strategy, plan.precision, plan.model_size) == ("ddp", "fp16", "voxceleb")
+    assert (plan.strategy, plan.precision) == ("ddp", "fp16")
     assert plan.batch.global_batch == 64 and "2 GPUs (DDP, Tesla T4)" in plan.describe()
     tpu = decide(TrainConfig(base_batch_size=32), TPU, env={"PJRT_DEVICE": "TPU"})
     assert (tpu.strategy, tpu.batch.global_batch, tpu.precision) == ("xla-spmd", 1024, "bf16")

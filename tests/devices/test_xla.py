@@ -98,15 +98,14 @@ XLA_INSIDE = """
 import json, sys, time, torch
 import torch_xla, torch_xla.debug.metrics as met
 from pipeline.core.config import TrainConfig
-from pipeline.training.dataset import load_training_data
-from pipeline.devices.policy import decide
 from pipeline.devices.xla import XLASpmdStrategy
+from pipeline.training.plan import plan_training
 from pipeline.training.train import fit
 
-config = TrainConfig(**json.loads(sys.argv[1]))
-plan = decide(config)
-strategy = XLASpmdStrategy(plan.topology, "bf16")
-result = fit(strategy, plan, config, load_training_data(config), time.monotonic())
+plan, data = plan_training(TrainConfig(**json.loads(sys.argv[1])))
+config = plan.config
+strategy = XLASpmdStrategy(plan.hardware.topology, "bf16")
+result = fit(strategy, plan.hardware, plan, data, time.monotonic())
 process_compiles = met.metric_data("CompileTime")[0]
 
 host = {"inputs": torch.randn(16, 51, config.n_mels), "lens": torch.ones(16), "labels": torch.zeros(16).long()}

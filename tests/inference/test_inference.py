@@ -147,7 +147,7 @@ def test_chunk_spans_pool_their_own_overlapping_windows(tiny_artifact):
     spans = [(0, 0.0, 2.5), (1, 2.5, 5.0), (2, 5.0, 7.5)]  # the last has 1.3 s of audio
     plan = WindowPlan(window, rate, batch_windows=3, hop=window // 2)
     result = run_windows(
-        model, iter([FileWindows(0, *span_windows(clip, spans, plan))]), 3, 3, torch.device("cpu")
+        model, iter([FileWindows(0, *span_windows(clip, spans, plan))]), 3, plan, torch.device("cpu")
     )
     unit_classes = torch.nn.functional.normalize(model.classifier.weight.detach(), dim=1)
     for k, (_, start, end) in enumerate(spans):
@@ -208,7 +208,7 @@ def test_a_span_past_the_decoded_audio_has_no_prediction(tiny_artifact):
     plan = WindowPlan(window, rate, 4, hop=window)
     spans = [(0, 0.0, 2.0), (1, 2.0, 4.0)]  # the header said 4 s, the file held 2
     result = run_windows(
-        model, iter([FileWindows(0, *span_windows(clip, spans, plan))]), 2, 4, torch.device("cpu")
+        model, iter([FileWindows(0, *span_windows(clip, spans, plan))]), 2, plan, torch.device("cpu")
     )
     assert result.ok.tolist() == [True, False] and np.isnan(result.pooled["max"][1]).all()
 

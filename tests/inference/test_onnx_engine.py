@@ -124,9 +124,10 @@ def runtime_for(model, mode: str, path, precision: str = "fp32", batch: int = 2)
 def test_run_windows_with_the_onnx_engine_predicts_torchs_labels(model, exported, synthetic_data):
     clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:12]]
     window, cpu = model.config.window_samples, torch.device("cpu")
-    reference = run_windows(model, iter(file_items(clips, window)), len(clips), 3, cpu)
+    plan = WindowPlan(window, 16000, 3)
+    reference = run_windows(model, iter(file_items(clips, window)), len(clips), plan, cpu)
     embed = OnnxEmbedder(model, exported.path, threads=2, precision="fp32")
-    found = run_windows(model, iter(file_items(clips, window)), len(clips), 3, cpu, embed=embed)
+    found = run_windows(model, iter(file_items(clips, window)), len(clips), plan, cpu, embed=embed)
     assert found.ok.all() and reference.ok.all()
     np.testing.assert_allclose(found.scores, reference.scores, atol=1e-4)
     assert (found.scores.argmax(1) == reference.scores.argmax(1)).all()
@@ -330,8 +331,9 @@ def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(mode
                               model.config.lin_neurons, lines.append)  # fmt: skip
     clips = [load_audio(path)[0] for path in sorted((synthetic_data / "audio").rglob("*.wav"))[:6]]
     window, cpu = model.config.window_samples, torch.device("cpu")
-    found = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu, embed=guarded)
-    reference = run_windows(model, iter(file_items(clips, window)), len(clips), 2, cpu)
+    plan = WindowPlan(window, 16000, 2)
+    found = run_windows(model, iter(file_items(clips, window)), len(clips), plan, cpu, embed=guarded)
+    reference = run_windows(model, iter(file_items(clips, window)), len(clips), plan, cpu)
     assert found.ok.all() and not found.problems
     np.testing.assert_allclose(found.scores, reference.scores, atol=1e-6)
     assert len(lines) == 1 and "onnx-fp32 failed on a batch" in lines[0]

@@ -14,8 +14,9 @@ from helpers import ROOT, bootstrap_source, fresh_python, run_bootstrap
 from pipeline.core import kaggle
 from pipeline.core.config import ConfigError, InferConfig, TrainConfig
 from pipeline.safety import analyse
-from pipeline.tooling.notebook import resolve_infer_paths, resolve_train_defaults
+from pipeline.tooling.notebook import resolve_infer_paths
 from pipeline.tooling.packaging import build_project_wheel
+from pipeline.training.plan import resolve_session
 
 COMPETITION_FILES = ("train.csv", "test.csv", "sample_submission.csv")
 ARTIFACT_FILES = ("manifest.json", "model.safetensors")
@@ -106,7 +107,7 @@ def test_nothing_found_says_where_it_looked(fake_kaggle):
         ConfigError,
         match=r"data_dir is None and a folder with train.csv.* was not found under .*kaggle/input",
     ):
-        resolve_train_defaults(TrainConfig())
+        resolve_session(TrainConfig())
     touch(fake_kaggle / "input" / "competitions" / "x", *COMPETITION_FILES)
     with pytest.raises(ConfigError, match="artifact_dir is None"):
         resolve_infer_paths(InferConfig())
@@ -114,22 +115,26 @@ def test_nothing_found_says_where_it_looked(fake_kaggle):
 
 def test_train_defaults_on_kaggle_working_dir_checkpoints_and_budget(fake_kaggle):
     competition = touch(fake_kaggle / "input" / "competitions" / "speaker-id", *COMPETITION_FILES)
-    config = resolve_train_defaults(TrainConfig())
+    config = resolve_session(TrainConfig())
     assert config.data_dir == str(competition)
     assert config.artifact_dir == str(fake_kaggle / "working" / "model")
     assert config.checkpoint_dir == str(fake_kaggle / "working" / "checkpoints")
+    assert config.cache_dir == str(Path("/tmp") / "ecapa-audio-cache")  # no /kaggle/tmp in this fake tree
     elapsed = kaggle.session_elapsed_seconds() or 0.0
     expected = 12 * 60 - kaggle.SESSION_MARGIN_MINUTES - elapsed / 60
     assert config.time_budget_minutes == pytest.approx(max(expected, 1.0), abs=0.5)
     # An explicit budget is the user's: kept as given.
-    assert resolve_train_defaults(TrainConfig(time_budget_minutes=30.0)).time_budget_minutes == 30.0
+    assert resolve_session(TrainConfig(time_budget_minutes=30.0)).time_budget_minutes == 30.0
 
 
 def test_train_defaults_off_kaggle_have_no_budget(monkeypatch, tmp_path):
     monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
-    config = resolve_train_defaults(TrainConfig(data_dir=str(tmp_path)))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    config = resolve_session(TrainConfig(data_dir=str(tmp_path)))
     assert config.time_budget_minutes is None and config.checkpoint_dir is None
     assert config.artifact_dir == "artifacts/model"
+    assert config.cache_dir == str(tmp_path / "xdg" / "kaggle-ecapa-pipeline" / "audio")
+    assert resolve_session(config) == config  # resolving twice changes nothing
 
 
 def test_budget_follows_the_session_limit():
@@ -176,7 +181,7 @@ def test_checkpoints_among_the_inputs_seed_working(fake_kaggle, capsys):
     for run in ("0123456789abcdef", "fedcba9876543210"):  # two runs' checkpoints: both are kept
         (touch(output / run) / "latest.pt").write_bytes(f"previous version {run}".encode())
     (output / "latest.pt").write_bytes(b"an older layout")
-    config = resolve_train_defaults(TrainConfig())
+    config = resolve_session(TrainConfig())
     assert "is from an older version of this project" in capsys.readouterr().out
     assert sorted(p.parent.name for p in Path(config.checkpoint_dir).glob("*/latest.pt")) == [
         "0123456789abcdef", "fedcba9876543210"]  # fmt: skip
@@ -184,7 +189,7 @@ def test_checkpoints_among_the_inputs_seed_working(fake_kaggle, capsys):
     assert seeded.read_bytes() == b"previous version 0123456789abcdef"
     # A checkpoint already in working (interactive session with Files persistence) is newer: kept.
     seeded.write_bytes(b"working")
-    resolve_train_defaults(TrainConfig())
+    resolve_session(TrainConfig())
     assert seeded.read_bytes() == b"working"
 
 
@@ -210,7 +215,9 @@ def test_the_checker_reads_the_bootstrap_and_would_catch_an_online_install(tmp_p
     assert analyse(ROOT / "notebooks" / "infer.ipynb").ok
     nb = nbformat.read(ROOT / "notebooks" / "infer.ipynb", as_version=4)
     cell = next(c for c in nb.cells if c.source.startswith("# Kaggle bootstrap"))
-    cell.source = cell.source.replace('"--no-index", ', "")
+    cell.source = cell.source.replace(
+        '"--no-index", ', "", 1
+    )  # the project's install; the teacher's keeps it
     nbformat.write(nb, tmp_path / "infer.ipynb")
     findings = analyse(tmp_path / "infer.ipynb", root=ROOT).findings
     assert [f.rule for f in findings] == ["pip-online"]

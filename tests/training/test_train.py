@@ -38,19 +38,22 @@ def test_training_is_reproducible_with_a_fixed_seed(synthetic_data, tmp_path):
 
 def test_train_reads_the_training_table_once(synthetic_data, tmp_path, monkeypatch):
     """The table sizes the hardware plan and then becomes the training data: one read for both."""
-    import pipeline.training.dataset
+    import pipeline.core.tables
+    import pipeline.training.plan
     import pipeline.training.train
 
     reads = []
-    real = pipeline.training.dataset.read_train_table
+    real = pipeline.core.tables.read_train_table
 
     def counted(*args, **kwargs):
         reads.append(args)
         return real(*args, **kwargs)
 
-    for module in (pipeline.training.dataset, pipeline.training.train):
+    for module in (pipeline.core.tables, pipeline.training.plan):
         monkeypatch.setattr(module, "read_train_table", counted)
-    monkeypatch.setattr(pipeline.training.train.policy, "run", lambda plan, fn, config, data, *_, **__: data)
+    monkeypatch.setattr(
+        pipeline.training.train.policy, "run", lambda hardware, fn, plan, data, *_, **__: data
+    )
     data = train(
         TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "model"), **TINY_TRAIN)
     )
@@ -72,7 +75,7 @@ def test_bad_training_row_stops_training_naming_the_line(synthetic_data, tmp_pat
     manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
     assert [s["path"] for s in manifest["provenance"]["skipped_rows"]] == ["audio/gone.wav"]
     assert result.skipped_rows
-    # Speech-like clips under 3.5 s: auto writes no embedding centre (training/recipe.py).
+    # Speech-like clips under 3.5 s: auto writes no embedding centre (training/plan.py).
     assert (
         "embedding_centre" not in manifest and manifest["provenance"]["config"]["centre_embeddings"] is False
     )
