@@ -58,12 +58,13 @@ def compare(artifact: Path, data: Path, onnx_dir: Path) -> tuple[dict, list[str]
 
     model = load_artifact(artifact).model
     wavs, lens = windows_of(data, "test.csv", model.config.window_samples, limit=10_000)
+    windows = WindowPlan.for_model(model.config, 8)
 
     def predict(embed=None) -> np.ndarray:
         items = (
             FileWindows(i, w, r, np.full(len(w), i)) for i, (w, r) in enumerate(zip(wavs, lens, strict=True))
         )
-        return run_windows(model, items, len(wavs), 8, torch.device("cpu"), embed=embed).scores
+        return run_windows(model, items, len(wavs), windows, torch.device("cpu"), embed=embed).scores
 
     reference = predict()
     lines: list[str] = []
@@ -72,7 +73,6 @@ def compare(artifact: Path, data: Path, onnx_dir: Path) -> tuple[dict, list[str]
         "int8 (kaggle-tpu quantisation)": ("int8", onnx_dir / ONNX_INT8),
     }
     found, problems = {"torch": torch.__version__, "files": len(wavs), "engines": {}}, []
-    windows = WindowPlan(model.config.window_samples, model.config.sample_rate, 8)
     for name, (precision, path) in engines.items():
         choice = EngineChoice("onnx", precision, "the matrix's check", str(path))
         embed = make_embedder(model, Runtime(torch.device("cpu"), windows, 0, 2, choice), lines.append)
