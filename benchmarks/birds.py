@@ -2,7 +2,7 @@
 pretrained bird model as the teacher.
 
     python -m benchmarks.birds [--folds 0,1,2] [--source ../shared/xc-warblers] [--out FILE] [--keep DIR]
-                               [--quick] [--no-baseline] [--no-distill]
+                               [--quick] [--no-baseline] [--no-distill] [--no-hidden] [--no-defaults]
 
 `../shared/xc-warblers/` (84 recordings, 21 per species, 114 min, mp3; per-file CC BY-NC licences): a fine-grained
 task -- four reed warblers whose songs differ in rhythm more than in pitch. Three folds: within each species,
@@ -113,7 +113,14 @@ def reseal_hiding(artifact: Path, data: Path, species: str, out: Path) -> Path:
 
 
 def run_fold(
-    source: Path, fold: int, work: Path, quick: bool, baseline: bool, distill: bool
+    source: Path,
+    fold: int,
+    work: Path,
+    quick: bool,
+    baseline: bool,
+    distill: bool,
+    hidden_species: bool = True,
+    defaults: bool = True,
 ) -> dict[str, Any]:
     from pipeline.demo_data.xeno_canto import make_xeno_canto_competition
 
@@ -128,31 +135,8 @@ def run_fold(
         **({"epochs": 2} if quick else {}),
     }
     out: dict[str, Any] = {"fold": fold, "test_recordings": len(truth)}
-
-    artifact = work / "model"
-    trained = papermill(
-        ROOT, "train.ipynb", work, {**base, "artifact_dir": artifact, "pretrained_teacher": "birdnet"}
-    )
-    manifest = json.loads((artifact / "manifest.json").read_text())
-    lineage = json.loads(artifact.with_name("model.teacher_recordings.json").read_text())
-    out["train_min"] = round(trained["seconds"] / 60, 2)
-    out["data_kind"] = manifest["provenance"].get("data_kind")
-    out["auto"] = manifest["provenance"].get("auto")
-    out["teacher_pass"] = {"audio_seconds_per_second": lineage["audio_seconds_per_second"],
-                           "threads": lineage["threads"], "seconds": lineage["seconds"]}  # fmt: skip
-    for name, weight in (("student", 0), ("blend", "auto"), ("teacher", 1.0)):
-        submission, ran = infer(data, artifact, work, name, teacher_blend=weight)
-        out[name] = {**score(truth, submission), "infer_seconds": ran["seconds"], "rate": ran["rate"]}
-    out["hidden"] = {}
-    for hidden in species:
-        resealed = reseal_hiding(artifact, data, hidden, work / f"model-hiding-{hidden}")
-        unknown = json.loads((resealed / "teacher.json").read_text())["unknown_logit"]
-        found = {"unknown_logit": unknown}
-        for name, weight in (("blend", "auto"), ("teacher", 1.0)):
-            submission, _ = infer(data, resealed, work, f"hiding-{hidden}-{name}", teacher_blend=weight)
-            found[name] = score(truth, submission, hidden)
-        out["hidden"][hidden] = found
-        shutil.rmtree(resealed, ignore_errors=True)
+    if defaults:
+        out.update(run_defaults(data, work, base, truth, species if hidden_species else []))
     if baseline:
         today = work / "model-today"
         ran = papermill(ROOT, "train.ipynb", work, {**base, "artifact_dir": today, **TODAY})
@@ -170,16 +154,78 @@ def run_fold(
     return out
 
 
+def run_defaults(
+    data: Path, work: Path, base: dict[str, Any], truth: dict[str, str], hide: list[str]
+) -> dict[str, Any]:
+    """The defaults with the teacher: student, blend and teacher alone, and each species of `hide` in turn
+    hidden from the teacher."""
+    out: dict[str, Any] = {}
+    artifact = work / "model"
+    trained = papermill(
+        ROOT, "train.ipynb", work, {**base, "artifact_dir": artifact, "pretrained_teacher": "birdnet"}
+    )
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    lineage = json.loads(artifact.with_name("model.teacher_recordings.json").read_text())
+    out["train_min"] = round(trained["seconds"] / 60, 2)
+    out["data_kind"] = manifest["provenance"].get("data_kind")
+    out["auto"] = manifest["provenance"].get("auto")
+    out["teacher_pass"] = {"audio_seconds_per_second": lineage["audio_seconds_per_second"],
+                           "threads": lineage["threads"], "seconds": lineage["seconds"]}  # fmt: skip
+    for name, weight in (("student", 0), ("blend", "auto"), ("teacher", 1.0)):
+        submission, ran = infer(data, artifact, work, name, teacher_blend=weight)
+        out[name] = {**score(truth, submission), "infer_seconds": ran["seconds"], "rate": ran["rate"]}
+    out["hidden"] = {}
+    for hidden in hide:
+        resealed = reseal_hiding(artifact, data, hidden, work / f"model-hiding-{hidden}")
+        unknown = json.loads((resealed / "teacher.json").read_text())["unknown_logit"]
+        found = {"unknown_logit": unknown}
+        for name, weight in (("blend", "auto"), ("teacher", 1.0)):
+            submission, _ = infer(data, resealed, work, f"hiding-{hidden}-{name}", teacher_blend=weight)
+            found[name] = score(truth, submission, hidden)
+        out["hidden"][hidden] = found
+        shutil.rmtree(resealed, ignore_errors=True)
+    return out
+
+
 def _mean(values: list[float]) -> float:
     return round(sum(values) / len(values), 4) if values else float("nan")
 
 
 def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """Means over the folds (each recording tested once when all three ran), per species, and the targets."""
+    summary: dict[str, Any] = {"accuracy": {}, "distilled": {}}
+    if all("today" in f for f in folds):
+        summary["accuracy"]["today"] = _mean([f["today"]["accuracy"] for f in folds])
+    if all("distilled" in f for f in folds):
+        summary["distilled"] = {f"{name}_{part}": _mean([f["distilled"][name][part] for f in folds])
+                                for name in ("student", "blend") for part in ("accuracy", "hidden", "known")}  # fmt: skip
+    lines = [f"xeno-canto warblers, {len(folds)} fold(s) x 28 recordings"]
+    if all("student" in f for f in folds):
+        summary.update(_summarise_defaults(folds))
+        table, hidden, rate = (
+            summary["accuracy"],
+            summary["hidden_species"],
+            summary["teacher_pass_audio_seconds_per_second"],
+        )
+        lines.append(
+            f"student {table['student']:.3f}, BirdNET alone {table['teacher']:.3f}, blend {table['blend']:.3f}"
+        )
+        lines.append(f"a species hidden from the teacher: blend {hidden['blend_on_hidden']:.3f} on it, "
+                     f"{hidden['blend_on_known']:.3f} on the others; teacher pass {rate:.0f} s of audio/s")  # fmt: skip
+    if "today" in summary["accuracy"]:
+        lines.append(f"today's recipe {summary['accuracy']['today']:.3f}")
+    if summary["distilled"]:
+        d = summary["distilled"]
+        lines.append(f"distilled (a species hidden from the teacher): student {d['student_accuracy']:.3f}, "
+                     f"blend {d['blend_accuracy']:.3f} ({d['blend_hidden']:.3f} on the hidden species)")  # fmt: skip
+    return {"headline": "; ".join(lines), **summary, "folds": folds, **meta}
+
+
+def _summarise_defaults(folds: list[dict[str, Any]]) -> dict[str, Any]:
     table = {name: _mean([f[name]["accuracy"] for f in folds]) for name in ("student", "blend", "teacher")}
     if all("today" in f for f in folds):
         table["today"] = _mean([f["today"]["accuracy"] for f in folds])
-    hidden = {key: _mean([h[name][part] for f in folds for h in f["hidden"].values()])
+    hidden = {key: _mean([h[name][part] for f in folds for h in f["hidden"].values()])  # nan when not run
               for key, (name, part) in {"blend_on_hidden": ("blend", "hidden"), "blend_on_known": ("blend", "known"),
                                         "teacher_rule_on_hidden": ("teacher", "hidden"),
                                         "teacher_rule_on_known": ("teacher", "known")}.items()}  # fmt: skip
@@ -187,41 +233,30 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
     student_per_species = {
         s: _mean([f["student"]["per_species"][s] for f in folds]) for s in folds[0]["student"]["per_species"]
     }
-    distilled = {}
-    if all("distilled" in f for f in folds):
-        for name in ("student", "blend"):
-            for part in ("accuracy", "hidden", "known"):
-                distilled[f"{name}_{part}"] = _mean([f["distilled"][name][part] for f in folds])
     rate = _mean([f["teacher_pass"]["audio_seconds_per_second"] for f in folds])
     per_species = {name: {s: _mean([f[name]["per_species"][s] for f in folds]) for s in student_per_species}
                    for name in ("student", "blend", "teacher")}  # fmt: skip
     targets = {
         "blend >= teacher on the species it knows": table["blend"] >= table["teacher"],
-        "blend on a hidden species >= the student alone on it": hidden["blend_on_hidden"] >= _mean(list(student_per_species.values())),
+        "blend on a hidden species >= the student alone on it": (
+            hidden["blend_on_hidden"] >= _mean(list(student_per_species.values()))
+            if hidden["blend_on_hidden"] == hidden["blend_on_hidden"] else None  # None: --no-hidden
+        ),
     }  # fmt: skip
     return {
-        "headline": (
-            f"xeno-canto warblers, {len(folds)} fold(s) x 28 recordings: student {table['student']:.3f}, "
-            f"BirdNET alone {table['teacher']:.3f}, blend {table['blend']:.3f}"
-            + (f", today's recipe {table['today']:.3f}" if "today" in table else "")
-            + f"; a species hidden from the teacher: blend {hidden['blend_on_hidden']:.3f} on it, "
-            f"{hidden['blend_on_known']:.3f} on the others; teacher pass {rate:.0f} s of audio/s"
-        ),  # fmt: skip
         "accuracy": table,
         "per_species": per_species,
         "hidden_species": hidden,
-        "distilled": distilled,
         "teacher_pass_audio_seconds_per_second": rate,
         "teacher_pass_hours_per_100_hours_of_audio": round(100 / rate, 2) if rate else None,
         "train_minutes": [f["train_min"] for f in folds],
         "targets": targets,
-        "folds": folds,
-        **meta,
     }
 
 
 def run(source: Path = DEFAULT_SOURCE, folds: tuple[int, ...] = FOLDS, quick: bool = False, baseline: bool = True,
-        distill: bool = True, keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
+        distill: bool = True, keep: Path | None = None, hidden_species: bool = True,
+        defaults: bool = True) -> dict[str, Any]:  # fmt: skip
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise FileExistsError(f"--keep {keep}: not empty; name a new folder (nothing is overwritten)")
     if quick:
@@ -232,10 +267,12 @@ def run(source: Path = DEFAULT_SOURCE, folds: tuple[int, ...] = FOLDS, quick: bo
         for fold in folds:
             work = Path(tmp) / f"fold{fold}"
             work.mkdir()
-            done = run_fold(Path(source), fold, work, quick, baseline, distill)
+            done = run_fold(Path(source), fold, work, quick, baseline, distill, hidden_species, defaults)
             results.append(done)
-            print(f"fold {fold}: student {done['student']['accuracy']:.3f}, blend {done['blend']['accuracy']:.3f}, "
-                  f"teacher {done['teacher']['accuracy']:.3f}", file=sys.stderr)  # fmt: skip
+            found = {k: done[k]["accuracy"] for k in ("student", "blend", "teacher", "today") if k in done}
+            found.update({f"distilled {k}": done["distilled"][k]["accuracy"] for k in ("student", "blend")
+                          if k in done.get("distilled", {})})  # fmt: skip
+            print(f"fold {fold}: " + ", ".join(f"{k} {v:.3f}" for k, v in found.items()), file=sys.stderr)
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
                 shutil.move(work, keep / work.name)
@@ -252,11 +289,17 @@ def main(argv: list[str] | None = None) -> int:
         "--no-baseline", action="store_true", help="skip today's recipe (the sound-event one)"
     )
     parser.add_argument("--no-distill", action="store_true", help="skip the distilled student")
+    parser.add_argument(
+        "--no-hidden", action="store_true", help="skip the 'species hidden from the teacher' reseals"
+    )
+    parser.add_argument(
+        "--no-defaults", action="store_true", help="skip the defaults' student, blend, teacher (and hidden)"
+    )
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     parser.add_argument("--keep", type=Path, help="keep each fold's folder, artifacts and submissions here")
     args = parser.parse_args(argv)
     result = run(args.source, tuple(int(f) for f in args.folds.split(",")), args.quick, not args.no_baseline,
-                 not args.no_distill, args.keep)  # fmt: skip
+                 not args.no_distill, args.keep, not args.no_hidden, not args.no_defaults)  # fmt: skip
     text = json.dumps(result, indent=1)
     if args.out:
         args.out.write_text(text + "\n")
