@@ -11,6 +11,8 @@ soundscapes with BirdCLEF's table names and noise_dir). Training on the CPU is d
 change that was not meant to touch a kind of data must give bit-identical `model.safetensors`: then every
 accuracy measured on that kind before the change still holds, without training it again. The config each run
 resolved (the artifact's provenance) is compared too, so a changed `auto` shows even where the tensors agree.
+Then each side's infer notebook predicts from its own artifact (on torch: the int8 race may pick either engine)
+and the two submission files are compared byte for byte.
 
     synthetic     the embedded demo (make demo's table): short clips, 'other'
     fsdd          FSDD speakers (../shared/fsdd): speech, 'other'
@@ -80,6 +82,24 @@ def train(code: Path, data: Path, artifact: Path, epochs: int, extra: dict[str, 
     return time.monotonic() - started
 
 
+def predict(
+    code: Path, data: Path, artifact: Path, submission: Path, extra: dict[str, str], log: Path
+) -> None:
+    """The infer notebook of the checkout at `code`, on torch (the int8 race may pick either engine per run)."""
+    argv = [str(Path(sys.executable).parent / "papermill"), str(code / "notebooks" / "infer.ipynb"),
+            str(log.with_suffix(".ipynb")), "--log-output", "-p", "data_dir", str(data), "-p", "artifact_dir",
+            str(artifact), "-p", "submission_path", str(submission), "-p", "engine", "torch",
+            "-p", "progress", "False"]  # fmt: skip
+    for key, value in extra.items():
+        argv += ["-p", key, value]
+    ran = subprocess.run(
+        argv, cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True
+    )
+    log.write_text(ran.stdout + ran.stderr)
+    if ran.returncode != 0:
+        raise RuntimeError(f"inference on {data.name} at {code} failed; its output: {log}")
+
+
 def compare(before: Path, after: Path) -> dict[str, Any]:
     """Tensor by tensor, and the resolved configs."""
     import torch
@@ -120,14 +140,27 @@ def run(before: str, tables: tuple[str, ...] = TABLES, epochs: int = 2) -> dict[
                         train(code, data, work / side / name, epochs, extra, work / f"{side}-{name}.log")
                     )
                 results[name] = {**compare(work / "before" / name, work / "after" / name), "seconds": seconds}
-                print(f"{name}: bit-identical {results[name]['bit_identical']}", file=sys.stderr)
+                # Each side predicts from its own artifact with its own infer notebook.
+                infer_extra = {"test_audio_dir": "test_soundscapes"} if name == "soundscapes" else {}
+                written = {}
+                for side, code in (("before", worktree), ("after", ROOT)):
+                    out = work / side / f"{name}-submission.csv"
+                    predict(
+                        code, data, work / side / name, out, infer_extra, work / f"{side}-{name}-infer.log"
+                    )
+                    written[side] = out.read_bytes()
+                results[name]["submission_identical"] = written["before"] == written["after"]
+                results[name]["submission_rows"] = written["after"].count(b"\n") - 1
+                print(f"{name}: bit-identical {results[name]['bit_identical']}, "
+                      f"submission identical {results[name]['submission_identical']}", file=sys.stderr)  # fmt: skip
         finally:
             subprocess.run(
                 ["git", "worktree", "remove", "--force", str(worktree)], cwd=ROOT, capture_output=True
             )
     return {"before": commit, "epochs": epochs, "tables": results,
             "headline": f"{sum(r['bit_identical'] for r in results.values())} of {len(results)} tables bit-identical "
-                        f"to {commit} ({', '.join(results)})"}  # fmt: skip
+                        f"to {commit}, {sum(r['submission_identical'] for r in results.values())} submissions "
+                        f"byte-identical ({', '.join(results)})"}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
