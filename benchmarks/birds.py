@@ -44,6 +44,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks import print_result
 from benchmarks.fsdd_accuracy import CpuMeter
 from benchmarks.scale import papermill
 
@@ -194,8 +195,6 @@ def _mean(values: list[float]) -> float:
 def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, Any]:
     """Means over the folds (each recording tested once when all three ran), per species, and the targets."""
     summary: dict[str, Any] = {"accuracy": {}, "distilled": {}}
-    if all("today" in f for f in folds):
-        summary["accuracy"]["today"] = _mean([f["today"]["accuracy"] for f in folds])
     if all("distilled" in f for f in folds):
         summary["distilled"] = {f"{name}_{part}": _mean([f["distilled"][name][part] for f in folds])
                                 for name in ("student", "blend") for part in ("accuracy", "hidden", "known")}  # fmt: skip
@@ -212,7 +211,8 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
         )
         lines.append(f"a species hidden from the teacher: blend {hidden['blend_on_hidden']:.3f} on it, "
                      f"{hidden['blend_on_known']:.3f} on the others; teacher pass {rate:.0f} s of audio/s")  # fmt: skip
-    if "today" in summary["accuracy"]:
+    if all("today" in f for f in folds):  # after the defaults' figures, in the same table
+        summary["accuracy"]["today"] = _mean([f["today"]["accuracy"] for f in folds])
         lines.append(f"today's recipe {summary['accuracy']['today']:.3f}")
     if summary["distilled"]:
         d = summary["distilled"]
@@ -223,8 +223,6 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
 
 def _summarise_defaults(folds: list[dict[str, Any]]) -> dict[str, Any]:
     table = {name: _mean([f[name]["accuracy"] for f in folds]) for name in ("student", "blend", "teacher")}
-    if all("today" in f for f in folds):
-        table["today"] = _mean([f["today"]["accuracy"] for f in folds])
     hidden = {key: _mean([h[name][part] for f in folds for h in f["hidden"].values()])  # nan when not run
               for key, (name, part) in {"blend_on_hidden": ("blend", "hidden"), "blend_on_known": ("blend", "known"),
                                         "teacher_rule_on_hidden": ("teacher", "hidden"),
@@ -300,10 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = run(args.source, tuple(int(f) for f in args.folds.split(",")), args.quick, not args.no_baseline,
                  not args.no_distill, args.keep, not args.no_hidden, not args.no_defaults)  # fmt: skip
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 

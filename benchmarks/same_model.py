@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import print_result
+from benchmarks.scale import papermill
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
@@ -65,39 +66,9 @@ def build(name: str, out: Path) -> Path:
     return folder
 
 
-def train(code: Path, data: Path, artifact: Path, epochs: int, extra: dict[str, str], log: Path) -> float:
-    """The train notebook of the checkout at `code` on `data`; returns its seconds."""
-    argv = [str(Path(sys.executable).parent / "papermill"), str(code / "notebooks" / "train.ipynb"),
-            str(log.with_suffix(".ipynb")), "--log-output", "-p", "data_dir", str(data),
-            "-p", "artifact_dir", str(artifact), "-p", "epochs", str(epochs), "-p", "progress", "False"]  # fmt: skip
-    for key, value in extra.items():
-        argv += ["-p", key, value]
-    started = time.monotonic()
-    ran = subprocess.run(
-        argv, cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True
-    )
-    log.write_text(ran.stdout + ran.stderr)
-    if ran.returncode != 0:
-        raise RuntimeError(f"training {data.name} at {code} failed; its output: {log}")
-    return time.monotonic() - started
-
-
-def predict(
-    code: Path, data: Path, artifact: Path, submission: Path, extra: dict[str, str], log: Path
-) -> None:
-    """The infer notebook of the checkout at `code`, on torch (the int8 race may pick either engine per run)."""
-    argv = [str(Path(sys.executable).parent / "papermill"), str(code / "notebooks" / "infer.ipynb"),
-            str(log.with_suffix(".ipynb")), "--log-output", "-p", "data_dir", str(data), "-p", "artifact_dir",
-            str(artifact), "-p", "submission_path", str(submission), "-p", "engine", "torch",
-            "-p", "progress", "False"]  # fmt: skip
-    for key, value in extra.items():
-        argv += ["-p", key, value]
-    ran = subprocess.run(
-        argv, cwd=code, env={**os.environ, "PYTHONPATH": str(code)}, capture_output=True, text=True
-    )
-    log.write_text(ran.stdout + ran.stderr)
-    if ran.returncode != 0:
-        raise RuntimeError(f"inference on {data.name} at {code} failed; its output: {log}")
+def notebook(code: Path, name: str, work: Path, params: dict[str, Any]) -> float:
+    """`name` (train.ipynb, infer.ipynb) of the checkout at `code`, its `pipeline` first on PYTHONPATH; seconds."""
+    return papermill(code, name, work, {**params, "progress": False}, {"PYTHONPATH": str(code)})["seconds"]
 
 
 def compare(before: Path, after: Path) -> dict[str, Any]:
@@ -136,18 +107,17 @@ def run(before: str, tables: tuple[str, ...] = TABLES, epochs: int = 2) -> dict[
                 extra = BIRDCLEF if name == "soundscapes" else {}
                 seconds = {}
                 for side, code in (("before", worktree), ("after", ROOT)):
-                    seconds[side] = round(
-                        train(code, data, work / side / name, epochs, extra, work / f"{side}-{name}.log")
-                    )
+                    params = {"data_dir": data, "artifact_dir": work / side / name, "epochs": epochs, **extra}
+                    seconds[side] = round(notebook(code, "train.ipynb", work, params))
                 results[name] = {**compare(work / "before" / name, work / "after" / name), "seconds": seconds}
                 # Each side predicts from its own artifact with its own infer notebook.
                 infer_extra = {"test_audio_dir": "test_soundscapes"} if name == "soundscapes" else {}
                 written = {}
                 for side, code in (("before", worktree), ("after", ROOT)):
                     out = work / side / f"{name}-submission.csv"
-                    predict(
-                        code, data, work / side / name, out, infer_extra, work / f"{side}-{name}-infer.log"
-                    )
+                    params = {"data_dir": data, "artifact_dir": work / side / name, "submission_path": out,
+                              "engine": "torch", **infer_extra}  # fmt: skip
+                    notebook(code, "infer.ipynb", work, params)
                     written[side] = out.read_bytes()
                 results[name]["submission_identical"] = written["before"] == written["after"]
                 results[name]["submission_rows"] = written["after"].count(b"\n") - 1
@@ -173,10 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
     result = run(args.before, tuple(args.tables.split(",")), args.epochs)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 

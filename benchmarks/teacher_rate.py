@@ -14,12 +14,13 @@ extrapolation, labelled so; Kaggle's cores were not measured here.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import print_result
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SOURCE = ROOT.parent / "shared" / "xc-warblers"
@@ -100,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     args = parser.parse_args(argv)
     result = run(args.source, args.files, args.repeats)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
     return 0
 
 
