@@ -1,6 +1,6 @@
 """A pretrained model as the teacher of a training run (TrainConfig.pretrained_teacher: "birdnet" or a folder).
 
-    teach(config)          the teacher scores every training recording, and the unlabelled soundscapes of
+    teach(session)         the teacher scores every training recording, and the unlabelled soundscapes of
                            noise_dir, into targets files beside the artifact (`<artifact>.teacher_recordings.csv`,
                            `<artifact>.teacher_soundscapes.csv`; a rerun with the same teacher and files keeps
                            them); the competition's classes are matched to its outputs by scientific name; on
@@ -29,11 +29,12 @@ import numpy as np
 
 from ..core.artifact import TEACHER_RECORD, add_to_artifact
 from ..core.config import TrainConfig
-from ..core.tables import TrainTable, discover_test_files, label_list, read_chunk_targets, read_train_table
+from ..core.tables import discover_test_files, label_list, read_chunk_targets
 from ..teachers.blend import fit_unknown_logit
 from ..teachers.model import Teacher, TeacherRuntime, find_teacher, logit
 from ..teachers.scoring import write_targets
-from ..teachers.species import ClassMap, match_classes, read_taxonomy
+from ..teachers.species import ClassMap, match_classes
+from ..training.plan import Session
 
 
 @dataclass(frozen=True)
@@ -66,14 +67,12 @@ class Taught:
         }
 
 
-def teach(config: TrainConfig, log: Callable[[str], Any] = print) -> Taught:
+def teach(session: Session, log: Callable[[str], Any] = print) -> Taught:
     """The teacher's pass over the training recordings and soundscapes (module docstring)."""
+    config, rows = session.config, list(session.rows)
     teacher = find_teacher(config.pretrained_teacher)
-    rows, _ = read_train_table(config.data_dir, "skip", TrainTable.of(config))
     classes = label_list(row.label for row in rows)
-    class_map = match_classes(
-        classes, teacher.labels, read_taxonomy(config.data_dir), config.teacher_exclude or ()
-    )
+    class_map = match_classes(classes, teacher.labels, session.taxonomy, config.teacher_exclude or ())
     log(f"pretrained teacher: {teacher.describe()}; {class_map.describe()}")
     runtime = teacher.runtime(config.num_threads)
     base = Path(config.artifact_dir)

@@ -27,14 +27,13 @@ import dataclasses
 import json
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..core.config import ConfigError, InferConfig, TrainConfig
-from ..core.tables import TrainTable, discover_test_files, read_train_table
+from ..core.tables import discover_test_files
 from ..inference.targets import write_window_targets
-from ..training.plan import resolve_session
+from ..training.plan import Session, open_session
 from ..training.train import TrainResult, train
 from . import pretrained
 
@@ -74,15 +73,14 @@ def score_soundscapes(
 
 
 def score_recordings(
-    artifact_dir: str | Path, config: TrainConfig, out: str | Path, log: Callable[[str], Any] = print
+    artifact_dir: str | Path, session: Session, out: str | Path, log: Callable[[str], Any] = print
 ) -> Path:
     """The teacher's probabilities for every window of the training table's recordings, filenames relative to
     data_dir (TrainConfig.focal_targets): what a distilled student learns beside the labels."""
-    rows, _ = read_train_table(config.data_dir, "skip", TrainTable.of(config))
-    files = sorted({row.rel_path for row in rows})
+    files = sorted({row.rel_path for row in session.rows})
     return write_window_targets(
         artifact_dir,
-        config.data_dir,
+        session.config.data_dir,
         files,
         files,
         out,
@@ -103,29 +101,32 @@ def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> Trai
     Each round gets an equal share of what is left of `time_budget_minutes`; a round whose artifact is already
     there from an earlier session, trained with the same parameters, is kept rather than trained again, so a
     lost session resumes at the round it was in (and that round at its last checkpoint)."""
-    config = resolve_session(config)  # the rounds' artifacts and targets are named after artifact_dir
+    # Opened once (plan.open_session): the rounds' artifacts and targets are named after artifact_dir, and
+    # every round and the teacher's pass read the same table.
+    session = open_session(config)
+    config = session.config
     taught = None
     if config.pretrained_teacher:  # its scores teach this run (rounds/pretrained.py); it is sealed at the end
-        taught = pretrained.teach(config, log)
+        taught = pretrained.teach(session, log)
         rounds = config.self_training_rounds
         # Its recording scores teach every crop (distill_focal); its soundscape scores teach the first round.
-        config = replace(
-            config,
+        session = session.but(
             pretrained_teacher=None,
             focal_targets=str(taught.recordings) if config.distill_focal else config.focal_targets,
             distill_focal=config.distill_focal and bool(rounds),
             teacher=str(taught.soundscapes) if rounds and taught.soundscapes else None,
         )
-    result = _rounds(config, log)
+    result = _rounds(session, log)
     if taught is not None and config.teacher_blend > 0:
         pretrained.seal(result.artifact_dir, taught, config.teacher_blend, log)
     return result
 
 
-def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
+def _rounds(session: Session, log: Callable[[str], Any]) -> TrainResult:
+    config = session.config
     rounds = config.self_training_rounds
     if rounds == 0:
-        return train(config)
+        return train(session)
     if not config.noise_dir and not config.distill_focal:
         raise ConfigError(
             "self_training_rounds needs noise_dir (the unlabelled soundscapes the teacher scores) "
@@ -148,13 +149,12 @@ def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
                 targets = str(score_soundscapes(teacher, config.data_dir, config.noise_dir, out, log=log))
             if config.distill_focal:
                 out = base.with_name(f"{base.name}.focal_targets_{k}.csv")
-                focal = str(score_recordings(teacher, config, out, log=log))
+                focal = str(score_recordings(teacher, session, out, log=log))
         budget = None
         if config.time_budget_minutes is not None:
             left = config.time_budget_minutes - (time.monotonic() - started) / 60
             budget = max(1.0, left / (len(stages) - position))
-        round_config = replace(
-            config,
+        round_session = session.but(
             artifact_dir=str(artifact),
             soundscape_targets=targets,
             focal_targets=focal,
@@ -170,10 +170,10 @@ def _rounds(config: TrainConfig, log: Callable[[str], Any]) -> TrainResult:
             + (f", {budget:.0f} min" if budget else "")
             + f" -> {artifact}"
         )
-        if not last and _trained_with(artifact, round_config):
+        if not last and _trained_with(artifact, round_session.config):
             log(f"round {k or 0}: {artifact} is there, trained with these parameters: kept")
         else:
-            result = train(round_config)
+            result = train(round_session)
         teacher = str(artifact)
     return result
 

