@@ -3,13 +3,39 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on (times compare only within one machine and day)."""
+    import torch
+
+    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "loadavg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+
+
+def commit_state() -> dict[str, Any]:
+    """The commit a result was measured at, and whether the code it ran had uncommitted changes: what lets a
+    reader of docs/measurements.md trace a figure to the code that produced it."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    changed = subprocess.run(["git", "status", "--porcelain", "pipeline", "benchmarks", "notebooks"], cwd=ROOT,
+                             capture_output=True, text=True)  # fmt: skip
+    return {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit.stdout.strip() or None,
+            "uncommitted_changes": bool(changed.stdout.strip())}  # fmt: skip
+
 
 def print_result(result: dict[str, Any], out: Path | None = None) -> None:
-    """A benchmark's result as JSON on stdout, and at `out` when given (its --out)."""
-    text = json.dumps(result, indent=1)
+    """A benchmark's result as JSON on stdout, and at `out` when given (its --out, a raw file: stamped with the
+    commit, the time and the machine)."""
+    print(json.dumps(result, indent=1, default=str))
     if out is not None:
-        out.write_text(text + "\n")
-    print(text)
+        stamped = {**commit_state(), "machine": machine(), **result}
+        Path(out).write_text(json.dumps(stamped, indent=1, default=str) + "\n")

@@ -39,7 +39,6 @@ import contextlib
 import importlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks import commit_state, machine
 from benchmarks.fsdd_accuracy import DEFAULT_SOURCE, CpuMeter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -395,7 +395,7 @@ def run_all(
 ) -> dict[str, Any]:
     """Run the sections in order; each records status, seconds, CPU contention and its result, and with
     `raw_dir` writes its raw file there as it finishes (`make bench`: benchmarks/raw/)."""
-    results: dict[str, Any] = {"machine": _machine(), "quick": quick, "sections": {}}
+    results: dict[str, Any] = {"machine": machine(), "quick": quick, "sections": {}}
     for name in only or SECTIONS:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         entry: dict[str, Any] = {}
@@ -419,28 +419,15 @@ def run_all(
     return results
 
 
-def write_raw(folder: Path, name: str, entry: dict[str, Any], machine: dict[str, Any]) -> Path:
+def write_raw(folder: Path, name: str, entry: dict[str, Any], measured_on: dict[str, Any]) -> Path:
     """The section's whole result as its raw file, `<folder>/<section>.json`, with the machine, the time and the
     commit it ran on (and whether the tree had changes): what docs/measurements.md cites. A rerun replaces it;
     the history is git's."""
     folder.mkdir(parents=True, exist_ok=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    changed = subprocess.run(["git", "status", "--porcelain", "pipeline", "benchmarks", "notebooks"], cwd=ROOT,
-                             capture_output=True, text=True)  # fmt: skip
-    record = {"section": name, "finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": machine,
-              "commit": commit.stdout.strip() or None, "uncommitted_changes": bool(changed.stdout.strip()),
-              **entry}  # fmt: skip
+    record = {"section": name, **commit_state(), "machine": measured_on, **entry}
     path = folder / f"{name}.json"
     path.write_text(json.dumps(record, indent=1, default=str) + "\n")
     return path
-
-
-def _machine() -> dict[str, Any]:
-    import torch
-
-    return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
-            "platform": platform.platform(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "loadavg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ markdown

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import print_result
 from benchmarks.soundscape import DEFAULT_SOURCE, LAYOUT, _parse_sets, predict_chunks
 
 POST = {
@@ -181,11 +182,8 @@ def headline(results: dict[str, Any]) -> str:
 
 
 def report(result: dict[str, Any], out: Path | None) -> int:
-    """The result as JSON on stdout (and in `out`), its headline on stderr."""
-    text = json.dumps(result, indent=2)
-    if out:
-        out.write_text(text)
-    print(text)
+    """The result as JSON on stdout (and in `out`, stamped: benchmarks.print_result), its headline on stderr."""
+    print_result(result, out)
     print(result["headline"], file=sys.stderr)
     return 0
 
