@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,7 +102,7 @@ def load_training_data(
     table: tuple[list[TrainRow], list[dict[str, str]]],
     *,
     objective: str,
-    input_caches: tuple[Path, ...] | list[Path] = (),
+    input_caches: Sequence[Path] = (),
 ) -> TrainingData:
     """Cache the training table's audio and split it, for `objective` (the plan decides it: plan.py). A row with
     no label or unusable audio stops the run with an error naming its line (or, under on_bad_row="skip", is
@@ -125,7 +125,7 @@ def load_training_data(
             config,
             [row.rel_path for row in rows],
             log,
-            search=list(input_caches),
+            search=input_caches,
             stop_at_first_failure=config.on_bad_row != "skip",
         )
     except CacheBuildStopped as stop:
