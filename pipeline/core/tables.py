@@ -194,6 +194,14 @@ def audio_files_under(root: Path) -> list[Path]:
     return found
 
 
+def audio_in_folder(data_dir: Path, folder: str, parameter: str) -> tuple[list[str], str]:
+    """The audio files under the folder `parameter` names (audio_files_under), relative to the data folder,
+    sorted; and that folder relative to the data folder ("" for the data folder itself)."""
+    root, prefix = audio_root(data_dir, folder, parameter)
+    found = (p.relative_to(root).as_posix() for p in audio_files_under(root) if p.is_file())
+    return sorted(f"{prefix}/{rel}" if prefix else rel for rel in found), prefix
+
+
 class AudioLocator:
     """Finds the file a table row means when the row leaves out its extension ("abc" -> "abc.wav"), listing
     each folder once."""

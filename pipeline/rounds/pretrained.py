@@ -69,7 +69,7 @@ class Taught:
 
 def teach(session: Session, log: Callable[[str], Any] = print) -> Taught:
     """The teacher's pass over the training recordings and soundscapes (module docstring)."""
-    config, rows = session.config, list(session.rows)
+    config, rows = session.config, list(session.sources.rows)
     teacher = find_teacher(config.pretrained_teacher)
     classes = label_list(row.label for row in rows)
     class_map = match_classes(classes, teacher.labels, session.taxonomy, config.teacher_exclude or ())

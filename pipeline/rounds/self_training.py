@@ -77,7 +77,7 @@ def score_recordings(
 ) -> Path:
     """The teacher's probabilities for every window of the training table's recordings, filenames relative to
     data_dir (TrainConfig.focal_targets): what a distilled student learns beside the labels."""
-    files = sorted({row.rel_path for row in session.rows})
+    files = sorted({row.rel_path for row in session.sources.rows})
     return write_window_targets(
         artifact_dir,
         session.config.data_dir,

@@ -16,9 +16,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..core.progress import plural
+
 TAXONOMY = "taxonomy.csv"
 # A binomial, as labels and taxonomy tables write it: two words of letters (a third, a subspecies, is allowed).
 _BINOMIAL = re.compile(r"^[a-z]+ [a-z]+( [a-z]+)?$")
+# A table is of bird recordings when this share of its classes are species a bird model knows (bird_signal).
+BIRD_SHARE = 0.5
 
 
 def normal_name(text: str) -> str:
@@ -113,3 +117,21 @@ def match_classes(
 
 
 __all__ = ["TAXONOMY", "ClassMap", "match_classes", "normal_name", "read_taxonomy", "scientific_name"]
+
+
+def bird_signal(labels: list[str], taxonomy: dict[str, str]) -> str | None:
+    """Why the classes `labels` are birds, or None: a taxonomy.csv (`read_taxonomy`) naming their species
+    (BirdCLEF ships one), or most of them species that BirdNET v2.4 knows by scientific name (when its labels
+    are installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
+    if named := sum(label in taxonomy for label in labels):
+        if named >= BIRD_SHARE * len(labels):
+            return f"taxonomy.csv names the species of {named} of {plural(len(labels), 'class')}"
+    from .model import TeacherError, find_teacher  # BirdNET's labels, when the `birds` extra is installed
+
+    try:
+        known = len(match_classes(labels, find_teacher("birdnet").labels, taxonomy).known)
+    except TeacherError:  # BirdNET's labels are not installed here: the taxonomy alone decides
+        return None
+    if known >= BIRD_SHARE * len(labels):
+        return f"{known} of {plural(len(labels), 'class')} are species BirdNET v2.4 knows"
+    return None

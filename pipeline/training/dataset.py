@@ -1,6 +1,7 @@
 """The training set: the table's rows, their audio in the cache, the classes and the train/validation split.
 
-`load_training_data` runs once per machine, before any training process starts: it reads the table, has the
+`load_training_data` runs once per machine, before any training process starts: from the `Sources` the session
+read (the table's rows, the labelled soundscape chunks, the noise folder's files: plan.open_session), it has the
 audio decoded into the cache (pipeline.training.store) and decides which rows train and which validate. What it
 returns is small (row metadata and index arrays; the audio stays on disk) and is handed to every rank.
 """
@@ -20,11 +21,26 @@ from ..core import tables
 from ..core.config import TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
-from ..core.tables import DataError, TrainRow, read_labelled_chunks, skip_or_stop
+from ..core.tables import DataError, LabelledChunk, TrainRow, skip_or_stop
 from .augment import FocalTargets, SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
 
 MAX_CROPS_PER_FILE = 8  # crops per file and epoch, for files of many windows (TrainingData.epoch_rows)
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What the training data is made from, read once before anything is decided (plan.open_session): the
+    table's usable rows and those skipped under on_bad_row="skip", val_soundscapes_table's labelled chunks, the
+    audio files under noise_dir and the audio caches attached as Kaggle inputs. Self-training's rounds train on
+    the same sources; what changes between rounds is the targets files, named by the config."""
+
+    rows: tuple[TrainRow, ...]
+    skipped: tuple[dict[str, str], ...] = ()
+    chunks: tuple[LabelledChunk, ...] = ()
+    noise: tuple[str, ...] = ()  # relative to data_dir
+    noise_prefix: str = ""  # noise_dir relative to data_dir: where the soundscapes of a targets file are
+    caches: tuple[Path, ...] = ()  # searched before the audio is decoded again (store.open_or_build)
 
 
 @dataclass
@@ -97,20 +113,15 @@ class TrainingData:
 
 
 def load_training_data(
-    config: TrainConfig,
-    log: Callable[[str], object],
-    table: tuple[list[TrainRow], list[dict[str, str]]],
-    *,
-    objective: str,
-    input_caches: Sequence[Path] = (),
+    config: TrainConfig, log: Callable[[str], object], sources: Sources, *, objective: str
 ) -> TrainingData:
     """Cache the training table's audio and split it, for `objective` (the plan decides it: plan.py). A row with
     no label or unusable audio stops the run with an error naming its line (or, under on_bad_row="skip", is
-    left out and reported). `table`: what `read_train_table` returned for `config`; `config` has its session
-    and sample rate resolved, and `input_caches` are caches found among the inputs (plan.open_session)."""
+    left out and reported). `sources`: what the session read for `config`, whose session and sample rate are
+    resolved."""
     data_dir = Path(config.data_dir)
     csv_path = data_dir / config.train_table
-    rows, skipped = table[0], list(table[1])  # rows left out below join the table's own
+    rows, skipped = list(sources.rows), list(sources.skipped)  # rows left out below join the table's own
     notes: list[str] = []
 
     def note(*found: str | None) -> None:  # said now, and kept for the report
@@ -125,7 +136,7 @@ def load_training_data(
             config,
             [row.rel_path for row in rows],
             log,
-            search=input_caches,
+            search=sources.caches,
             stop_at_first_failure=config.on_bad_row != "skip",
         )
     except CacheBuildStopped as stop:
@@ -152,12 +163,12 @@ def load_training_data(
     targets = np.array([class_of[row.label] for row in rows], dtype=np.int64)
     train_idx, val_idx, split_note = split_files(rows, config.split_fraction, config.seed)
     note(split_note)
-    soundscapes = load_labelled_soundscapes(config, labels, log) if config.val_soundscapes_table else None
+    soundscapes = load_labelled_soundscapes(config, sources.chunks, labels, log) if sources.chunks else None
     held_out = set(soundscapes.files) if soundscapes else set()
-    noise = load_noise(config, log, exclude=held_out) if config.noise_dir else None
+    noise = load_noise(config, sources.noise, log, exclude=held_out) if config.noise_dir else None
     stretches = record = focal = focal_record = None
     if config.soundscape_targets:
-        stretches, record = load_soundscape_targets(config, labels, held_out, log)
+        stretches, record = load_soundscape_targets(config, labels, sources.noise_prefix, held_out, log)
     if config.focal_targets:
         focal, focal_record = load_focal_targets(config, rows, labels, log, objective)
     return TrainingData(
@@ -272,13 +283,17 @@ def load_focal_targets(
 
 
 def load_soundscape_targets(
-    config: TrainConfig, labels: list[str], held_out: set[str], log: Callable[[str], object] = print
+    config: TrainConfig,
+    labels: list[str],
+    prefix: str,
+    held_out: set[str],
+    log: Callable[[str], object] = print,
 ) -> tuple[SoundscapeTargets, dict]:
     """The stretches of `soundscape_targets` after its controls (power, floor, threshold), their soundscapes
-    cached; and a record for the provenance: the file's hash, what was kept, and the lineage written beside it
-    (`<name>.json`, pipeline/rounds/self_training.py). Stretches of validation soundscapes are left out."""
+    (files in the folder `prefix`, relative to data_dir) cached; and a record for the provenance: the file's
+    hash, what was kept, and the lineage written beside it (`<name>.json`, pipeline/rounds/self_training.py).
+    Stretches of validation soundscapes are left out."""
     path, found = _read_targets(config, config.soundscape_targets, labels, log)
-    _, prefix = tables.audio_root(Path(config.data_dir), config.noise_dir, "noise_dir")
     # Per soundscape, not per row: a targets file holds millions of rows naming a few thousand soundscapes.
     rel = {name: f"{prefix}/{name}" if prefix else name for name in set(found.files)}
     probs = found.probs**config.target_power
@@ -319,11 +334,13 @@ def load_soundscape_targets(
 
 
 def load_labelled_soundscapes(
-    config: TrainConfig, labels: list[str], log: Callable[[str], object] = print
+    config: TrainConfig,
+    chunks: Sequence[LabelledChunk],
+    labels: list[str],
+    log: Callable[[str], object] = print,
 ) -> LabelledSoundscapes:
     """The labelled chunks of val_soundscapes_table, their soundscapes cached. Labels that are no class of the
     training table are left out (and said); a soundscape that cannot be read stops with its name."""
-    chunks = read_labelled_chunks(config.data_dir, config.val_soundscapes_table, config.val_soundscapes_dir)
     files = sorted({chunk.rel_path for chunk in chunks})
     store = _cached(config, files, log, what=config.val_soundscapes_table)
     class_of = {label: k for k, label in enumerate(labels)}
@@ -352,25 +369,22 @@ def load_labelled_soundscapes(
 
 
 def load_noise(
-    config: TrainConfig, log: Callable[[str], object] = print, exclude: set[str] = frozenset()
+    config: TrainConfig,
+    found: Sequence[str],
+    log: Callable[[str], object] = print,
+    exclude: set[str] = frozenset(),
 ) -> AudioStore:
-    """The background recordings under `noise_dir` (every audio file, nested folders included, but those in
-    `exclude`: validation soundscapes), cached like the training audio. Unreadable ones are left out and said;
-    none usable is an error naming the folder."""
-    data_dir = Path(config.data_dir)
-    root, prefix = tables.audio_root(data_dir, config.noise_dir, "noise_dir")
-    found = sorted(
-        f"{prefix}/{p.relative_to(root).as_posix()}" if prefix else p.relative_to(root).as_posix()
-        for p in tables.audio_files_under(root)
-        if p.is_file()
-    )
+    """The background recordings under `noise_dir` (`found`: every audio file, nested folders included, relative
+    to data_dir), but those in `exclude` (validation soundscapes), cached like the training audio. Unreadable
+    ones are left out and said; none usable is an error naming the folder."""
+    found = list(found)
     if left_out := exclude & set(found):
         log(f"noise_dir: {plural(len(left_out), 'validation soundscape')} left out of the background")
         found = [f for f in found if f not in exclude]
     store = _cached(config, found, log)
     if len(store.failures) == len(store):
         raise DataError(
-            f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {root} "
+            f"parameter noise_dir={config.noise_dir!r}: no usable audio file under {Path(config.data_dir, config.noise_dir)} "
             f"({len(found)} found); point it at a folder of background recordings or leave it unset"
         )
     if store.failures:

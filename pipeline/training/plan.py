@@ -5,8 +5,10 @@
     the session   data_dir, artifact_dir, checkpoint_dir, the time budget and the audio cache's folder: on
                   Kaggle found under /kaggle/input and written to /kaggle/working (/kaggle/tmp for the cache),
                   the session limit minus a margin, and the caches attached as inputs; elsewhere the local
-                  defaults. `open_session` resolves them and reads the table and taxonomy.csv, once: the
-                  rounds open it before they name each round's artifact and train every round on it
+                  defaults. `open_session` resolves them and reads, once, what the data is made of (the
+                  table's rows, the labelled soundscape chunks, noise_dir's files: `dataset.Sources`) and
+                  taxonomy.csv: a bad row or a wrong folder stops there, before anything slow. The rounds open
+                  it before they name each round's artifact and train every round on it
     the table     the objective (bce when files have several labels), the metric it selects by, and whether it
                   holds bird recordings (taxonomy.csv, or species a bird model knows): the sample rate that
                   keeps what birds sing above 8 kHz, and no pitch-changing augmentation
@@ -49,12 +51,19 @@ from ..core import kaggle
 from ..core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, SAMPLE_RATE, ConfigError, TrainConfig
 from ..core.metrics import selection_metric
 from ..core.progress import plural
-from ..core.tables import TrainRow, TrainTable, label_list, read_train_table
+from ..core.tables import (
+    TrainRow,
+    TrainTable,
+    audio_in_folder,
+    label_list,
+    read_labelled_chunks,
+    read_train_table,
+)
 from ..devices import policy
 from ..devices.policy import HardwarePlan
 from ..devices.probe import Topology
-from ..teachers.species import read_taxonomy
-from .dataset import TrainingData, load_training_data
+from ..teachers.species import bird_signal, read_taxonomy
+from .dataset import Sources, TrainingData, load_training_data
 
 LOCAL_DATA = Path("artifacts/demo_data")
 LOCAL_ARTIFACT = Path("artifacts/model")
@@ -77,8 +86,6 @@ AUTO_VALUES = {
 KINDS = ("other", "sound events", "bird recordings")
 # What birds sing reaches 10-12 kHz: 16 kHz audio keeps only what lies below 8 kHz. BirdCLEF's audio is 32 kHz.
 BIRD_SAMPLE_RATE = 32_000
-# A table is of bird recordings when this share of its classes are species a bird model knows.
-BIRD_SHARE = 0.5
 # The share of files with several labels from which objective "auto" learns several labels per clip (bce):
 # BirdCLEF's focal recordings have secondary labels on a fifth to a third of the files.
 MULTI_LABEL_SHARE = 0.05
@@ -90,21 +97,29 @@ SOUNDSCAPE_MEMBERS = 3  # ensemble_members auto with noise_dir, for the sizes be
 ENSEMBLE_SIZES = ("tiny", "small")
 
 
+# The parameters a Session's sources were read with: a round may change any other (`Session.but`).
+SOURCE_PARAMETERS = (
+    "data_dir", "train_table", "path_column", "label_column", "audio_dir", "label_separator",
+    "secondary_labels_column", "on_bad_row", "noise_dir", "val_soundscapes_table", "val_soundscapes_dir",
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Session:
     """What a run reads before it decides anything, read once: `config` with its session resolved
-    (`resolve_session`), the train table's rows (and those skipped under on_bad_row="skip"), the species
-    taxonomy.csv names, and the audio caches attached as Kaggle inputs. The table and the taxonomy do not change
-    between self-training rounds; a round changes the config (`but`)."""
+    (`resolve_session`), the training data's `Sources` (the table's rows, the labelled soundscape chunks, the
+    noise folder's files, the caches attached as Kaggle inputs) and the species taxonomy.csv names. They do not
+    change between self-training rounds; a round changes the rest of the config (`but`)."""
 
     config: TrainConfig
-    rows: tuple[TrainRow, ...]
-    skipped: tuple[dict[str, str], ...] = ()
+    sources: Sources
     taxonomy: dict[str, str] = field(default_factory=dict)
-    input_caches: tuple[Path, ...] = ()  # searched before the audio is decoded again (store.open_or_build)
+    birds: str | None = None  # why the table's classes are bird species (species.bird_signal), or None
 
     def but(self, **changes: Any) -> Session:
-        """The same session and table with these config parameters changed (a round's artifact, its targets)."""
+        """The same session and sources with these config parameters changed (a round's artifact, its targets)."""
+        if read_with := sorted(set(changes) & set(SOURCE_PARAMETERS)):
+            raise ValueError(f"{read_with}: the session's sources were read with them; open a new session")
         return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
 
 
@@ -145,9 +160,20 @@ def open_session(config: TrainConfig | Session) -> Session:
     if isinstance(config, Session):
         return config
     config = resolve_session(config)
-    rows, skipped = read_train_table(config.data_dir, config.on_bad_row, TrainTable.of(config))
-    search = kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else []
-    return Session(config, tuple(rows), tuple(skipped), read_taxonomy(config.data_dir), tuple(search))
+    data_dir = Path(config.data_dir)
+    rows, skipped = read_train_table(data_dir, config.on_bad_row, TrainTable.of(config))
+    chunks = (
+        read_labelled_chunks(data_dir, config.val_soundscapes_table, config.val_soundscapes_dir)
+        if config.val_soundscapes_table
+        else []
+    )
+    noise, noise_prefix = (
+        audio_in_folder(data_dir, config.noise_dir, "noise_dir") if config.noise_dir else ([], "")
+    )
+    caches = kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else []
+    sources = Sources(tuple(rows), tuple(skipped), tuple(chunks), tuple(noise), noise_prefix, tuple(caches))
+    taxonomy = read_taxonomy(config.data_dir)
+    return Session(config, sources, taxonomy, bird_signal(label_list(row.label for row in rows), taxonomy))
 
 
 def plan_training(
@@ -156,9 +182,9 @@ def plan_training(
     """The plan (module docstring) and the training data it was decided on; the plan is printed once. A
     TrainConfig is opened first (`open_session`)."""
     session = open_session(session)
-    config, rows = session.config, list(session.rows)
+    config, rows = session.config, list(session.sources.rows)
     decided: list[str] = []
-    birds = bird_signal(label_list(row.label for row in rows), session.taxonomy)
+    birds = session.birds
     if config.sample_rate is None:
         rate = BIRD_SAMPLE_RATE if birds else SAMPLE_RATE
         session = session.but(sample_rate=rate)
@@ -169,8 +195,7 @@ def plan_training(
     objective, why = choose_objective(config, rows)
     decided.append(f"objective {objective} ({why})")
     hardware = policy.decide(config, train_rows=round(len(rows) * (1 - config.split_fraction)))
-    table = (rows, list(session.skipped))
-    data = load_training_data(config, log, table, objective=objective, input_caches=session.input_caches)
+    data = load_training_data(config, log, session.sources, objective=objective)
     clip_seconds = data.store.lengths[data.items[data.train_idx]] / config.sample_rate
     epoch_crops = len(data.epoch_rows(config.window_samples, config.crops_per_file))
     kind = kind_of_data(clip_seconds, config, objective, epoch_crops, birds)
@@ -278,25 +303,6 @@ def seed_checkpoint(checkpoint_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------------------------- table
 
 
-def bird_signal(labels: list[str], taxonomy: dict[str, str]) -> str | None:
-    """Why the classes `labels` are birds, or None: a taxonomy.csv (`Session.taxonomy`) naming their species
-    (BirdCLEF ships one), or most of them species that BirdNET v2.4 knows by scientific name (when its labels
-    are installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
-    if named := sum(label in taxonomy for label in labels):
-        if named >= BIRD_SHARE * len(labels):
-            return f"taxonomy.csv names the species of {named} of {plural(len(labels), 'class')}"
-    from ..teachers.model import TeacherError, find_teacher
-    from ..teachers.species import match_classes
-
-    try:
-        known = len(match_classes(labels, find_teacher("birdnet").labels, taxonomy).known)
-    except TeacherError:  # BirdNET's labels are not installed here: the taxonomy alone decides
-        return None
-    if known >= BIRD_SHARE * len(labels):
-        return f"{known} of {plural(len(labels), 'class')} are species BirdNET v2.4 knows"
-    return None
-
-
 def choose_objective(config: TrainConfig, rows: list[TrainRow]) -> tuple[str, str]:
     """The objective and why: "auto" is bce when at least MULTI_LABEL_SHARE of the files have several labels (a
     separated label cell, a secondary label that is a class, or one file in rows of two labels), or when
@@ -333,7 +339,7 @@ def kind_of_data(
     clip_seconds: np.ndarray, config: TrainConfig, objective: str, epoch_crops: int, birds: str | None = None
 ) -> DataKind:
     """What the training table holds, from its clips' lengths, the objective its labels chose, noise_dir and
-    the bird signal (`bird_signal`)."""
+    the bird signal (`Session.birds`)."""
     median = float(np.median(clip_seconds)) if len(clip_seconds) else 0.0
     if config.noise_dir:
         return DataKind("other", f"soundscapes: noise_dir={config.noise_dir!r}")
@@ -413,7 +419,6 @@ __all__ = [
     "DataKind",
     "TrainPlan",
     "auto_could_choose",
-    "bird_signal",
     "choose_objective",
     "Session",
     "hardware_model_size",

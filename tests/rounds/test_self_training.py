@@ -122,7 +122,9 @@ def test_the_controls_shape_the_targets(field, tmp_path):
     )
     config = TrainConfig(data_dir=str(field), noise_dir="train_soundscapes", soundscape_targets=str(path),
                          cache_dir=str(tmp_path / "cache"), target_power=2.0, target_floor=0.1, target_threshold=0.5, sample_rate=16000)  # fmt: skip
-    stretches, record = load_soundscape_targets(config, ["a", "b"], set(), log=lambda _: None)
+    stretches, record = load_soundscape_targets(
+        config, ["a", "b"], "train_soundscapes", set(), log=lambda _: None
+    )
     np.testing.assert_allclose(
         stretches.probs, [[0.81, 0.0]], rtol=1e-6
     )  # 0.2^2 < floor; row 2 under threshold

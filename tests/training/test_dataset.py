@@ -9,7 +9,13 @@ from helpers import tone, write_folder
 
 from pipeline.core.config import SAMPLE_RATE, TrainConfig
 from pipeline.core.tables import DataError, TrainTable, read_train_table
-from pipeline.training.dataset import drop_repeated_rows, load_training_data, split_files, stratified_split
+from pipeline.training.dataset import (
+    Sources,
+    drop_repeated_rows,
+    load_training_data,
+    split_files,
+    stratified_split,
+)
 from pipeline.training.plan import choose_objective
 
 
@@ -17,8 +23,9 @@ def load(root, on_bad_row="error", **overrides):
     config = TrainConfig(data_dir=str(root), cache_dir=str(root.parent / "cache"), on_bad_row=on_bad_row,
                          progress=False, sample_rate=SAMPLE_RATE, **overrides)  # fmt: skip
     logged = []
-    table = read_train_table(root, on_bad_row, TrainTable.of(config))
-    data = load_training_data(config, logged.append, table, objective=choose_objective(config, table[0])[0])
+    rows, skipped = read_train_table(root, on_bad_row, TrainTable.of(config))
+    sources = Sources(tuple(rows), tuple(skipped))
+    data = load_training_data(config, logged.append, sources, objective=choose_objective(config, rows)[0])
     data.log = logged
     return data
 

@@ -5,20 +5,20 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from pipeline.core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TEST_TIME_SPEEDS, TrainConfig
-from pipeline.core.tables import TrainRow
+from pipeline.core.tables import DataError, TrainRow
 from pipeline.devices.probe import Topology
-from pipeline.teachers.species import read_taxonomy
+from pipeline.teachers.species import bird_signal, read_taxonomy
 from pipeline.training.plan import (
     EVENT_MAX_CROPS,
     DataKind,
     auto_could_choose,
-    bird_signal,
     choose_objective,
     hardware_model_size,
     kind_of_data,
@@ -198,12 +198,32 @@ def test_a_session_is_opened_once_and_every_round_plans_on_its_table(tmp_path, m
     session = open_session(config)
     assert open_session(session) is session and len(reads) == 1
     round_one = session.but(artifact_dir=str(tmp_path / "model.round_1"), seed=1)  # what a round changes
-    assert round_one.rows is session.rows and round_one.config.seed == 1 and session.config.seed == 0
+    assert round_one.sources is session.sources and round_one.config.seed == 1 and session.config.seed == 0
     plan, loaded = plan_training(round_one, lambda *_: None)
     assert len(reads) == 1  # not read again
     assert plan.config.artifact_dir == str(tmp_path / "model.round_1") and len(loaded.rows) == len(
-        session.rows
+        session.sources.rows
     )
+
+
+def test_a_session_reads_its_sources_at_open_and_a_round_cannot_change_them(tmp_path):
+    from pipeline.demo_data.synthetic import make_synthetic_competition
+
+    data = make_synthetic_competition(
+        tmp_path / "data", n_speakers=2, train_per_speaker=2, test_per_speaker=1
+    )
+    (data / "noise" / "deep").mkdir(parents=True)
+    shutil.copy(next(data.rglob("*.wav")), data / "noise" / "deep" / "n.wav")
+    (data / "noise" / "notes.txt").write_text("not audio")
+    session = open_session(
+        TrainConfig(data_dir=str(data), cache_dir=str(tmp_path / "cache"), noise_dir="noise")
+    )
+    assert session.sources.noise == ("noise/deep/n.wav",) and session.sources.noise_prefix == "noise"
+    with pytest.raises(ValueError, match=r"\['noise_dir'\]: the session's sources were read with them"):
+        session.but(noise_dir="elsewhere")
+    # A wrong folder stops at open, before any audio is decoded, naming the parameter.
+    with pytest.raises(DataError, match="parameter noise_dir='nosuch': no such folder"):
+        open_session(TrainConfig(data_dir=str(data), cache_dir=str(tmp_path / "cache"), noise_dir="nosuch"))
 
 
 def test_what_auto_can_choose_is_known_to_whoever_compares_a_recorded_config():
