@@ -139,6 +139,8 @@ def decide(
     """The plan for `config` on `topology` (default: this session's), for about `train_rows` training files."""
     topology = topology or session_topology(config, env)
     strategy = {"tpu": "xla-spmd"}.get(topology.accelerator, "ddp" if topology.num_devices > 1 else "single")
+    precision = resolve_precision(config.precision, topology)
+    workers = loader_workers(config.num_workers, topology)
     per_device = config.per_device_batch_size or auto_per_device_batch(topology, train_rows)
     batch = plan_batch(
         per_device_batch=per_device,
@@ -149,8 +151,6 @@ def decide(
         rule=config.lr_scaling,
         accelerator=topology.accelerator,
     )
-    precision = resolve_precision(config.precision, topology)
-    workers = loader_workers(config.num_workers, topology)
     return HardwarePlan(topology, strategy, precision, batch, workers)
 
 

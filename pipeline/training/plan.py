@@ -97,7 +97,7 @@ SOUNDSCAPE_MEMBERS = 3  # ensemble_members auto with noise_dir, for the sizes be
 ENSEMBLE_SIZES = ("tiny", "small")
 
 
-# The parameters a Session's sources were read with: a round may change any other (`Session.but`).
+# The parameters a Session's sources were read with: a round may change any other (plan_training checks).
 SOURCE_PARAMETERS = (
     "data_dir", "train_table", "path_column", "label_column", "audio_dir", "label_separator",
     "secondary_labels_column", "on_bad_row", "noise_dir", "val_soundscapes_table", "val_soundscapes_dir",
@@ -115,11 +115,10 @@ class Session:
     sources: Sources
     taxonomy: dict[str, str] = field(default_factory=dict)
     birds: str | None = None  # why the table's classes are bird species (species.bird_signal), or None
+    read_with: dict[str, Any] = field(default_factory=dict)  # SOURCE_PARAMETERS as the sources were read
 
     def but(self, **changes: Any) -> Session:
         """The same session and sources with these config parameters changed (a round's artifact, its targets)."""
-        if read_with := sorted(set(changes) & set(SOURCE_PARAMETERS)):
-            raise ValueError(f"{read_with}: the session's sources were read with them; open a new session")
         return dataclasses.replace(self, config=dataclasses.replace(self.config, **changes))
 
 
@@ -173,7 +172,10 @@ def open_session(config: TrainConfig | Session) -> Session:
     caches = kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else []
     sources = Sources(tuple(rows), tuple(skipped), tuple(chunks), tuple(noise), noise_prefix, tuple(caches))
     taxonomy = read_taxonomy(config.data_dir)
-    return Session(config, sources, taxonomy, bird_signal(label_list(row.label for row in rows), taxonomy))
+    birds = bird_signal(label_list(row.label for row in rows), taxonomy)
+    return Session(
+        config, sources, taxonomy, birds, {name: getattr(config, name) for name in SOURCE_PARAMETERS}
+    )
 
 
 def plan_training(
@@ -183,6 +185,8 @@ def plan_training(
     TrainConfig is opened first (`open_session`)."""
     session = open_session(session)
     config, rows = session.config, list(session.sources.rows)
+    if changed := sorted(name for name, value in session.read_with.items() if getattr(config, name) != value):
+        raise ValueError(f"{changed}: the session's sources were read with other values; open a new session")
     decided: list[str] = []
     birds = session.birds
     if config.sample_rate is None:

@@ -206,7 +206,7 @@ def test_a_session_is_opened_once_and_every_round_plans_on_its_table(tmp_path, m
     )
 
 
-def test_a_session_reads_its_sources_at_open_and_a_round_cannot_change_them(tmp_path):
+def test_a_session_reads_its_sources_at_open_and_a_plan_refuses_them_changed(tmp_path):
     from pipeline.demo_data.synthetic import make_synthetic_competition
 
     data = make_synthetic_competition(
@@ -219,8 +219,10 @@ def test_a_session_reads_its_sources_at_open_and_a_round_cannot_change_them(tmp_
         TrainConfig(data_dir=str(data), cache_dir=str(tmp_path / "cache"), noise_dir="noise")
     )
     assert session.sources.noise == ("noise/deep/n.wav",) and session.sources.noise_prefix == "noise"
-    with pytest.raises(ValueError, match=r"\['noise_dir'\]: the session's sources were read with them"):
-        session.but(noise_dir="elsewhere")
+    with pytest.raises(
+        ValueError, match=r"\['noise_dir'\]: the session's sources were read with other values"
+    ):
+        plan_training(session.but(noise_dir="elsewhere"), lambda *_: None)
     # A wrong folder stops at open, before any audio is decoded, naming the parameter.
     with pytest.raises(DataError, match="parameter noise_dir='nosuch': no such folder"):
         open_session(TrainConfig(data_dir=str(data), cache_dir=str(tmp_path / "cache"), noise_dir="nosuch"))

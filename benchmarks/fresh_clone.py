@@ -1,0 +1,97 @@
+"""What a new user and CI run, timed on a fresh clone: `make setup`, `make demo`, then `.ci/run`.
+
+    python -m benchmarks.fresh_clone --out benchmarks/raw/fresh_clone.json [--no-ci] [--keep]
+
+The clone is made from this checkout's HEAD into a temporary folder, with `../shared` linked beside it as CI has
+it, and nothing of this checkout's state (no .venv, no artifacts, no caches of the project's own). pip's and uv's
+caches are the machine's, so the set-up time is the figure for a warm package cache: a machine that downloads
+the CUDA build of torch for the first time takes longer. The README's set-up, demo and CI figures come from
+this file. The temporary folder is removed at the end unless --keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import ROOT, print_result
+
+TAIL_LINES = 8  # of each step's output, kept in the raw file
+
+
+def timed(command: list[str], cwd: Path, log: Path) -> dict[str, Any]:
+    """Run `command` in `cwd`, its output into `log`; its seconds, exit code and last lines."""
+    started = time.perf_counter()
+    with log.open("w") as out:
+        code = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
+    lines = log.read_text(errors="replace").splitlines()
+    return {"command": " ".join(command), "seconds": round(time.perf_counter() - started, 1), "returncode": code,
+            "tail": lines[-TAIL_LINES:]}  # fmt: skip
+
+
+def folder_gb(folder: Path) -> float:
+    """Bytes on disk under `folder` (links not followed), in GB."""
+    return round(sum(p.lstat().st_size for p in folder.rglob("*") if not p.is_symlink()) / 1e9, 2)
+
+
+def pytest_summary(log: Path) -> dict[str, Any]:
+    """The pytest summary line of a log ("847 passed, 3 skipped in 780.12s"): counts and seconds."""
+    found = re.findall(r"^=*\s*((?:\d+ \w+,? ?)+) in ([\d.]+)s", log.read_text(errors="replace"), re.M)
+    if not found:
+        return {}
+    counts, seconds = found[-1]
+    return {"counts": counts.strip().rstrip(","), "seconds": float(seconds)}
+
+
+def run(keep: bool = False, ci: bool = True) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="fresh-clone-"))
+    clone = work / "main"
+    try:
+        subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+        if (ROOT.parent / "shared").is_dir():
+            (work / "shared").symlink_to(ROOT.parent / "shared")
+        steps = {"setup": timed(["make", "setup"], clone, work / "setup.log")}
+        steps["venv_gb"] = folder_gb(clone / ".venv")
+        steps["demo"] = timed(["make", "demo"], clone, work / "demo.log")
+        accuracy = re.findall(r"accuracy=([\d.]+)", (work / "demo.log").read_text(errors="replace"))
+        steps["demo"]["accuracy"] = float(accuracy[-1]) if accuracy else None
+        if ci:
+            steps["ci"] = timed([".ci/run"], clone, work / "ci.log")
+            steps["ci"]["pytest"] = pytest_summary(work / "ci.log")
+        failed = [name for name, step in steps.items() if isinstance(step, dict) and step["returncode"] != 0]
+        headline = (
+            f"set-up {steps['setup']['seconds'] / 60:.1f} min (warm package cache), make demo "
+            f"{steps['demo']['seconds']:.0f} s (accuracy {steps['demo']['accuracy']})"
+            + (f", .ci/run {steps['ci']['seconds'] / 60:.1f} min" if ci else "")
+            + (f"; FAILED: {', '.join(failed)}" if failed else "")
+        )
+        return {"headline": headline, "clone": str(clone), **steps}
+    finally:
+        if keep:
+            print(f"kept {work}", file=sys.stderr)
+        else:
+            shutil.rmtree(work, ignore_errors=True)  # ours: made by mkdtemp above
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.fresh_clone", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--out", type=Path, help="raw file to write (stamped with the commit and machine)")
+    parser.add_argument("--no-ci", action="store_true", help="set-up and make demo only")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary clone and its logs")
+    args = parser.parse_args(argv)
+    result = run(keep=args.keep, ci=not args.no_ci)
+    print_result(result, args.out)
+    return 0 if "FAILED" not in result["headline"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
