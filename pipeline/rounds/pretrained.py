@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.artifact import TEACHER_RECORD, add_to_artifact
 from ..core.config import TrainConfig
-from ..core.tables import discover_test_files, label_list, read_chunk_targets
+from ..core.tables import label_list, read_chunk_targets
 from ..teachers.blend import fit_unknown_logit
 from ..teachers.model import Teacher, TeacherRuntime, find_teacher, logit
 from ..teachers.scoring import write_targets
@@ -81,22 +81,9 @@ def teach(session: Session, log: Callable[[str], Any] = print) -> Taught:
     rate = _targets(runtime, class_map, config, files, files, recordings, "training recordings", log)
     soundscapes = None
     if config.noise_dir:
-        found = [
-            row.rel_path
-            for row in discover_test_files(Path(config.data_dir), config.noise_dir, "name", []).rows
-        ]
-        prefix = config.noise_dir.strip("/") + "/"
+        found, names = session.sources.noise_names()
         soundscapes = base.with_name(f"{base.name}.teacher_soundscapes.csv")
-        _targets(
-            runtime,
-            class_map,
-            config,
-            found,
-            [f.removeprefix(prefix) for f in found],
-            soundscapes,
-            "soundscapes",
-            log,
-        )
+        _targets(runtime, class_map, config, found, names, soundscapes, "soundscapes", log)
     unknown = fit_unknown(recordings, rows, classes, class_map)
     if unknown is not None:
         log(

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 from ..core.config import ConfigError, InferConfig, TrainConfig
-from ..core.tables import discover_test_files
 from ..inference.targets import write_window_targets
 from ..training.plan import Session, open_session
 from ..training.train import TrainResult, train
@@ -45,24 +44,22 @@ TEACHER_SCORING = InferConfig(engine="torch", progress=False)
 
 def score_soundscapes(
     artifact_dir: str | Path,
-    data_dir: str | Path,
-    soundscape_dir: str,
+    session: Session,
     out: str | Path,
     hop_seconds: float | None = None,
     log: Callable[[str], Any] = print,
 ) -> Path:
-    """The teacher's probabilities for every window of the soundscapes under `soundscape_dir` (windows of the
-    model's length, `hop_seconds` apart: default half a window), as a targets file at `out` (+ its .json);
-    filenames relative to `soundscape_dir` (TrainConfig.soundscape_targets)."""
-    files = [row.rel_path for row in discover_test_files(Path(data_dir), soundscape_dir, "name", []).rows]
-    prefix = soundscape_dir.strip("/") + "/"
+    """The teacher's probabilities for every window of the session's soundscapes (noise_dir's files: the
+    background training reads too), windows of the model's length, `hop_seconds` apart (default half a window),
+    as a targets file at `out` (+ its .json); filenames relative to noise_dir (TrainConfig.soundscape_targets)."""
+    files, names = session.sources.noise_names()
     # Independent sigmoids even from a one-label teacher: a stretch of soundscape holds any number of calls, or
     # none, where a softmax would share out a probability of 1.
     return write_window_targets(
         artifact_dir,
-        data_dir,
+        session.config.data_dir,
         files,
-        [f.removeprefix(prefix) for f in files],
+        names,
         out,
         hop_seconds=hop_seconds,
         independent=True,
@@ -146,7 +143,7 @@ def _rounds(session: Session, log: Callable[[str], Any]) -> TrainResult:
         elif k is not None:
             if config.noise_dir:
                 out = base.with_name(f"{base.name}.targets_{k}.csv")
-                targets = str(score_soundscapes(teacher, config.data_dir, config.noise_dir, out, log=log))
+                targets = str(score_soundscapes(teacher, session, out, log=log))
             if config.distill_focal:
                 out = base.with_name(f"{base.name}.focal_targets_{k}.csv")
                 focal = str(score_recordings(teacher, session, out, log=log))

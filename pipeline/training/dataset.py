@@ -42,6 +42,12 @@ class Sources:
     noise_prefix: str = ""  # noise_dir relative to data_dir: where the soundscapes of a targets file are
     caches: tuple[Path, ...] = ()  # searched before the audio is decoded again (store.open_or_build)
 
+    def noise_names(self) -> tuple[list[str], list[str]]:
+        """noise_dir's files relative to data_dir, and the same relative to noise_dir: how a targets file of
+        soundscape windows names them (TrainConfig.soundscape_targets)."""
+        prefix = f"{self.noise_prefix}/" if self.noise_prefix else ""
+        return list(self.noise), [name.removeprefix(prefix) for name in self.noise]
+
 
 @dataclass
 class LabelledSoundscapes:
