@@ -22,6 +22,15 @@ def test_a_mean_of_exactly_the_target_meets_it_and_a_slow_fold_does_not():
     assert not short["meets_target"]
 
 
+def test_a_variant_is_reported_on_the_folds_it_is_chosen_on_and_apart_on_the_held_out_ones():
+    runs = [fold(k, 0.9) for k in (1, 2, 3, 4, 5)]
+    for run, variant in zip(runs, (0.95, 0.9125, 0.8875, 0.8, 0.9), strict=True):
+        run["variants"] = {"max": variant}
+    paired = summarise(runs, {})["variants_paired"]["max"]
+    assert paired["choice"] == {"folds": [1, 2, 3], "runs": 3, "difference": 0.0167, "up": 2, "down": 1}
+    assert paired["confirm"] == {"folds": [4, 5], "runs": 2, "difference": -0.05, "up": 0, "down": 1}
+
+
 def test_a_rescore_of_kept_folds_passes_no_verdict_on_the_target():
     accuracies = (0.95, 0.95, 0.95, 0.95, 0.95)
     result = summarise([fold(k + 1, a, minutes=0.2) for k, a in enumerate(accuracies)], {"rescored": "kept"})
