@@ -22,18 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import ROOT, print_result
+from benchmarks.fsdd_accuracy import CpuMeter
 
 TAIL_LINES = 8  # of each step's output, kept in the raw file
 
 
 def timed(command: list[str], cwd: Path, log: Path) -> dict[str, Any]:
-    """Run `command` in `cwd`, its output into `log`; its seconds, exit code and last lines."""
+    """Run `command` in `cwd`, its output into `log`; its seconds, exit code, last lines, and the share of the
+    CPU other processes took meanwhile (a time measured beside another job is not the machine's)."""
     started = time.perf_counter()
-    with log.open("w") as out:
+    with log.open("w") as out, CpuMeter() as meter:
         code = subprocess.run(command, cwd=cwd, stdout=out, stderr=subprocess.STDOUT).returncode
     lines = log.read_text(errors="replace").splitlines()
     return {"command": " ".join(command), "seconds": round(time.perf_counter() - started, 1), "returncode": code,
-            "tail": lines[-TAIL_LINES:]}  # fmt: skip
+            "contention": meter.result, "tail": lines[-TAIL_LINES:]}  # fmt: skip
 
 
 def folder_gb(folder: Path) -> float:
