@@ -57,6 +57,10 @@ def run(keep: bool = False, ci: bool = True) -> dict[str, Any]:
     clone = work / "main"
     try:
         subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+        # What was cloned: the stamp's `commit` is this checkout's HEAD when the run ends, which may have moved.
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=clone, capture_output=True, text=True
+        )
         if (ROOT.parent / "shared").is_dir():
             (work / "shared").symlink_to(ROOT.parent / "shared")
         steps = {"setup": timed(["make", "setup"], clone, work / "setup.log")}
@@ -74,7 +78,7 @@ def run(keep: bool = False, ci: bool = True) -> dict[str, Any]:
             + (f", .ci/run {steps['ci']['seconds'] / 60:.1f} min" if ci else "")
             + (f"; FAILED: {', '.join(failed)}" if failed else "")
         )
-        return {"headline": headline, "clone": str(clone), **steps}
+        return {"headline": headline, "clone": str(clone), "clone_commit": head.stdout.strip(), **steps}
     finally:
         if keep:
             print(f"kept {work}", file=sys.stderr)
