@@ -391,10 +391,15 @@ SECTIONS = tuple(RUNNERS)  # the order `make bench` runs them in
 
 
 def run_all(
-    quick: bool = False, only: list[str] | None = None, raw_dir: Path | None = None
+    quick: bool = False,
+    only: list[str] | None = None,
+    raw_dir: Path | None = None,
+    after_each: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Run the sections in order; each records status, seconds, CPU contention and its result, and with
-    `raw_dir` writes its raw file there as it finishes (`make bench`: benchmarks/raw/)."""
+    `raw_dir` writes its raw file there as it finishes (`make bench`: benchmarks/raw/). `after_each` gets the
+    results so far after every section (main writes results.json then: a run stopped in its third hour keeps
+    what its first two measured)."""
     results: dict[str, Any] = {"machine": machine(), "quick": quick, "sections": {}}
     for name in only or SECTIONS:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
@@ -410,13 +415,39 @@ def run_all(
                              traceback=traceback.format_exc(limit=6))  # fmt: skip
         entry["seconds"] = round(meter.wall, 1)
         entry["contention"] = meter.result
+        entry["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
         results["sections"][name] = entry
         if raw_dir is not None:
             write_raw(raw_dir, name, entry, results["machine"])
         print(f"[bench] {name}: {entry['status']} in {entry['seconds']}s "
               f"(others used {meter.result['others_cpu_share']} of the CPU)", file=sys.stderr, flush=True)  # fmt: skip
-    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        if after_each is not None:
+            after_each(results)
     return results
+
+
+def from_raw(raw_dir: Path, names: list[str]) -> dict[str, Any]:
+    """Results made of the sections' raw files (what a run writes as each section finishes): for a run that
+    was stopped before it wrote results.json. Each section keeps the machine and finish time of its own run."""
+    sections, finished = {}, {}
+    for name in names:
+        path = raw_dir / f"{name}.json"
+        if not path.is_file():
+            raise SystemExit(
+                f"{path}: no raw file of section {name!r}; run `python -m benchmarks.run --only {name}`"
+            )
+        record = json.loads(path.read_text())
+        if record.get("section") != name:
+            raise SystemExit(f"{path}: its 'section' is {record.get('section')!r}, not {name!r}")
+        sections[name] = {
+            k: record[k]
+            for k in ("result", "status", "error", "traceback", "seconds", "contention", "finished")
+            if k in record
+        }
+        finished[name] = record["finished"]
+    machine_of = json.loads((raw_dir / f"{names[-1]}.json").read_text())["machine"]
+    return {"machine": machine_of, "quick": False, "sections": sections, "finished": max(finished.values())}
 
 
 def write_raw(folder: Path, name: str, entry: dict[str, Any], measured_on: dict[str, Any]) -> Path:
@@ -464,7 +495,10 @@ def headline(name: str, result: dict[str, Any]) -> str:
 def merged(earlier: dict[str, Any], rerun: dict[str, Any]) -> dict[str, Any]:
     """`earlier` with the sections of `rerun` replaced, each rerun section noted with its own finish time."""
     result = {**earlier, "sections": {**earlier["sections"], **rerun["sections"]}}
-    result["rerun"] = {**earlier.get("rerun", {}), **{name: rerun["finished"] for name in rerun["sections"]}}
+    result["rerun"] = {
+        **earlier.get("rerun", {}),
+        **{name: entry.get("finished", rerun["finished"]) for name, entry in rerun["sections"].items()},
+    }
     return result
 
 
@@ -541,15 +575,34 @@ def main(argv: list[str] | None = None) -> int:
         help="with --only: write only these sections, dropping the other sections' earlier results "
         "(by default a rerun replaces just its own sections, noted as rerun)",
     )
+    parser.add_argument(
+        "--from-raw",
+        nargs="+",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help="run nothing: put these sections' raw files (<out>/raw/SECTION.json) into results.json, for a "
+        "run stopped after they finished",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else ROOT / "benchmarks" / ("out" if args.quick else "")
-    results = run_all(quick=args.quick, only=args.only, raw_dir=out / "raw")
-    # A partial rerun must not wipe the other sections' figures (an hour of measurements): merge by default.
-    if args.only and not args.fresh and (out / "results.json").exists():
-        results = merged(json.loads((out / "results.json").read_text()), results)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    (out / "results.md").write_text(to_markdown(results))
+    earlier = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+
+    def write(results: dict[str, Any]) -> None:
+        # A partial rerun must not wipe the other sections' figures (an hour of measurements): merge by default.
+        if (args.only or args.from_raw) and not args.fresh and earlier is not None:
+            results = merged(earlier, results)
+        out.mkdir(parents=True, exist_ok=True)
+        texts = {"results.json": json.dumps(results, indent=2, default=str) + "\n"}
+        texts["results.md"] = to_markdown(results)
+        for name, text in texts.items():
+            partial = out / f".{name}.partial"
+            partial.write_text(text)
+            partial.replace(out / name)  # never a half-written results file
+
+    if args.from_raw:
+        write(from_raw(out / "raw", args.from_raw))
+    else:
+        run_all(quick=args.quick, only=args.only, raw_dir=out / "raw", after_each=write)
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}")
     return 0
 

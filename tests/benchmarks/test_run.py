@@ -37,3 +37,55 @@ def test_each_section_writes_its_raw_file_only_where_asked(monkeypatch, tmp_path
     record = json.loads((tmp_path / "raw" / "fsdd.json").read_text())
     assert record["section"] == "fsdd" and record["status"] == "not available"
     assert record["machine"]["python"] and "commit" in record
+
+
+def test_results_are_written_after_every_section_and_a_stopped_run_keeps_what_finished(monkeypatch, tmp_path):
+    out = tmp_path / "bench"
+    out.mkdir()
+    earlier = {"machine": {"cpu_count": 2, "python": "3", "torch": "2", "started": "then"}, "quick": False,
+               "sections": {"training": {"status": "ok", "result": {"headline": "kept"}, "seconds": 1.0,
+                                      "contention": {"others_cpu_share": 0.0}}}}  # fmt: skip
+    (out / "results.json").write_text(json.dumps(earlier))
+
+    def first(quick):
+        return {"headline": "first done"}
+
+    def second(quick):  # the session ends here: results.json must already hold the first section
+        written = json.loads((out / "results.json").read_text())
+        assert written["sections"]["fsdd"]["result"] == {"headline": "first done"}
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(bench.RUNNERS, "fsdd", first)
+    monkeypatch.setitem(bench.RUNNERS, "esc10", second)
+    try:
+        bench.main(["--only", "fsdd", "esc10", "--out", str(out)])
+    except KeyboardInterrupt:
+        pass
+    else:
+        raise AssertionError("the second section was meant to stop the run")
+    written = json.loads((out / "results.json").read_text())
+    assert set(written["sections"]) == {
+        "training",
+        "fsdd",
+    }  # the earlier section kept, the stopped one absent
+    assert written["rerun"]["fsdd"] == written["sections"]["fsdd"]["finished"]
+    assert "first done" in (out / "results.md").read_text()
+    assert not list(out.glob(".*partial"))
+
+
+def test_from_raw_puts_a_stopped_runs_raw_files_into_the_results(monkeypatch, tmp_path):
+    out = tmp_path / "bench"
+    monkeypatch.setitem(bench.RUNNERS, "fsdd", lambda quick: {"headline": "from the raw file"})
+    bench.run_all(only=["fsdd"], raw_dir=out / "raw")  # the raw file only, as a run stopped later leaves it
+    assert not (out / "results.json").exists()
+    bench.main(["--from-raw", "fsdd", "--out", str(out)])
+    written = json.loads((out / "results.json").read_text())
+    raw = json.loads((out / "raw" / "fsdd.json").read_text())
+    assert written["sections"]["fsdd"]["result"] == {"headline": "from the raw file"}
+    assert written["sections"]["fsdd"]["finished"] == raw["finished"] and written["machine"] == raw["machine"]
+    try:
+        bench.main(["--from-raw", "esc10", "--out", str(out)])
+    except SystemExit as stop:
+        assert "esc10.json" in str(stop) and "--only esc10" in str(stop)
+    else:
+        raise AssertionError("a section without a raw file must be refused")
