@@ -93,10 +93,10 @@ def reseal_hiding(artifact: Path, data: Path, species: str, out: Path) -> Path:
     """A copy of `artifact` whose sealed teacher leaves `species` out of its map, the 'none of mine' logit
     fitted again on the training recordings' scores (kept beside the artifact by the train notebook)."""
     from pipeline.core.config import TrainConfig
-    from pipeline.core.tables import TrainTable, label_list, read_train_table
+    from pipeline.core.tables import TrainTable, label_list, read_taxonomy, read_train_table
     from pipeline.rounds.pretrained import Taught, fit_unknown, seal
     from pipeline.teachers.model import find_teacher
-    from pipeline.teachers.species import match_classes, read_taxonomy
+    from pipeline.teachers.species import match_classes
 
     config = TrainConfig(data_dir=str(data), **BIRDCLEF_TABLE)
     rows, _ = read_train_table(data, "skip", TrainTable.of(config))

@@ -30,7 +30,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from .buckets import DEFAULT_COUNT
-from .config import ENERGY_WEIGHTED_WINDOWS, MAX_WINDOWS_PER_FILE, QUIET_WINDOW_DB, SPEED_LIMITS
+from .config import (
+    ENERGY_WEIGHTED_WINDOWS,
+    MAX_WINDOWS_PER_FILE,
+    QUIET_WINDOW_DB,
+    SPEED_LIMITS,
+    TrainConfig,
+)
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
 from .staging import check_output_dir, staged_directory
 
@@ -115,6 +121,21 @@ def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None
         is_ours=is_artifact,
         what="an artifact of this project (no manifest.json)",
         keep_apart=keep_apart,
+    )
+
+
+def check_training_outputs(config: TrainConfig) -> None:
+    """What a training run will write, checked before it starts (never train for hours, then refuse to save):
+    the artifact may replace only an earlier artifact or an empty folder; checkpoints go to a folder of their
+    own (`checkpoint_folder`); neither may overlap the data or each other (core/staging's rule)."""
+    checkpoints = config.checkpoint_folder
+    check_artifact_dir(config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoints)
+    check_output_dir(
+        checkpoints,
+        name="checkpoint_dir",
+        is_ours=lambda _: True,
+        what="a checkpoint folder",
+        keep_apart={"data_dir": config.data_dir},
     )
 
 

@@ -14,6 +14,7 @@ import string
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 # Model size presets: channel widths of ECAPA-TDNN. "voxceleb" is the published VoxCeleb recipe's size;
@@ -361,6 +362,11 @@ class TrainConfig:
         """The fraction the table is split by when decoded: an auto val_fraction splits at the default, and the
         plan may give the held-out files back (training/plan.py)."""
         return DEFAULT_VAL_FRACTION if self.val_fraction is None else self.val_fraction
+
+    @property
+    def checkpoint_folder(self) -> Path:
+        """Where this run's checkpoints go: checkpoint_dir, or by default beside the artifact."""
+        return Path(self.checkpoint_dir or f"{self.artifact_dir}.checkpoints")
 
     @property
     def window_samples(self) -> int:

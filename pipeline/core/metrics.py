@@ -100,11 +100,4 @@ def standard_error(
     return float(np.sqrt((len(values) - 1) / len(values) * np.sum(spread**2)))
 
 
-def selection_metric(metric: str, objective: str) -> str:
-    """The metric validation selects by: `metric`, or for "auto" accuracy (aam) or macro_roc_auc (multi-label)."""
-    if metric != "auto":
-        return metric
-    return "accuracy" if objective == "aam" else "macro_roc_auc"
-
-
-__all__ = ["METRICS", "MetricError", "score", "selection_metric", "standard_error"]
+__all__ = ["METRICS", "MetricError", "score", "standard_error"]

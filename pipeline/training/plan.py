@@ -49,7 +49,6 @@ import numpy as np
 
 from ..core import kaggle
 from ..core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, SAMPLE_RATE, ConfigError, TrainConfig
-from ..core.metrics import selection_metric
 from ..core.progress import plural
 from ..core.tables import (
     TrainRow,
@@ -57,12 +56,13 @@ from ..core.tables import (
     audio_in_folder,
     label_list,
     read_labelled_chunks,
+    read_taxonomy,
     read_train_table,
 )
 from ..devices import policy
 from ..devices.policy import HardwarePlan
 from ..devices.probe import Topology
-from ..teachers.species import bird_signal, read_taxonomy
+from ..teachers.species import bird_signal
 from .dataset import Sources, TrainingData, load_training_data
 
 LOCAL_DATA = Path("artifacts/demo_data")
@@ -114,7 +114,6 @@ class Session:
     config: TrainConfig
     sources: Sources
     taxonomy: dict[str, str] = field(default_factory=dict)
-    birds: str | None = None  # why the table's classes are bird species (species.bird_signal), or None
     read_with: dict[str, Any] = field(default_factory=dict)  # SOURCE_PARAMETERS as the sources were read
 
     def but(self, **changes: Any) -> Session:
@@ -172,10 +171,7 @@ def open_session(config: TrainConfig | Session) -> Session:
     caches = kaggle.find_dirs_with(("cache.json", "index.npz")) if kaggle.on_kaggle() else []
     sources = Sources(tuple(rows), tuple(skipped), tuple(chunks), tuple(noise), noise_prefix, tuple(caches))
     taxonomy = read_taxonomy(config.data_dir)
-    birds = bird_signal(label_list(row.label for row in rows), taxonomy)
-    return Session(
-        config, sources, taxonomy, birds, {name: getattr(config, name) for name in SOURCE_PARAMETERS}
-    )
+    return Session(config, sources, taxonomy, {name: getattr(config, name) for name in SOURCE_PARAMETERS})
 
 
 def plan_training(
@@ -188,7 +184,9 @@ def plan_training(
     if changed := sorted(name for name, value in session.read_with.items() if getattr(config, name) != value):
         raise ValueError(f"{changed}: the session's sources were read with other values; open a new session")
     decided: list[str] = []
-    birds = session.birds
+    objective, why = choose_objective(config, rows)
+    metric = choose_metric(config.metric, objective)
+    birds = bird_signal(label_list(row.label for row in rows), session.taxonomy)
     if config.sample_rate is None:
         rate = BIRD_SAMPLE_RATE if birds else SAMPLE_RATE
         session = session.but(sample_rate=rate)
@@ -196,7 +194,6 @@ def plan_training(
         decided.append(
             f"sample_rate {rate} ({birds or 'no bird recordings: 16 kHz keeps what speech needs'})"
         )
-    objective, why = choose_objective(config, rows)
     decided.append(f"objective {objective} ({why})")
     hardware = policy.decide(config, train_rows=round(len(rows) * (1 - config.split_fraction)))
     data = load_training_data(config, log, session.sources, objective=objective)
@@ -213,7 +210,6 @@ def plan_training(
     if why:
         decided.append(f"model_size '{size}' ({why})")
     frontend, members = choose_frontend(config), choose_members(config, size)
-    metric = selection_metric(config.metric, objective)
     if config.val_fraction == 0 and data.val_idx:
         decided.append(
             f"validation: none, its {plural(len(data.val_idx), 'file')} train too, the last epoch is kept"
@@ -336,6 +332,13 @@ def choose_objective(config: TrainConfig, rows: list[TrainRow]) -> tuple[str, st
     return "aam", "auto: every file has one label"
 
 
+def choose_metric(metric: str, objective: str) -> str:
+    """The metric validation selects by: `metric`, or for "auto" accuracy (aam) or macro_roc_auc (multi-label)."""
+    if metric != "auto":
+        return metric
+    return "accuracy" if objective == "aam" else "macro_roc_auc"
+
+
 # --------------------------------------------------------------------------------------- what it holds
 
 
@@ -343,7 +346,7 @@ def kind_of_data(
     clip_seconds: np.ndarray, config: TrainConfig, objective: str, epoch_crops: int, birds: str | None = None
 ) -> DataKind:
     """What the training table holds, from its clips' lengths, the objective its labels chose, noise_dir and
-    the bird signal (`Session.birds`)."""
+    the bird signal (species.bird_signal)."""
     median = float(np.median(clip_seconds)) if len(clip_seconds) else 0.0
     if config.noise_dir:
         return DataKind("other", f"soundscapes: noise_dir={config.noise_dir!r}")
@@ -423,6 +426,7 @@ __all__ = [
     "DataKind",
     "TrainPlan",
     "auto_could_choose",
+    "choose_metric",
     "choose_objective",
     "Session",
     "hardware_model_size",

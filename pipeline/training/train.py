@@ -31,14 +31,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.artifact import check_artifact_dir, save_artifact
+from ..core.artifact import check_training_outputs, save_artifact
 from ..core.config import ConfigError, TrainConfig
 from ..core.model import count_parameters, host_model
 from ..core.objectives import make_loss
 from ..core.progress import first_line, progress_bar
 from ..core.report import save_training_figures
 from ..core.scaling import Schedule, plan_schedule
-from ..core.staging import check_output_dir
 from ..devices import policy
 from ..devices.policy import HardwarePlan
 from ..devices.strategy import Strategy
@@ -114,8 +113,7 @@ def train(config: TrainConfig | Session) -> TrainResult:
     session = open_session(config)
     # Under torchrun every rank runs this: rank 0 says what it does.
     log = print if int(os.environ.get("RANK", "0")) == 0 else lambda *_: None
-    # Before anything slow: never train for hours, then refuse to save.
-    check_output_dirs(session.config)
+    check_training_outputs(session.config)  # before anything slow
     plan, data = plan_training(session, log)  # audio decoded once per machine, before any rank starts
     return policy.run(
         plan.hardware,
@@ -124,24 +122,6 @@ def train(config: TrainConfig | Session) -> TrainResult:
         data,
         started,
         collective_timeout_s=plan.config.collective_timeout_minutes * 60,
-    )
-
-
-def checkpoint_dir_of(config: TrainConfig) -> Path:
-    return Path(config.checkpoint_dir or f"{config.artifact_dir}.checkpoints")
-
-
-def check_output_dirs(config: TrainConfig) -> None:
-    """The artifact may replace only an earlier artifact or an empty folder; checkpoints are written beside
-    it; neither may overlap the data or each other (pipeline.core.staging's rule for every output folder)."""
-    checkpoints = checkpoint_dir_of(config)
-    check_artifact_dir(config.artifact_dir, data_dir=config.data_dir, checkpoint_dir=checkpoints)
-    check_output_dir(
-        checkpoints,
-        name="checkpoint_dir",
-        is_ours=lambda _: True,
-        what="a checkpoint folder",
-        keep_apart={"data_dir": config.data_dir},
     )
 
 
@@ -240,7 +220,7 @@ def prepare(strategy: Strategy, train_plan: TrainPlan, data: TrainingData, start
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule.factor)
 
     state = ckpt.TrainingState()
-    checkpoint_dir = checkpoint_dir_of(config)
+    checkpoint_dir = config.checkpoint_folder
     fingerprint = run_fingerprint(config, data, hardware.topology)
     # Only rank 0's filesystem is sure to hold the checkpoint: it reads it, every rank gets what it read.
     payload = ckpt.read(checkpoint_dir, fingerprint, log) if strategy.is_main else None

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.core.metrics import MetricError, score, selection_metric, standard_error
+from pipeline.core.metrics import MetricError, score, standard_error
 
 
 def lwlrap_by_definition(truth, scores):
@@ -92,12 +92,6 @@ def test_metrics_that_cannot_be_computed_say_why():
         score("lwlrap", np.eye(2), np.array([[np.nan, 0], [0, 1]]))
     with pytest.raises(MetricError, match="unknown metric"):
         score("f1", np.eye(2), np.eye(2))
-
-
-def test_selection_metric_follows_the_objective():
-    assert selection_metric("auto", "aam") == "accuracy"
-    assert selection_metric("auto", "bce") == "macro_roc_auc"
-    assert selection_metric("lwlrap", "aam") == "lwlrap"
 
 
 def _noisy_rows(n, seed):

@@ -177,3 +177,14 @@ def test_audio_files_under_follows_linked_folders_and_walks_a_loop_once(tmp_path
     (root / "loop").symlink_to(root, target_is_directory=True)  # a link back to the folder itself
     found = [p.relative_to(root).as_posix() for p in audio_files_under(root)]
     assert found == ["a.wav", "linked/b.ogg"]
+
+
+def test_a_taxonomy_table_maps_labels_to_scientific_names_and_no_table_is_no_mapping(tmp_path):
+    from pipeline.core.tables import read_taxonomy
+
+    (tmp_path / "taxonomy.csv").write_text("primary_label,scientific_name\nblabir1,Turdus merula\n,Nobody\n")
+    assert read_taxonomy(tmp_path) == {"blabir1": "Turdus merula"}  # a row without a label is no entry
+    (tmp_path / "taxonomy.csv").unlink()
+    assert read_taxonomy(tmp_path) == {}
+    (tmp_path / "taxonomy.csv").write_text("code,name\nx,y\n")  # not BirdCLEF's columns
+    assert read_taxonomy(tmp_path) == {}

@@ -1,6 +1,7 @@
 """pipeline.teachers.species: the competition's classes matched to a teacher's outputs by scientific name."""
 
-from pipeline.teachers.species import match_classes, read_taxonomy, scientific_name
+from pipeline.core.tables import read_taxonomy
+from pipeline.teachers.species import match_classes, scientific_name
 
 BIRDNET_LIKE = ("Acrocephalus palustris_Marsh Warbler", "Acrocephalus schoenobaenus_Sedge Warbler",
                 "Turdus merula_Eurasian Blackbird", "Human vocal_Human vocal", "grewar3")  # fmt: skip
@@ -28,9 +29,3 @@ def test_binomial_labels_taxonomy_codes_and_exclusions(tmp_path):
     }
     assert "knows 4 of 7 classes; it lacks 3" in found.describe()
     assert found.as_record()["classes"]["blabir1"] == "Turdus merula_Eurasian Blackbird"
-
-
-def test_no_taxonomy_table_is_no_mapping(tmp_path):
-    assert read_taxonomy(tmp_path) == {}
-    (tmp_path / "taxonomy.csv").write_text("code,name\nx,y\n")  # not BirdCLEF's columns
-    assert read_taxonomy(tmp_path) == {}

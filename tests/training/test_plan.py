@@ -12,13 +12,14 @@ import pytest
 import soundfile as sf
 
 from pipeline.core.config import DEFAULT_EPOCHS, DEFAULT_VAL_FRACTION, TEST_TIME_SPEEDS, TrainConfig
-from pipeline.core.tables import DataError, TrainRow
+from pipeline.core.tables import DataError, TrainRow, read_taxonomy
 from pipeline.devices.probe import Topology
-from pipeline.teachers.species import bird_signal, read_taxonomy
+from pipeline.teachers.species import bird_signal
 from pipeline.training.plan import (
     EVENT_MAX_CROPS,
     DataKind,
     auto_could_choose,
+    choose_metric,
     choose_objective,
     hardware_model_size,
     kind_of_data,
@@ -92,6 +93,12 @@ def test_the_objective_follows_the_share_of_files_with_several_labels():
     assert choose_objective(TrainConfig(), rows("a", "b", secondary=("b",)))[0] == "bce"
     assert choose_objective(TrainConfig(objective="focal"), rows("a"))[0] == "focal"
     assert choose_objective(TrainConfig(soundscape_targets="t.csv", noise_dir="n"), rows("a"))[0] == "bce"
+
+
+def test_the_selection_metric_follows_the_objective():
+    assert choose_metric("auto", "aam") == "accuracy"
+    assert choose_metric("auto", "bce") == "macro_roc_auc"
+    assert choose_metric("lwlrap", "aam") == "lwlrap"
 
 
 def test_bird_recordings_are_told_by_their_species_not_by_two_word_labels(tmp_path):
