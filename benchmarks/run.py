@@ -430,7 +430,7 @@ def run_all(
 def from_raw(raw_dir: Path, names: list[str]) -> dict[str, Any]:
     """Results made of the sections' raw files (what a run writes as each section finishes): for a run that
     was stopped before it wrote results.json. Each section keeps the machine and finish time of its own run."""
-    sections, finished = {}, {}
+    sections, record = {}, {}
     for name in names:
         path = raw_dir / f"{name}.json"
         if not path.is_file():
@@ -445,9 +445,8 @@ def from_raw(raw_dir: Path, names: list[str]) -> dict[str, Any]:
             for k in ("result", "status", "error", "traceback", "seconds", "contention", "finished")
             if k in record
         }
-        finished[name] = record["finished"]
-    machine_of = json.loads((raw_dir / f"{names[-1]}.json").read_text())["machine"]
-    return {"machine": machine_of, "quick": False, "sections": sections, "finished": max(finished.values())}
+    finished = max(entry["finished"] for entry in sections.values())
+    return {"machine": record["machine"], "quick": False, "sections": sections, "finished": finished}
 
 
 def write_raw(folder: Path, name: str, entry: dict[str, Any], measured_on: dict[str, Any]) -> Path:

@@ -317,7 +317,6 @@ class LabelledChunk:
     labels: tuple[str, ...]
 
 
-# The columns of BirdCLEF 2026's train_soundscapes_labels.csv.
 TAXONOMY = "taxonomy.csv"
 
 
@@ -334,6 +333,7 @@ def read_taxonomy(data_dir: str | Path, table: str = TAXONOMY) -> dict[str, str]
     return {row["primary_label"]: row["scientific_name"] for row in rows if row["primary_label"]}
 
 
+# The columns of BirdCLEF 2026's train_soundscapes_labels.csv.
 SOUNDSCAPE_COLUMNS = ("filename", "start", "end", "primary_label")
 
 

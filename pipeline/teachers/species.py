@@ -105,9 +105,9 @@ __all__ = ["ClassMap", "bird_signal", "match_classes", "normal_name", "scientifi
 
 
 def bird_signal(labels: list[str], taxonomy: dict[str, str]) -> str | None:
-    """Why the classes `labels` are birds, or None: a taxonomy.csv (`core.tables.read_taxonomy`) naming their species
-    (BirdCLEF ships one), or most of them species that BirdNET v2.4 knows by scientific name (when its labels
-    are installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
+    """Why the classes `labels` are birds, or None: a taxonomy.csv (`core.tables.read_taxonomy`) naming their
+    species (BirdCLEF ships one), or most of them species that BirdNET v2.4 knows by scientific name (when its
+    labels are installed: the `birds` extra). A label that merely looks like two words ("crying_baby") is not enough."""
     if named := sum(label in taxonomy for label in labels):
         if named >= BIRD_SHARE * len(labels):
             return f"taxonomy.csv names the species of {named} of {plural(len(labels), 'class')}"
