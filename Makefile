@@ -37,14 +37,18 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/jupytext --sync notebooks/*.ipynb
 
-# The suite a change must pass (11-18 min on 2 cores, as the machine's speed varies). Tests marked `extended` repeat on other shapes what this
-# suite already guards (pyproject.toml's markers say which); `make test-all` runs them too. The 25 slowest tests
-# are listed at the end: what to make cheaper, or mark extended, when the suite nears its 15 minutes.
+# The suite a change must pass. Tests marked `extended` repeat on other shapes what this suite already guards
+# (pyproject.toml's markers say which); `make test-all` runs them too. Two pytest workers take the test modules
+# in turn, a module whole so that its fixtures are built once: most tests wait on one busy thread (a notebook's
+# kernel, XLA's compiler, a rank), which left the second of this machine's 2 cores idle. Measured on 2 cores
+# only (benchmarks/raw/fresh_clone.json); `make test PYTEST_WORKERS=N` to try others. The 25 slowest tests are
+# listed at the end: what to make cheaper, or mark extended, when `.ci/run` nears its 20 minutes.
+PYTEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q -ra -m "not extended" --durations=25
+	$(BIN)/python -m pytest -q -ra -m "not extended" -n $(PYTEST_WORKERS) --dist loadscope --durations=25
 
 test-all: lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadscope
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
