@@ -1,12 +1,14 @@
 """What a new user and CI run, timed on a fresh clone: `make setup`, `make demo`, then `.ci/run`.
 
-    python -m benchmarks.fresh_clone --out benchmarks/raw/fresh_clone.json [--no-ci] [--keep]
+    python -m benchmarks.fresh_clone --out benchmarks/raw/fresh_clone.json [--no-ci] [--serial] [--keep]
 
 The clone is made from this checkout's HEAD into a temporary folder, with `../shared` linked beside it as CI has
 it, and nothing of this checkout's state (no .venv, no artifacts, no caches of the project's own). pip's and uv's
 caches are the machine's, so the set-up time is the figure for a warm package cache: a machine that downloads
 the CUDA build of torch for the first time takes longer. The README's set-up, demo and CI figures come from
-this file. The temporary folder is removed at the end unless --keep.
+this file. With --serial, `make test` runs once more in the same clone with one pytest process
+(PYTEST_WORKERS=0), so that its two workers are compared with the serial suite within one run. The temporary
+folder is removed at the end unless --keep.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def pytest_summary(log: Path) -> dict[str, Any]:
     return {"counts": counts.strip().rstrip(","), "seconds": float(seconds)}
 
 
-def run(keep: bool = False, ci: bool = True) -> dict[str, Any]:
+def run(keep: bool = False, ci: bool = True, serial: bool = False) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="fresh-clone-"))
     clone = work / "main"
     try:
@@ -71,11 +73,15 @@ def run(keep: bool = False, ci: bool = True) -> dict[str, Any]:
         if ci:
             steps["ci"] = timed([".ci/run"], clone, work / "ci.log")
             steps["ci"]["pytest"] = pytest_summary(work / "ci.log")
+        if serial:
+            steps["serial_test"] = timed(["make", "test", "PYTEST_WORKERS=0"], clone, work / "serial.log")
+            steps["serial_test"]["pytest"] = pytest_summary(work / "serial.log")
         failed = [name for name, step in steps.items() if isinstance(step, dict) and step["returncode"] != 0]
         headline = (
             f"set-up {steps['setup']['seconds'] / 60:.1f} min (warm package cache), make demo "
             f"{steps['demo']['seconds']:.0f} s (accuracy {steps['demo']['accuracy']})"
             + (f", .ci/run {steps['ci']['seconds'] / 60:.1f} min" if ci else "")
+            + (_workers_against_serial(steps) if ci and serial else "")
             + (f"; FAILED: {', '.join(failed)}" if failed else "")
         )
         return {"headline": headline, "clone": str(clone), "clone_commit": head.stdout.strip(), **steps}
@@ -86,15 +92,25 @@ def run(keep: bool = False, ci: bool = True) -> dict[str, Any]:
             shutil.rmtree(work, ignore_errors=True)  # ours: made by mkdtemp above
 
 
+def _workers_against_serial(steps: dict[str, Any]) -> str:
+    workers, alone = steps["ci"]["pytest"].get("seconds"), steps["serial_test"]["pytest"].get("seconds")
+    if not (workers and alone):
+        return ""
+    return f"; pytest {workers / 60:.1f} min on make test's workers, {alone / 60:.1f} serial (x{workers / alone:.2f})"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.fresh_clone", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, help="raw file to write (stamped with the commit and machine)")
     parser.add_argument("--no-ci", action="store_true", help="set-up and make demo only")
+    parser.add_argument(
+        "--serial", action="store_true", help="then make test again, serial (PYTEST_WORKERS=0)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary clone and its logs")
     args = parser.parse_args(argv)
-    result = run(keep=args.keep, ci=not args.no_ci)
+    result = run(keep=args.keep, ci=not args.no_ci, serial=args.serial)
     print_result(result, args.out)
     return 0 if "FAILED" not in result["headline"] else 1
 
