@@ -40,15 +40,19 @@ format: $(STAMP)
 # The suite a change must pass. Tests marked `extended` repeat on other shapes what this suite already guards
 # (pyproject.toml's markers say which); `make test-all` runs them too. Two pytest workers take the test modules
 # in turn, a module whole so that its fixtures are built once: most tests wait on one busy thread (a notebook's
-# kernel, XLA's compiler, a rank), which left the second of this machine's 2 cores idle. Measured on 2 cores
-# only (benchmarks/raw/fresh_clone.json); `make test PYTEST_WORKERS=N` to try others. The 25 slowest tests are
-# listed at the end: what to make cheaper, or mark extended, when `.ci/run` nears its 20 minutes.
+# kernel, XLA's compiler, a rank), which left the second of this machine's 2 cores idle. OMP_WAIT_POLICY=PASSIVE
+# (for the workers and every process they start): torch's OpenMP threads otherwise spin while they wait, and
+# two processes' spinning threads took each other's cores. On 2 cores: serial 864 s; two workers 1074 s
+# spinning (twice the CPU time), 581 s passive (benchmarks/raw/fresh_clone_workers.json,
+# make_test_workers_passive.log). `make test PYTEST_WORKERS=0` runs serially. The 25 slowest tests are listed
+# at the end: what to make cheaper, or mark extended, when `.ci/run` nears its 20 minutes.
 PYTEST_WORKERS ?= 2
+PYTEST := OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadscope
 test: lint
-	$(BIN)/python -m pytest -q -ra -m "not extended" -n $(PYTEST_WORKERS) --dist loadscope --durations=25
+	$(PYTEST) -q -ra -m "not extended" --durations=25
 
 test-all: lint
-	$(BIN)/python -m pytest -q -ra -n $(PYTEST_WORKERS) --dist loadscope
+	$(PYTEST) -q -ra
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run
