@@ -76,9 +76,8 @@ print(json.dumps(found))
 @pytest.mark.timeout(600)
 def test_traced_once_equals_traced_every_step_with_accumulation_shapes_and_part_of_the_model_trained():
     env = venv_env(TF_CPP_MIN_LOG_LEVEL="2", PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8")
-    # The two ways run as two processes side by side. Not measured against one after the other: under make
-    # test's two workers this test took 146 s (benchmarks/raw/make_test_workers_passive.log), 111 s serially
-    # as one process on an earlier day.
+    # The two ways run as two processes side by side; not measured against one after the other (under make
+    # test's two workers this test took 146 s: benchmarks/raw/make_test_workers_passive.log).
     command = [sys.executable, "-c", SCRIPT]
     runs = {
         way: subprocess.Popen(
