@@ -63,13 +63,18 @@ def freesound_layout(competition: Path, out: Path) -> dict[str, str]:
 
 
 def placeholders_only(folder: Path) -> None:
-    """sample_submission.csv reduced to its header and a few ids that name no file."""
+    """sample_submission.csv reduced to its header and a few ids that name no file. Lettered, not numbered:
+    `placeholder_0`, `_1`, `_2` have the form `<file>_<seconds>` on a 1 s grid, which segment_seconds auto reads
+    as chunk ids (pipeline/inference/rows.py), as BirdCLEF's placeholders are; a file-row competition whose
+    placeholders are numbered so sets segment_seconds None."""
     with open(folder / "sample_submission.csv", newline="") as handle:
         header = next(csv.reader(handle))
     with open(folder / "sample_submission.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
-        writer.writerows([f"placeholder_{k}", *(["0"] * (len(header) - 1))] for k in range(PLACEHOLDERS))
+        writer.writerows(
+            [f"placeholder_{chr(ord('a') + k)}", *(["0"] * (len(header) - 1))] for k in range(PLACEHOLDERS)
+        )
 
 
 def _read(path: Path) -> tuple[list[str], list[dict[str, str]]]:
