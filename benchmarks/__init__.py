@@ -19,7 +19,24 @@ def machine() -> dict[str, Any]:
 
     return {"cpu_count": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
             "platform": platform.platform(), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            "loadavg_1m": round(os.getloadavg()[0], 2)}  # fmt: skip
+            "loadavg_1m": round(os.getloadavg()[0], 2), **cpu_model()}  # fmt: skip
+
+
+# The instruction sets int8 speed and accuracy depend on (VNNI: int8 products without 16-bit saturation).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def cpu_model() -> dict[str, Any]:
+    """The CPU's name and which of ISA_FLAGS it has (Linux's /proc/cpuinfo; empty elsewhere): the machines
+    this project is measured on change between days, and int8 figures depend on the instruction set."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in text.split("\n\n")[0].splitlines() if ":" in line)
+    name = next((v.strip() for k, v in fields.items() if k.strip() == "model name"), None)
+    flags = set(next((v for k, v in fields.items() if k.strip() == "flags"), "").split())
+    return {"cpu": name, "cpu_flags": [flag for flag in ISA_FLAGS if flag in flags]}
 
 
 def commit_state() -> dict[str, Any]:

@@ -5,6 +5,7 @@
 Sections (each fails soft: an error is recorded and the next section runs):
   inference     naive one-file loop, today's torch path and the default (ONNX + length buckets) (inference.py)
   engines       CPU engines per preset and threads: torch, ONNX Runtime fp32, int8; int8's accuracy (engines.py)
+  int8_range    full-range vs 7-bit int8 weights on this CPU: cosine to fp32 and speed (int8_range.py)
   training      training throughput per strategy, with XLA compile counts         (benchmarks/training.py)
   loader_wait   time training steps wait for DataLoader batches, from the run's own history (measured here)
   fsdd          time-to-accuracy on real speech with default settings, 3 splits (benchmarks/fsdd_accuracy.py)
@@ -65,6 +66,10 @@ def section_inference(quick: bool) -> dict[str, Any]:
 
 def section_engines(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.engines", quick)
+
+
+def section_int8_range(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.int8_range", quick)
 
 
 def section_cuda(quick: bool) -> dict[str, Any]:
@@ -370,6 +375,7 @@ class NotAvailable(RuntimeError):
 RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "inference": section_inference,
     "engines": section_engines,
+    "int8_range": section_int8_range,
     "training": section_training,
     "loader_wait": section_loader_wait,
     "fsdd": section_fsdd,
