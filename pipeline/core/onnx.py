@@ -308,7 +308,8 @@ def load_session(path: str | Path, threads: int) -> Any:
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # Int8 files written before weights were kept to 7 bits (quantize_embedding_model) saturate on x86 CPUs
     # without VNNI; this has ONNX Runtime multiply their out-of-range weights as uint8 x uint8 on such CPUs
-    # (slower, exact). A no-op for 7-bit weights and on VNNI CPUs.
+    # (slower, exact). ONNX Runtime leaves VNNI CPUs alone, and 7-bit weights ran at the same speed with it on
+    # and off (benchmarks/int8_range.py).
     options.add_session_config_entry("session.x64quantprecision", "1")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import run_papermill, venv_env
+from helpers import XLA_STAND_IN, run_papermill, venv_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.xla]
 
@@ -32,7 +32,7 @@ sys.meta_path.insert(0, _NoXla())
 @pytest.mark.timeout(600)
 def test_tpu_notebook_on_8_xla_cpu_devices_then_infer_without_torch_xla(synthetic_data, tmp_path):
     artifact = tmp_path / "model"
-    env = venv_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8")
+    env = venv_env(**XLA_STAND_IN)
     run = run_papermill("notebooks/train.ipynb", tmp_path / "train.out.ipynb", {
         "data_dir": synthetic_data, "artifact_dir": artifact, "accelerator": "tpu", "model_size": "tiny",
         "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "base_lr": 0.002, "lr_scaling": "sqrt",
@@ -126,7 +126,7 @@ def test_spmd_shards_the_batch_runs_bf16_and_reports_every_compilation(synthetic
               "model_size": "tiny", "epochs": 2, "per_device_batch_size": 8, "base_batch_size": 8, "n_mels": 40,
               "window_seconds": 0.5, "progress": False, "ensemble_members": 2,  # both members in one step
               "frontend": "pcen"}  # fmt: skip  # PCEN features from the DataLoader workers and for validation
-    env = venv_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="2")
+    env = venv_env(**XLA_STAND_IN, TF_CPP_MIN_LOG_LEVEL="2")
     run = subprocess.run([sys.executable, "-c", XLA_INSIDE, json.dumps(params)], env=env, capture_output=True,
                          text=True, timeout=540)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -170,7 +170,7 @@ except ValueError as error:
 def test_a_host_side_error_reaches_the_training_loop_as_itself():
     """Issue 13: torch_xla's loader thread swallowed an exception of the host pipeline and ended the
     iteration: the loop saw a bare StopIteration, the message went to stderr only."""
-    env = venv_env(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8")
+    env = venv_env(**XLA_STAND_IN)
     run = subprocess.run([sys.executable, "-c", XLA_HOST_ERROR], env=env, capture_output=True, text=True,
                          timeout=240)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
@@ -232,7 +232,7 @@ def test_the_trace_remedies_keep_the_losses_of_todays_xla_step_and_of_eager_cpu(
     found = {}
     modes = (("production", None), ("today", "0"), ("eager", None))
     for mode, functionalization_off in modes:
-        extra = {} if mode == "eager" else {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8"}
+        extra = {} if mode == "eager" else dict(XLA_STAND_IN)
         if functionalization_off is not None:
             extra["XLA_DISABLE_FUNCTIONALIZATION"] = functionalization_off
         env = venv_env(TF_CPP_MIN_LOG_LEVEL="2", **extra)
