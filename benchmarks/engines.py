@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import commit_state, machine
 from benchmarks.fsdd_accuracy import DEFAULT_SOURCE, CpuMeter, split_by_index
 
 ENGINES = ("torch", "onnx-fp32", "onnx-int8")
@@ -340,8 +341,8 @@ def main(argv: list[str] | None = None) -> int:
                  batches=args.batch, tasks=[] if args.no_accuracy else args.task, epochs=args.epochs or None)  # fmt: skip
     print(report(result))
     print(result["headline"])
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+    if args.json:  # a raw file: stamped with the commit, the time and the machine (CPU flags included)
+        args.json.write_text(json.dumps({**commit_state(), "machine": machine(), **result}, indent=2))
     return 0
 
 
