@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
-from benchmarks import ROOT, print_result
+import pytest
+
+from benchmarks import ISA_FLAGS, ROOT, cpu_model, print_result
 
 
 def test_a_raw_file_names_the_commit_time_and_machine_it_was_measured_on(tmp_path, capsys):
@@ -21,3 +24,16 @@ def test_a_raw_file_names_the_commit_time_and_machine_it_was_measured_on(tmp_pat
         "headline": "two of two",
         "value": 0.5,
     }  # stdout: the result
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo: not Linux")
+def test_the_machine_names_the_cpu_and_the_instruction_sets_int8_depends_on():
+    """Int8's speed and accuracy depend on VNNI (full-range int8 weights saturated without it)."""
+    found = cpu_model()
+    flags = set(
+        next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        ).split()
+    )
+    assert found["cpu_flags"] == [flag for flag in ISA_FLAGS if flag in flags]
+    assert found["cpu"] and found["cpu"] in Path("/proc/cpuinfo").read_text()
