@@ -31,9 +31,8 @@ import numpy as np
 import torch
 
 from benchmarks import cpu_model, print_result
+from benchmarks.fsdd_accuracy import DEFAULT_SOURCE as FSDD
 
-ROOT = Path(__file__).resolve().parents[1]
-FSDD = ROOT.parent / "shared" / "fsdd" / "recordings"
 WINDOW, BATCH, THREADS = 16000, 16, 2
 
 
@@ -44,23 +43,6 @@ def fsdd_windows(paths: list[Path]) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.concatenate([w for w, _ in cut])), torch.from_numpy(
         np.concatenate([r for _, r in cut])
     )
-
-
-def quantized(model: Any, fp32: Path, target: Path, calibration: tuple, reduce_range: bool) -> Path:
-    """quantize_embedding_model's file, or the full-range one it wrote before (its onnxruntime call, one
-    argument changed)."""
-    import onnxruntime.quantization as quantization
-
-    from pipeline.core.onnx import quantize_embedding_model
-
-    original = quantization.quantize_static
-    quantization.quantize_static = lambda *args, **kwargs: original(
-        *args, **{**kwargs, "reduce_range": reduce_range}
-    )
-    try:
-        return quantize_embedding_model(model, fp32, target, *calibration)
-    finally:
-        quantization.quantize_static = original
 
 
 def plain_session(path: Path, exact: bool) -> Any:
@@ -77,7 +59,7 @@ def plain_session(path: Path, exact: bool) -> Any:
 
 def measure_preset(preset: str, recordings: list[Path], rounds: int) -> dict[str, Any]:
     from pipeline.core.model import ModelConfig, SpeakerClassifier
-    from pipeline.core.onnx import export_embedding_model, load_session, run_session
+    from pipeline.core.onnx import export_embedding_model, load_session, quantize_embedding_model, run_session
 
     torch.manual_seed(0)
     config = ModelConfig.from_preset(preset, n_classes=10, n_mels=80, window_samples=WINDOW)
@@ -88,8 +70,10 @@ def measure_preset(preset: str, recordings: list[Path], rounds: int) -> dict[str
         feats = model.features(wavs, lens)
     with tempfile.TemporaryDirectory(prefix="bench-int8-") as folder:
         fp32 = export_embedding_model(model, Path(folder) / "fp32.onnx").path
-        full = quantized(model, fp32, Path(folder) / "full.onnx", calibration, reduce_range=False)
-        seven = quantized(model, fp32, Path(folder) / "seven.onnx", calibration, reduce_range=True)
+        full = quantize_embedding_model(
+            model, fp32, Path(folder) / "full.onnx", *calibration, reduce_range=False
+        )
+        seven = quantize_embedding_model(model, fp32, Path(folder) / "seven.onnx", *calibration)
         sessions = {
             "fp32": load_session(fp32, THREADS),
             "int8 full range": plain_session(full, exact=False),

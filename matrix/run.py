@@ -325,19 +325,20 @@ def read_text(path: Path) -> str:
     return path.read_text() if path.exists() else ""
 
 
+# torch_xla's CPU stand-in without LLVM's optimisation of the code it compiles: the graphs, their count and the
+# values they compute are what the handoff and the tests check, and LLVM is most of a compile (the tiny model's
+# SPMD step: 12 s against 46; one way of test_xla_traced's script alone 47 s against 145 s, 2026-11-29).
+XLA_QUICK_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
 def train_xla_handoff(leg: Leg) -> str:
     """The train notebook on torch_xla's CPU backend with 8 devices: SPMD, bf16; writes .matrix/handoff."""
     remove(HANDOFF)
     HANDOFF.mkdir(parents=True)
     data = make_data(leg, HANDOFF / "data")
     artifact = HANDOFF / "model"
-    # Without LLVM's optimisation of the CPU stand-in's code: the graphs and their count are what is checked,
-    # and a compile takes a quarter of the time (tests/helpers.py's XLA_STAND_IN).
     env = leg.env(
-        PJRT_DEVICE="CPU",
-        CPU_NUM_DEVICES="8",
-        TF_CPP_MIN_LOG_LEVEL="2",
-        XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+        PJRT_DEVICE="CPU", CPU_NUM_DEVICES="8", TF_CPP_MIN_LOG_LEVEL="2", XLA_FLAGS=XLA_QUICK_COMPILE
     )
     log = leg.papermill("train-xla", "train.ipynb", {"data_dir": data, "artifact_dir": artifact,
                                                      "accelerator": "tpu", **TINY}, env=env)  # fmt: skip

@@ -12,6 +12,7 @@ import nbformat
 import numpy as np
 import soundfile as sf
 
+from matrix.run import XLA_QUICK_COMPILE
 from pipeline.core.config import SAMPLE_RATE
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,15 +26,8 @@ def venv_env(**extra: str) -> dict[str, str]:
     return env
 
 
-# torch_xla's CPU backend standing in for a TPU's 8 devices. LLVM's optimisation of the CPU code it compiles is
-# not what a test checks (the graphs, how many, and the values they compute are), and it is most of a compile:
-# without it a compile of the tiny model's SPMD step took 12 s instead of 46 (test_xla_traced's script, one
-# way alone, 2026-11-29: 47 s against 145 s).
-XLA_STAND_IN = {
-    "PJRT_DEVICE": "CPU",
-    "CPU_NUM_DEVICES": "8",
-    "XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
-}
+# torch_xla's CPU backend standing in for a TPU's 8 devices, compiling as the handoff does (matrix/run.py says why).
+XLA_STAND_IN = {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "8", "XLA_FLAGS": XLA_QUICK_COMPILE}
 
 
 def run_papermill(notebook: str, output: Path, params: dict, env: dict | None = None, timeout: float = 600):

@@ -216,11 +216,13 @@ def quantize_embedding_model(
     lens: torch.Tensor,
     batch: int = 16,
     keep_fp32: tuple[str, ...] = INT8_KEEP_FP32,
+    reduce_range: bool = True,
 ) -> Path:
     """Static int8 (QDQ, per-channel) of the exported fp32 model at `fp32_path`, written to `int8_path`,
     calibrated on the windows `wavs` [N, window_samples] with relative lengths `lens` [N] (real audio: the
     activation ranges are what matter). Operators whose weight name contains a `keep_fp32` string (one
-    starting with it, for a string ending in ".") stay fp32. Needs onnxruntime and onnx."""
+    starting with it, for a string ending in ".") stay fp32. `reduce_range` False writes full-range weights, as
+    artifacts before 7-bit weights had (for comparisons). Needs onnxruntime and onnx."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -260,7 +262,7 @@ def quantize_embedding_model(
                 # Weights in [-64, 64]: no saturation on any x86 CPU, at the speed of full range. On a
                 # 2-core AVX2-only EPYC, full range gave cosine 0.90 to fp32 on FSDD speech, this 0.997
                 # (tests/inference/test_onnx_engine.py; speed: benchmarks/int8_range.py).
-                reduce_range=True,
+                reduce_range=reduce_range,
                 activation_type=QuantType.QUInt8,
                 weight_type=QuantType.QInt8,
                 calibrate_method=CalibrationMethod.MinMax,

@@ -382,20 +382,18 @@ def test_int8_embeddings_stay_close_to_fp32_on_real_speech(model, exported, fsdd
 
 
 def test_a_full_range_int8_file_from_an_older_artifact_stays_close_to_fp32(
-    model, exported, fsdd_recordings, tmp_path, monkeypatch
+    model, exported, fsdd_recordings, tmp_path
 ):
     """Artifacts written before the 7-bit weights carry full-range ones; load_session has ONNX Runtime multiply
     those exactly on CPUs without VNNI (where this test can fail: cosine 0.90 without it, an AVX2-only EPYC).
     On a CPU with VNNI there is nothing to saturate and it passes either way."""
-    import onnxruntime.quantization as quantization
-
-    full_range = quantization.quantize_static
-    monkeypatch.setattr(
-        quantization, "quantize_static", lambda *a, **k: full_range(*a, **{**k, "reduce_range": False})
-    )
     recordings = sorted(fsdd_recordings.glob("*.wav"))
     old_file = quantize_embedding_model(
-        model, exported.path, tmp_path / "old.int8.onnx", *fsdd_windows(model, recordings[::40])
+        model,
+        exported.path,
+        tmp_path / "old.int8.onnx",
+        *fsdd_windows(model, recordings[::40]),
+        reduce_range=False,
     )
     assert int8_weight_range(old_file)[1] > 64  # the older kind of file indeed
     cosine = int8_cosine(model, exported, old_file, fsdd_windows(model, recordings[7::50]))
