@@ -15,15 +15,14 @@ admit the pins. The legs then run their checks from the repository root with the
   kaggle-tpu     pytest -m xla (less the notebook test: the next check is it, on this leg's versions); the
                  train notebook on 8 XLA CPU devices writes the handoff artifact, compiling as few graphs as the
                  test asks
-                 (.matrix/handoff: artifact, with the ONNX files its training exported, + competition folder +
-                 the versions that trained it)
-                 and torch 2.8's exporter writes its embedding model as ONNX (fp32, int8) beside it
+                 (.matrix/handoff: artifact, with the ONNX files its training exported (torch 2.8's
+                 exporter), + competition folder + the versions that trained it)
   kaggle-gpu     a kernel under the offline guard (tests/offline_guard.py: no network, no torch_xla) cannot
                  import torch_xla; the infer notebook on the handoff (copied read-only to another path, as
                  Kaggle mounts inputs) under that guard, engine='onnx' on the artifact's ONNX files, writes a
                  row for every sample_submission id, in order;
                  SpeechBrain's client on the same artifact, under the same guard, agrees with it; ONNX Runtime
-                 runs the handoff's ONNX files with torch's labels (matrix/onnx_check.py)
+                 runs the artifact's ONNX files with torch's labels (matrix/onnx_check.py)
 
 Why uv and not pip or nox: a leg is about 7 GB of CUDA wheels (PyPI's Linux torch). uv downloads in parallel
 into one cache and hardlinks installed files out of it, so a venv costs seconds and almost no disk once its
@@ -455,29 +454,13 @@ def speechbrain_handoff(leg: Leg) -> str:
     return speechbrain_client(leg, artifact, data, leg.work / "out" / "submission.csv")
 
 
-def onnx_export_handoff(leg: Leg) -> str:
-    """kaggle-tpu: this leg's torch exports the handoff artifact's embedding model (fp32, and int8 calibrated on
-    its training audio) into .matrix/handoff/onnx, as training is to write them into the artifact."""
-    out = HANDOFF / "onnx"
-    remove(out)
-    output = leg.run("onnx-export", [leg.python, "-m", "matrix.onnx_check", "export", HANDOFF / "model",
-                                     HANDOFF / "data", out])  # fmt: skip
-    found = json.loads(output.strip().splitlines()[-1])
-    return (f"torch {found['torch']}: fp32 {found['fp32_mb']} MB in {found['export_s']} s (max |ONNX - torch| "
-            f"{found['max_abs_diff']:.1e}), int8 {found['int8_mb']} MB")  # fmt: skip
-
-
 def onnx_engine_handoff(leg: Leg) -> str:
-    """kaggle-gpu, under the offline guard: ONNX Runtime runs kaggle-tpu's fp32 and int8 files, each through
-    make_embedder (engine 'onnx'), and the fp32 one gives torch's labels and scores."""
+    """kaggle-gpu, under the offline guard: ONNX Runtime runs the fp32 and int8 files kaggle-tpu's training wrote
+    into the artifact, each through make_embedder (engine 'onnx'), and the fp32 one gives torch's labels and
+    scores."""
     artifact, data = handoff_input(leg)
-    onnx_dir = artifact.parent / "onnx"
-    if not (onnx_dir / "embedding_model.onnx").is_file():
-        raise CheckFailed(
-            f"no ONNX export in {onnx_dir}: rerun leg kaggle-tpu (its ONNX export check writes it)"
-        )
     guard_log = leg.work / "guard-onnx.log"
-    output = leg.run("onnx-engine", [leg.python, "-m", "matrix.onnx_check", "compare", artifact, data, onnx_dir],
+    output = leg.run("onnx-engine", [leg.python, "-m", "matrix.onnx_check", "compare", artifact, data],
                      env=leg.guarded_env(guard_log))  # fmt: skip
     blocked = [line for line in read_text(guard_log).splitlines() if " blocked " in line]
     if blocked:
@@ -505,8 +488,7 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     "no torch_xla in the kernel": no_torch_xla_in_kernel,
     "infer notebook offline on the kaggle-tpu artifact": infer_offline_handoff,
     "SpeechBrain client agrees with the submission": speechbrain_handoff,
-    "ONNX export of the artifact's embedding model (fp32, int8)": onnx_export_handoff,
-    "ONNX engine on the kaggle-tpu export agrees with torch": onnx_engine_handoff,
+    "ONNX Runtime on the artifact's ONNX files agrees with torch": onnx_engine_handoff,
 }
 
 

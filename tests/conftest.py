@@ -33,17 +33,34 @@ TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_bat
                   sample_rate=16000)  # fmt: skip
 
 
+def built_once(tmp_path_factory, worker_id: str, name: str, build) -> Path:
+    """`build(folder)`'s folder, built by the first pytest-xdist worker that asks and reused by the others (a
+    session fixture is otherwise built once per worker: the tiny artifact took ~40 s of each worker's time).
+    Tests only read these folders; the ones that damage them take a copy (artifact_copy)."""
+    if worker_id == "master":  # one process: pytest's own temporary folder of this session
+        return build(tmp_path_factory.mktemp(name))
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent  # this session's folder, above each worker's own
+    folder, done = shared / name, shared / f"{name}.done"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed while building left it
+            folder.mkdir()
+            done.write_text(str(build(folder)))
+    return Path(done.read_text())
+
+
 @pytest.fixture(scope="session")
-def synthetic_data(tmp_path_factory) -> Path:
+def synthetic_data(tmp_path_factory, worker_id) -> Path:
     from pipeline.demo_data.synthetic import make_synthetic_competition
 
-    return make_synthetic_competition(
-        tmp_path_factory.mktemp("syn") / "data",
-        seed=3,
-        n_speakers=4,
-        train_per_speaker=12,
-        test_per_speaker=4,
-    )
+    def build(folder: Path) -> Path:
+        return make_synthetic_competition(
+            folder / "data", seed=3, n_speakers=4, train_per_speaker=12, test_per_speaker=4
+        )
+
+    return built_once(tmp_path_factory, worker_id, "syn", build)
 
 
 @pytest.fixture(scope="session")
@@ -56,16 +73,19 @@ def synthetic_training_data(synthetic_data):
 
 
 @pytest.fixture(scope="session")
-def tiny_artifact(tmp_path_factory, synthetic_data) -> Path:
+def tiny_artifact(tmp_path_factory, worker_id, synthetic_data) -> Path:
     from pipeline.core.config import TrainConfig
     from pipeline.training.train import train
 
-    out = tmp_path_factory.mktemp("art") / "model"
     # The embedding centre on, as the sound-event recipe has it (auto leaves this speech-like table without one):
     # the tests of the centre's path through inference, ONNX and SpeechBrain use this artifact.
     with_onnx = {**TINY_TRAIN, "export_onnx": True, "centre_embeddings": True}
-    train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(out), **with_onnx))
-    return out
+
+    def build(folder: Path) -> Path:
+        train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(folder / "model"), **with_onnx))
+        return folder / "model"
+
+    return built_once(tmp_path_factory, worker_id, "art", build)
 
 
 @pytest.fixture

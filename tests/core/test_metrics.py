@@ -61,6 +61,21 @@ def test_lwlrap_is_the_label_weighted_lrap(rows):
     )
 
 
+@pytest.mark.parametrize("ties", [False, True])
+def test_lwlrap_equals_scikit_learns_label_weighted_lrap_ties_and_all(ties):
+    from sklearn.metrics import label_ranking_average_precision_score
+
+    rng = np.random.default_rng(1)
+    truth = rng.random((300, 12)) < 0.2
+    truth[:5] = False  # rows without a positive weigh nothing
+    truth[5:8] = True  # rows all positive score 1
+    scores = truth * 0.4 + rng.random((300, 12))
+    if ties:
+        scores = np.round(scores, 1)  # many equal scores within a row: scikit-learn ranks them at the lowest
+    expected = label_ranking_average_precision_score(truth, scores, sample_weight=truth.sum(axis=1))
+    assert score("lwlrap", truth.astype(float), scores) == pytest.approx(expected, abs=1e-12)
+
+
 def test_padded_cmap_appends_five_all_positive_rows(rows):
     truth, scores = rows
     padded_truth = np.vstack([truth, np.ones((5, 5))])
