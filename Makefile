@@ -12,8 +12,8 @@ export PATH := $(abspath $(BIN)):$(PATH)
 
 setup: $(STAMP)
 
-# uv (pinned in the lock file, installed first by pip) installs the lock file: 93 s from a cold cache against
-# pip's 216 s on 2 cores, bytecode compiled by both (benchmarks/raw/setup_install.json). It reads its own
+# uv (pinned in the lock file, installed first by pip) installs the lock file: 95 s from a cold cache against
+# pip's 272 s on 2 cores, bytecode compiled by both (benchmarks/raw/setup_install.json). It reads its own
 # settings (UV_INDEX_URL, ~/.config/uv), not pip's.
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
