@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib.util
+import json
 import time
 
 import numpy as np
@@ -38,8 +39,12 @@ def model(tiny_artifact):
 
 
 @pytest.fixture(scope="module")
-def exported(model, tmp_path_factory):
-    return export_embedding_model(model, tmp_path_factory.mktemp("onnx") / onnx_engine.ONNX_FP32)
+def exported(tiny_artifact) -> onnx_engine.ExportReport:
+    """The fp32 file training's export_embedding_model wrote into the session artifact, and its report as the
+    manifest records it (exporting the same model again cost this module ~25 s). Tests only read it."""
+    record = json.loads((tiny_artifact / "manifest.json").read_text())["provenance"]["onnx"]
+    return onnx_engine.ExportReport(tiny_artifact / record["fp32"]["file"], record["fp32"]["export_s"],
+                                    record["fp32"]["max_abs_diff_vs_torch"], record["torch"], record["opset"])  # fmt: skip
 
 
 def clips_of(model, seconds: list[float], seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
