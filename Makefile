@@ -67,8 +67,9 @@ bench: $(STAMP)
 matrix: $(STAMP)
 	$(BIN)/python -m matrix.run $(MATRIX_ARGS)
 
-# CI's part of the matrix: Kaggle's TPU image trains the artifact on 8 XLA CPU devices and exports it; Kaggle's
-# GPU image predicts from it offline, and SpeechBrain and ONNX Runtime agree (~5 min, ~2 more with a cold cache).
+# CI's part of the matrix: Kaggle's TPU image trains the artifact on 8 XLA CPU devices, its training exporting
+# the ONNX files; Kaggle's GPU image predicts from it offline, and SpeechBrain and ONNX Runtime on those files
+# agree (4 min in benchmarks/raw/fresh_clone.json's .ci/run, ~2 more with a cold uv cache).
 handoff: $(STAMP)
 	$(BIN)/python -m matrix.run --handoff
 
