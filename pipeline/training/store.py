@@ -258,11 +258,9 @@ Decoded = tuple[int, int, float, np.ndarray, "str | None"]
 def decode_task(
     task: list[tuple[int, str]], shard_path: str, sample_rate: int = SAMPLE_RATE
 ) -> list[Decoded]:
-    """Decode a run of files into one shard (runs in a pool process). Returns per file: index, samples written,
-    gain, loudness envelope, and the reason it could not be used (then nothing is written for it)."""
-    import torch
-
-    torch.set_num_threads(1)  # one process per core already: more threads would only contend
+    """Decode a run of files into one shard (in a pool process, or this one: `_decoders`). Returns per file:
+    index, samples written, gain, loudness envelope, and the reason it could not be used (then nothing is
+    written for it)."""
     done: list[Decoded] = []
     frame = int(round(ENVELOPE_SECONDS * sample_rate))  # samples per loudness value
     with open(shard_path, "wb") as shard:
@@ -287,6 +285,24 @@ def loudness(samples: np.ndarray, frame: int) -> np.ndarray:
     return np.sqrt(sums / np.diff(starts, append=len(samples))).astype(np.float32)
 
 
+def _decoders(workers: int) -> concurrent.futures.Executor:
+    """Where the tasks are decoded: a pool of `workers` processes, or a thread of this process for one. A pool
+    of one decodes in the same order as this process would, after starting Python and importing torch in the
+    child first (5 s of a tiny training's 27 s here: every first run on a small table paid it)."""
+    if workers == 1:
+        return concurrent.futures.ThreadPoolExecutor(1)
+    return concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=helper_spawn_context(), initializer=_one_thread
+    )
+
+
+def _one_thread() -> None:
+    """A pool process's torch threads: one process per core already, more threads would only contend."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _build(
     files, records, key, sample_rate, staging: Path, workers, stop_at_first_failure, log, progress
 ) -> None:
@@ -307,7 +323,7 @@ def _build(
         f"{plural(workers, 'process', 'processes')} into {staging.parent / key}"
     )
     bar = progress_bar(n, "decode", "file", progress)
-    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=helper_spawn_context()) as pool:
+    with _decoders(workers) as pool:
         futures = {
             pool.submit(decode_task, task, str(staging / f"shard-{k:05d}.pcm"), sample_rate): k
             for k, task in enumerate(tasks)

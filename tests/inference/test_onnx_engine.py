@@ -14,9 +14,11 @@ import time
 
 import numpy as np
 import pytest
+import speechbrain.lobes.models.ECAPA_TDNN as ecapa_module
 import torch
 from helpers import clip_items, cpu_runtime
 from onnx_fixtures import Unexportable
+from speechbrain.dataio.dataio import length_to_mask
 
 from pipeline.core import onnx as onnx_engine
 from pipeline.core.artifact import load_artifact
@@ -325,6 +327,19 @@ def test_an_export_that_fails_says_why(model):
     broken.embedding_model = Unexportable(broken.embedding_model)
     with pytest.raises(onnx_engine.ExportError, match="could not export the embedding model"):
         export_embedding_model(broken, "/nonexistent/never-written.onnx")
+    # The export's stand-in for SpeechBrain's mask is swapped back however the export ends.
+    assert ecapa_module.length_to_mask is length_to_mask
+
+
+@pytest.mark.parametrize("lengths", [[1.0, 0.6], [0.3], [1.0, 1.0, 0.05, 0.5]])
+def test_the_exports_mask_is_speechbrains_mask(lengths):
+    """The mask non-strict tracing sees (symbolic in the batch) has SpeechBrain's values, dtype and device."""
+    relative = torch.tensor(lengths)
+    for args in [(relative * 57, 57), (relative * 8, 8)]:
+        for dtype in (None, torch.bool, torch.float32):
+            expected = length_to_mask(*args, dtype=dtype)
+            found = onnx_engine._length_to_mask(*args, dtype=dtype)
+            assert found.dtype == expected.dtype and torch.equal(found, expected)
 
 
 def test_a_batch_that_fails_mid_run_is_computed_by_torch_and_no_row_is_lost(model, tmp_path, synthetic_data):

@@ -55,7 +55,7 @@ def read_checkpoint(path: Path | None) -> dict | None:
 def test_sigkill_mid_run_then_rerun_resumes_and_finishes(synthetic_data, tmp_path):
     artifact = tmp_path / "model"
     checkpoints = tmp_path / "model.checkpoints"
-    command = training_command(synthetic_data, artifact)
+    command = training_command(synthetic_data, artifact, num_workers=None)  # auto: with its loader process
     log = (tmp_path / "first.log").open("w")
     first = subprocess.Popen(command, cwd=ROOT, env=venv_env(), stdout=log, stderr=subprocess.STDOUT,
                              start_new_session=True)  # fmt: skip
