@@ -10,10 +10,11 @@ ExportedProgram. SpeechBrain's `length_to_mask` takes the batch from `len(length
 non-strict tracing fixes at the example's batch (torch.onnx.export(module, dynamo=True) then quietly applies
 torch.export's "suggested fix" and writes an ONNX file that refuses any other batch). During the trace ECAPA's
 module sees the same mask computed with `lengths.shape[0]`, which stays symbolic (`_symbolic_batch_masks`).
-Strict tracing (Dynamo) also keeps `len()` symbolic, and was used up to now, but takes twice as long: 12.4 s
-against 5.4 s for the tiny model, 27 s for a 3-member ensemble (benchmarks/raw/onnx_export.json). Every
-export is checked before it is written: symbolic batch and time in the ONNX inputs, and ONNX Runtime equal to
-torch within EXPORT_TOLERANCE at a batch and time other than the example's.
+Strict tracing (Dynamo) also keeps `len()` symbolic, and was used before, but the whole export takes longer:
+52.5 s against 38.4 s for a 3-member tiny ensemble, 25.4 against 20.9 s for one 'voxceleb' model, the files
+identical (benchmarks/onnx_export.py, raw file benchmarks/raw/onnx_export.json). Every export is checked
+before it is written: symbolic batch and time in the ONNX inputs, and ONNX Runtime equal to torch within
+EXPORT_TOLERANCE at a batch and time other than the example's.
 
 Static int8 (`quantize_embedding_model`): QDQ, per-channel int8 weights and uint8 activations (the fast
 combination on x86), calibrated on real windows. The weights use 7 bits of range (`reduce_range`): x86 CPUs

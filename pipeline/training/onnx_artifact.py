@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 CALIBRATION_WINDOWS = 256  # training crops whose activation ranges set int8's scales
 JUDGED_TRAINING_FILES = 128  # what int8 is judged on when there is no validation split (files_to_judge)
 # Time kept back from the training budget for the export, beyond the CPU passes estimated from the model:
-# the export itself took 16-18 s for every preset here (tracing dominates, not the weights), ONNX Runtime's
-# sessions and the quantiser's graph passes a few more.
+# the export itself took 18.6 s for the tiny model and 20.9 s for 'voxceleb' on a slow day (tracing and
+# conversion dominate, not the weights; benchmarks/raw/onnx_export.json), ONNX Runtime's sessions and the
+# quantiser's graph passes a few more. An ensemble's export grows with its members (38.4 s for 3 tiny ones).
 EXPORT_FIXED_SECONDS = 45.0
 
 
