@@ -196,14 +196,13 @@ def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str |
 
 def _length_to_mask(
     length: torch.Tensor,
-    max_len: int | None = None,
+    max_len: int,
     dtype: torch.dtype | None = None,
     device: torch.device | None = None,
 ) -> torch.Tensor:
     """speechbrain.dataio.dataio.length_to_mask with the batch read as `length.shape[0]`, which a non-strict
-    trace keeps symbolic, instead of `len(length)`, an int it fixes. Same values."""
-    if max_len is None:
-        max_len = int(length.max().long().item())
+    trace keeps symbolic, instead of `len(length)`, an int it fixes. Same values. ECAPA always passes
+    `max_len` (the frames), so SpeechBrain's default from the data is not copied."""
     steps = torch.arange(max_len, device=length.device, dtype=length.dtype)
     mask = steps.expand(length.shape[0], max_len) < length.unsqueeze(1)
     return torch.as_tensor(mask, dtype=dtype or length.dtype, device=device or length.device)
