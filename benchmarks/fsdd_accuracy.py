@@ -1,7 +1,7 @@
 """Time-to-accuracy on real speech: FSDD speaker and digit tasks through the real pipeline, default settings.
 
     python -m benchmarks.fsdd_accuracy [--task speaker|digit|both] [--quick] [--source DIR] [--seed S]
-                                       [--holdout-index N] [--set NAME=VALUE ...]
+                                       [--holdout-index N] [--set NAME=VALUE ...] [--plain-loop]
 
 Builds a competition folder with the FSDD adapter, trains with `TrainConfig(data_dir, artifact_dir)` and
 predicts with `InferConfig(data_dir, artifact_dir, submission_path)` (no tuning parameters: what a user who
@@ -85,10 +85,13 @@ def run(
     work_dir: str | os.PathLike | None = None,
     holdout_index: int | None = None,
     train_overrides: dict[str, Any] | None = None,
+    plain_loop: bool = False,
 ) -> dict[str, Any]:
     """Train + infer with default configs on an FSDD `task` folder; returns accuracy and times.
 
     `quick` is a smoke run (few files per cell, 2 epochs): it checks the path works, not the accuracy.
+    `plain_loop` also runs NOTES' plain loop on the same folder right after (benchmarks/plain_loop.py): the
+    pipeline's time as a ratio to a loop measured minutes apart on the same machine (`vs_plain_loop`).
     """
     from pipeline.core.config import InferConfig, TrainConfig, from_params
     from pipeline.demo_data.fsdd import make_fsdd_competition
@@ -134,6 +137,14 @@ def run(
                 "heldout_files": held.n_rows,
                 "heldout_accuracy": round(score_submission(held_submission, heldout / "solution.csv")[1], 4),
             }
+        plain = {}
+        if plain_loop:
+            from benchmarks import plain_loop as loop
+
+            with CpuMeter() as loop_meter:
+                plain = {"plain_loop": loop.run(data, task, seed)}
+            plain["plain_loop"]["others_cpu_share"] = loop_meter.result["others_cpu_share"]
+            plain["vs_plain_loop"] = round((t2 - t0) / plain["plain_loop"]["total_s"], 3)
     total = t2 - t0
     # Time-to-accuracy inside training: the first epoch whose validation accuracy reached the target.
     reached = [r["seconds"] for r in trained.history if r.get("val_accuracy", 0.0) >= TARGETS[task]]
@@ -162,6 +173,7 @@ def run(
         "inference_engine": engine["ran"],
         "inference_engine_lines": engine["lines"],
         **heldout_result,
+        **plain,
         **meter.result,
     }
     return result
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default=None, help=f"FSDD recordings (default {DEFAULT_SOURCE})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--plain-loop", action="store_true",
+                        help="also run NOTES' plain loop on the same folder (benchmarks/plain_loop.py)")  # fmt: skip
     parser.add_argument("--holdout-index", type=int, default=None,
                         help="train on recordings with a lower index only; also score the others")  # fmt: skip
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", dest="overrides",
@@ -221,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             holdout_index=args.holdout_index,
             train_overrides=overrides,
+            plain_loop=args.plain_loop,
         )
         print(json.dumps(outcome), flush=True)
     return 0

@@ -16,7 +16,7 @@ def test_fsdd_without_its_recordings_is_not_available(monkeypatch, tmp_path):
 
 
 def test_fsdd_with_both_tasks_failing_is_an_error(monkeypatch, tmp_path):
-    def fails(task, source, quick, seed=0):
+    def fails(task, source, quick, seed=0, **_):
         raise ValueError(f"{task} broke")
 
     monkeypatch.setenv("FSDD_RECORDINGS", str(tmp_path))
