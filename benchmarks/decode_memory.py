@@ -3,7 +3,8 @@
     python -m benchmarks.decode_memory [--sizes 150 600] [--out FILE]
 
 Every file is read by `load_audio` (what the audio cache's build and the infer stage's reads do), in a fresh
-interpreter per run, and the process's RssAnon is compared before and after. Two resamplers:
+interpreter per run, and the process's RssAnon is compared before and after (and the reading timed). Two
+resamplers:
 
   padded        today's `core.data.resample`: inputs zero-padded to one of a few dozen lengths
   per_length    the same call with the padding off (`padded_blocks` = identity): a convolution input shape per
@@ -30,7 +31,7 @@ from benchmarks import print_result
 
 RATE = 44_100
 CHILD = """
-import json, sys
+import json, sys, time
 from pathlib import Path
 import pipeline.core.data as data
 
@@ -44,10 +45,11 @@ if variant == 'per_length':
     data.padded_blocks = lambda blocks: blocks
 files = sorted(folder.glob('*.wav'))[:count]
 data.load_audio(files[0])  # torch's and the decoder's first-call allocations are not what is measured
-before = anon_mb()
+before, started = anon_mb(), time.perf_counter()
 for path in files[1:]:
     data.load_audio(path)
-print(json.dumps({'files': len(files), 'before_mb': before, 'growth_mb': anon_mb() - before}))
+seconds = time.perf_counter() - started
+print(json.dumps({'files': len(files), 'before_mb': before, 'growth_mb': anon_mb() - before, 'seconds': seconds}))
 """
 
 
@@ -77,6 +79,7 @@ def run(sizes: tuple[int, ...] = (150, 600)) -> dict[str, Any]:
                 result["runs"].append({"variant": variant, **record})
     small, large = min(sizes), max(sizes)
     growth = {(r["variant"], r["files"]): r["growth_mb"] for r in result["runs"]}
+    seconds = {(r["variant"], r["files"]): r["seconds"] for r in result["runs"]}
     for variant in ("padded", "per_length"):
         result[variant] = {
             "growth_mb": {
@@ -85,11 +88,16 @@ def run(sizes: tuple[int, ...] = (150, 600)) -> dict[str, Any]:
             },
             "files_ratio": large / small,
             "growth_ratio": round(growth[variant, large] / max(growth[variant, small], 0.1), 2),
+            "seconds": {
+                str(small): round(seconds[variant, small], 2),
+                str(large): round(seconds[variant, large], 2),
+            },
         }
     result["headline"] = (
         f"private memory kept after reading {small} / {large} files of distinct lengths: padded "
         f"+{growth['padded', small]:.0f} / +{growth['padded', large]:.0f} MB, one shape per length "
-        f"+{growth['per_length', small]:.0f} / +{growth['per_length', large]:.0f} MB"
+        f"+{growth['per_length', small]:.0f} / +{growth['per_length', large]:.0f} MB; reading them took "
+        f"{seconds['padded', large] / seconds['per_length', large]:.2f}x the time padded"
     )
     return result
 
