@@ -7,8 +7,9 @@ at two commits with the same seed, compared tensor by tensor.
 Each table is built once by today's code (`python -m pipeline data ...`, benchmarks/esc10.py's fold 1), then
 `papermill notebooks/train.ipynb` runs on it from a worktree of COMMIT (its own `pipeline`, first on PYTHONPATH)
 and from this checkout, with `epochs` fixed and every other parameter left to the notebook's defaults (the
-soundscapes with BirdCLEF's table names and noise_dir). Training on the CPU is deterministic in the seed, so a
-change that was not meant to touch a kind of data must give bit-identical `model.safetensors`: then every
+soundscapes with BirdCLEF's table names and noise_dir), each side decoding into an audio cache of its own
+(since 2026-11-30: before, the second side read the first side's cache, so decoding was compared only at
+inference). Training on the CPU is deterministic in the seed, so a change that was not meant to touch a kind of data must give bit-identical `model.safetensors`: then every
 accuracy measured on that kind before the change still holds, without training it again. The config each run
 resolved (the artifact's provenance) is compared too, so a changed `auto` shows even where the tensors agree.
 Then each side's infer notebook predicts from its own artifact (on torch: the int8 race may pick either engine)
@@ -107,7 +108,10 @@ def run(before: str, tables: tuple[str, ...] = TABLES, epochs: int = 2) -> dict[
                 extra = BIRDCLEF if name == "soundscapes" else {}
                 seconds = {}
                 for side, code in (("before", worktree), ("after", ROOT)):
-                    params = {"data_dir": data, "artifact_dir": work / side / name, "epochs": epochs, **extra}
+                    # A cache of each side's own: a shared one (the default folder) is built by the first side
+                    # and read by the second, which would then never run its own decoding.
+                    params = {"data_dir": data, "artifact_dir": work / side / name, "epochs": epochs,
+                              "cache_dir": work / side / "audio-cache", **extra}  # fmt: skip
                     seconds[side] = round(notebook(code, "train.ipynb", work, params))
                 results[name] = {**compare(work / "before" / name, work / "after" / name), "seconds": seconds}
                 # Each side predicts from its own artifact with its own infer notebook.
