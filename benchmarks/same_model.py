@@ -10,8 +10,9 @@ and from this checkout, with `epochs` fixed and every other parameter left to th
 soundscapes with BirdCLEF's table names and noise_dir), each side decoding into an audio cache of its own
 (since 2026-11-30: before, the second side read the first side's cache, so decoding was compared only at
 inference). Training on the CPU is deterministic in the seed, so a change that was not meant to touch a kind
-of data must give bit-identical `model.safetensors`: then every accuracy measured on that kind before the change still holds, without training it again. The config each run
-resolved (the artifact's provenance) is compared too, so a changed `auto` shows even where the tensors agree.
+of data must give bit-identical `model.safetensors`: then every accuracy measured on that kind before the
+change still holds, without training it again. The config each run resolved (the artifact's provenance) is
+compared too, so a changed `auto` shows even where the tensors agree.
 Then each side's infer notebook predicts from its own artifact (on torch: the int8 race may pick either engine)
 and the two submission files are compared byte for byte.
 
