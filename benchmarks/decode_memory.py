@@ -10,9 +10,9 @@ resamplers:
   per_length    the same call with the padding off (`padded_blocks` = identity): a convolution input shape per
                 distinct file length, as before 2026-11-30
 
-oneDNN keeps a primitive per convolution shape (up to 1,024, never freed), so `per_length` grows with the number
-of distinct lengths, which is the number of files here; `padded` should not. The ratio of growth between the two
-sizes is the headline.
+oneDNN keeps a primitive per convolution shape (up to 1,024, never freed), so `per_length` grows with the
+number of distinct lengths, which is the number of files here; `padded` should not. The ratio of growth
+between the two sizes is the headline.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ before, started = anon_mb(), time.perf_counter()
 for path in files[1:]:
     data.load_audio(path)
 seconds = time.perf_counter() - started
-print(json.dumps({'files': len(files), 'before_mb': before, 'growth_mb': anon_mb() - before, 'seconds': seconds}))
+growth = anon_mb() - before
+print(json.dumps({'files': len(files), 'before_mb': before, 'growth_mb': growth, 'seconds': seconds}))
 """
 
 
@@ -110,8 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the raw file here (default: print it)")
     args = parser.parse_args(argv)
     result = run(tuple(args.sizes))
-    print_result({"command": "python -m benchmarks.decode_memory " + " ".join(argv or sys.argv[1:]), **result},
-                 Path(args.out) if args.out else None)  # fmt: skip
+    command = "python -m benchmarks.decode_memory " + " ".join(argv or sys.argv[1:])
+    print_result({"command": command, **result}, Path(args.out) if args.out else None)
     return 0
 
 

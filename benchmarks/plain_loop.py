@@ -3,13 +3,13 @@
     python -m benchmarks.plain_loop --data DIR --task speaker|digit [--seed S]
 
 NOTES' baseline (2 cores): ECAPA-TDNN with C=128, 1 s windows zero-padded around short clips, Adam with a
-one-cycle schedule, batch 32, fp32; speaker ID 0.997 after 8 epochs (92 s train + infer), digits 0.987 after 12
-(143 s). Those seconds were measured on another day, and this machine's speed moves up to 3x between days: the
-fsdd section runs this loop beside the pipeline, on the same competition folder, so its time is reported as a
-ratio to a loop that ran minutes apart on the same machine.
+one-cycle schedule, batch 32, fp32; speaker ID 0.997 after 8 epochs (92 s train + infer), digits 0.987 after
+12 (143 s). Those seconds were measured on another day, and this machine's speed moves up to 3x between days:
+the fsdd section runs this loop beside the pipeline, on the same competition folder, so its time is reported
+as a ratio to a loop that ran minutes apart on the same machine.
 
-Nothing of pipeline/ is used: the loop is what a Kaggler writes in one cell (SpeechBrain's Fbank and ECAPA-TDNN,
-a linear head, cross-entropy), and what the pipeline's time is held against.
+Nothing of pipeline/ is used: the loop is what a Kaggler writes in one cell (SpeechBrain's Fbank and
+ECAPA-TDNN, a linear head, cross-entropy), and what the pipeline's time is held against.
 """
 
 from __future__ import annotations
@@ -106,7 +106,6 @@ def run(data: str | Path, task: str, seed: int = 0, epochs: int | None = None) -
     model.eval()
     with open(data / "test.csv", newline="") as f:
         test_rows = [(row["id"], row["path"]) for row in csv.DictReader(f)]
-    predicted = {}
     with torch.inference_mode():
         windows, owners = [], []
         for row_id, path in test_rows:

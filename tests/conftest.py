@@ -29,8 +29,9 @@ requires_torch_xla = pytest.mark.skipif(
 # Tiny settings that still train a real ECAPA-TDNN end to end in seconds on 2 cores. No ONNX files (their
 # export takes ~20 s): the session artifact below has them, and the tests of the ONNX path use it. Crops made
 # in the training process (num_workers 0): auto's loader process costs a tiny run ~5 s of CPU starting Python
-# and torch (train() of a tiny table: 15 s against 19-21 s here), 10 s for two DDP ranks. The loader processes are guarded where they are
-# the subject: test_batches, the SIGKILL resume, the DDP notebook and the notebook runs, which keep auto.
+# and torch (train() of a tiny table: 15 s against 19-21 s here), 10 s for two DDP ranks. The loader processes
+# are guarded where they are the subject: test_batches, the SIGKILL resume, the DDP notebook and the notebook
+# runs, which keep auto.
 TINY_TRAIN = dict(model_size="tiny", epochs=3, per_device_batch_size=8, base_batch_size=8, n_mels=40,
                   window_seconds=0.5, accelerator="cpu", progress=False, num_threads=2, export_onnx=False,
                   sample_rate=16000, num_workers=0)  # fmt: skip

@@ -119,11 +119,11 @@ def audio_seconds(path: Path) -> float | None:
     return info.frames / info.samplerate if info.samplerate > 0 and info.frames > 0 else None
 
 
-# oneDNN (torch's CPU convolution, which torchaudio's resampler runs) keeps a primitive for every input shape it
-# sees, up to 1,024, at 1-3 MB each for 5-60 s of audio, and never frees them: decoding 492 files of distinct
-# lengths held 159 MB more than 132 files did (0.3 MB a file, up to GBs). Inputs are zero-padded to a length from a
-# geometric series instead (RESAMPLE_BUCKET apart, in whole blocks of the rate ratio), which bounds the shapes to a
-# few dozen; torchaudio pads with zeros itself, so trimming the output gives the unpadded call's samples.
+# oneDNN (torch's CPU convolution, which torchaudio's resampler runs) keeps a primitive for every input shape
+# it sees, up to 1,024, and never frees them: reading 150 / 600 files of distinct lengths kept +84 / +220 MB
+# (benchmarks/raw/decode_memory.json). Inputs are zero-padded to a length from a geometric series instead
+# (RESAMPLE_BUCKET apart, in whole blocks of the rate ratio): a few dozen shapes, +8 / +13 MB. torchaudio pads
+# with zeros itself, so trimming the output gives the unpadded call's samples.
 RESAMPLE_BUCKET = 1.25
 
 
