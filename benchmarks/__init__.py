@@ -39,12 +39,21 @@ def cpu_model() -> dict[str, Any]:
     return {"cpu": name, "cpu_flags": [flag for flag in ISA_FLAGS if flag in flags]}
 
 
-def commit_state() -> dict[str, Any]:
+# What benchmark runs write inside benchmarks/ (`make bench`, scripts' --out files kept by hand).
+OUTPUTS = ("results.json", "results.md", "raw", "out", "cpu", "gpu")
+
+
+def commit_state(root: Path = ROOT) -> dict[str, Any]:
     """The commit a result was measured at, and whether the code it ran had uncommitted changes: what lets a
     reader of docs/measurements.md trace a figure to the code that produced it."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    changed = subprocess.run(["git", "status", "--porcelain", "pipeline", "benchmarks", "notebooks"], cwd=ROOT,
-                             capture_output=True, text=True)  # fmt: skip
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    # The benchmarks' own outputs (results.json, raw files) are not code: a run that wrote them earlier in the
+    # same checkout still ran committed code.
+    outputs = [f":(exclude)benchmarks/{name}" for name in OUTPUTS]
+    paths = ["pipeline", "benchmarks", "notebooks", *outputs]
+    changed = subprocess.run(
+        ["git", "status", "--porcelain", "--", *paths], cwd=root, capture_output=True, text=True
+    )
     return {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "commit": commit.stdout.strip() or None,
             "uncommitted_changes": bool(changed.stdout.strip())}  # fmt: skip
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import ISA_FLAGS, ROOT, cpu_model, print_result
+from benchmarks import ISA_FLAGS, ROOT, commit_state, cpu_model, print_result
 
 
 def test_a_raw_file_names_the_commit_time_and_machine_it_was_measured_on(tmp_path, capsys):
@@ -24,6 +24,30 @@ def test_a_raw_file_names_the_commit_time_and_machine_it_was_measured_on(tmp_pat
         "headline": "two of two",
         "value": 0.5,
     }  # stdout: the result
+
+
+def test_uncommitted_changes_means_code_not_the_benchmarks_own_outputs(tmp_path):
+    """A section run after another in the same checkout sees that one's results.json and raw file: not code."""
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    for name in (
+        "pipeline/stage.py",
+        "benchmarks/run.py",
+        "benchmarks/results.json",
+        "benchmarks/raw/a.json",
+    ):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("0\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "start")
+    (tmp_path / "benchmarks/results.json").write_text("1\n")
+    (tmp_path / "benchmarks/raw/b.json").write_text("1\n")
+    assert commit_state(tmp_path)["uncommitted_changes"] is False
+    (tmp_path / "benchmarks/run.py").write_text("1\n")
+    assert commit_state(tmp_path)["uncommitted_changes"] is True
 
 
 @pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo: not Linux")
