@@ -304,15 +304,28 @@ def notebooks_cpu(leg: Leg) -> str:
 
 
 def speechbrain_client(leg: Leg, artifact: Path, data: Path, submission: Path) -> str:
+    """SpeechBrain's EncoderClassifier on `artifact`, offline, against the infer notebook's torch engine on the
+    same files: the artifact's hyperparams.yaml computes what that engine does (tests/core/test_artifact.py),
+    so every label must agree. `submission`, the leg's own run with whatever engine it chose, is compared too
+    and only reported: an int8 engine may flip a near tie (its rule is accuracy, checked at training), as
+    the floor leg's default run did on 2026-11-30 (89 of 90)."""
+    torch_submission = leg.work / "out-torch" / "submission.csv"
+    leg.papermill("infer-torch", "infer.ipynb", {"data_dir": data, "artifact_dir": artifact,
+                  "submission_path": torch_submission, "progress": False, "engine": "torch"})  # fmt: skip
     guard_log = leg.work / "guard-sb.log"
     env = leg.guarded_env(guard_log)
-    output = leg.run("speechbrain", [leg.python, "-m", "matrix.sb_client", artifact, data, submission,
-                                     leg.work / "sb-savedir"], env=env)  # fmt: skip
+    output = leg.run("speechbrain", [leg.python, "-m", "matrix.sb_client", artifact, data, torch_submission,
+                                     leg.work / "sb-savedir", submission], env=env)  # fmt: skip
     found = json.loads(output.strip().splitlines()[-1])
     blocked = [line for line in read_text(guard_log).splitlines() if " blocked " in line]
     if blocked:
         raise CheckFailed(f"SpeechBrain's client tried the network: {blocked[:3]}")
-    return f"{found['agree']}/{found['files']} labels agree"
+    engine = json.loads(read_text(submission.parent / "submission_report.json") or "{}").get("engine", {})
+    also = found["also"]
+    return (
+        f"{found['agree']}/{found['files']} labels agree with the torch engine's submission; "
+        f"{also['agree']}/{also['files']} with the run's own ({engine.get('ran', '?')})"
+    )
 
 
 def speechbrain_own(leg: Leg) -> str:
