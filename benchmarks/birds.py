@@ -24,9 +24,9 @@ taxonomy.csv) with a test table, trained with the README's BirdCLEF parameters a
                     of the training recordings in every crop's target), fold k hiding species k from the teacher
 
 Where each choice was made: the bird recipe (no speed perturbation, 32 kHz) was set before any of these runs
-from the acoustics, and measured on fold 0 first (3 seeds, docs/measurements.md); the blend weight 0.5 is the
-plain average, not tuned; the 'none of mine' logit is fitted on each fold's training recordings only. Folds 1
-and 2 are held out from every choice. BirdNET was trained on xeno-canto recordings, some of these perhaps among
+from the acoustics, and measured on fold 0 first (3 seeds, in a session with no raw file); the blend weight 0.5
+is the plain average, not tuned; the 'none of mine' logit is fitted on each fold's training recordings only.
+Folds 1 and 2 are held out from every choice. BirdNET was trained on xeno-canto recordings, some of these perhaps among
 them: its accuracy here is an upper estimate of what it knows.
 """
 

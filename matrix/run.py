@@ -10,7 +10,7 @@ this project (editable, with the extras its checks need), so the resolver also p
 admit the pins. The legs then run their checks from the repository root with the venv's interpreter:
 
   floor, newest  pytest -m "not slow"; the train notebook (cpu, tiny) -> the infer notebook -> score;
-                 SpeechBrain's EncoderClassifier on that artifact agrees with the submission (offline guard)
+                 SpeechBrain's EncoderClassifier on that artifact agrees with the torch engine (offline guard)
   floor          also pytest -m xla (torch_xla 2.7 beside torch 2.7.1)
   kaggle-tpu     pytest -m xla (less the notebook test: the next check is it, on this leg's versions); the
                  train notebook on 8 XLA CPU devices writes the handoff artifact, compiling as few graphs as the
@@ -21,8 +21,9 @@ admit the pins. The legs then run their checks from the repository root with the
                  import torch_xla; the infer notebook on the handoff (copied read-only to another path, as
                  Kaggle mounts inputs) under that guard, engine='onnx' on the artifact's ONNX files, writes a
                  row for every sample_submission id, in order;
-                 SpeechBrain's client on the same artifact, under the same guard, agrees with it; ONNX Runtime
-                 runs the artifact's ONNX files with torch's labels (matrix/onnx_check.py)
+                 SpeechBrain's client on the same artifact, under the same guard, gives the labels of the
+                 infer notebook's torch engine; ONNX Runtime runs the artifact's ONNX files with torch's labels
+                 (matrix/onnx_check.py)
 
 Why uv and not pip or nox: a leg is about 7 GB of CUDA wheels (PyPI's Linux torch). uv downloads in parallel
 into one cache and hardlinks installed files out of it, so a venv costs seconds and almost no disk once its
@@ -258,13 +259,22 @@ def install(leg: Leg, uv: str, base_python: str, cache_dir: str | None) -> dict[
 def pytest_check(markers: str, deselect: tuple[str, ...] = ()) -> Callable[[Leg], str]:
     def check(leg: Leg) -> str:
         # Its own --basetemp: no other pytest run on the machine (a developer's, CI's) cleans it up under it.
-        argv = [leg.python, "-m", "pytest", "-q", "-m", markers, "-p", "no:cacheprovider",
+        # -rs: each skipped test's reason, so a leg's skips are read, not just counted.
+        argv = [leg.python, "-m", "pytest", "-q", "-rs", "-m", markers, "-p", "no:cacheprovider",
                 "--basetemp", leg.work / "pytest", *(f"--deselect={test}" for test in deselect)]  # fmt: skip
         output = leg.run(f"pytest-{re.sub(r'[^a-z]+', '-', markers).strip('-')}", argv, timeout=1500)
-        summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
-        return summary[-1].strip("= ") if summary else ""
+        return pytest_summary(output)
 
     return check
+
+
+def pytest_summary(output: str) -> str:
+    """pytest's count line, then each skipped test (`-rs` lines: `SKIPPED [n] file:line: reason`)."""
+    lines = output.splitlines()
+    counts = [line for line in lines if re.search(r"\d+ (passed|failed|error)", line)]
+    summary = counts[-1].strip("= ") if counts else ""
+    skipped = [line.removeprefix("SKIPPED ") for line in lines if line.startswith("SKIPPED [")]
+    return "; ".join([summary, *(f"skipped {s}" for s in skipped)]) if skipped else summary
 
 
 def read_ids(path: Path) -> list[str]:
@@ -500,7 +510,7 @@ CHECKS: dict[str, Callable[[Leg], str]] = {
     "train notebook on 8 XLA CPU devices -> artifact": train_xla_handoff,
     "no torch_xla in the kernel": no_torch_xla_in_kernel,
     "infer notebook offline on the kaggle-tpu artifact": infer_offline_handoff,
-    "SpeechBrain client agrees with the submission": speechbrain_handoff,
+    "SpeechBrain client agrees with the torch engine": speechbrain_handoff,
     "ONNX Runtime on the artifact's ONNX files agrees with torch": onnx_engine_handoff,
 }
 

@@ -130,7 +130,7 @@ _TPU_HANDOFF = ("train notebook on 8 XLA CPU devices -> artifact",)
 _GPU_HANDOFF = (
     "no torch_xla in the kernel",
     "infer notebook offline on the kaggle-tpu artifact",
-    "SpeechBrain client agrees with the submission",
+    "SpeechBrain client agrees with the torch engine",
     "ONNX Runtime on the artifact's ONNX files agrees with torch",
 )
 

@@ -118,6 +118,27 @@ def test_the_runner_implements_every_check_and_installs_existing_extras():
     assert [leg.name for leg in versions.MATRIX_LEGS] == ["floor", "kaggle-tpu", "kaggle-gpu", "newest"]
 
 
+def test_the_runners_pytest_check_names_each_skipped_test(tmp_path):
+    """A leg's pytest line keeps the count and adds each skip's reason: read off a real pytest run."""
+    from matrix.run import pytest_summary
+
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n\n"
+        "def test_runs():\n    pass\n\n"
+        "def test_needs_an_extra():\n    pytest.skip('the extra is not installed')\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", tmp_path],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    summary = pytest_summary(ran.stdout)
+    assert summary.startswith("1 passed, 1 skipped"), ran.stdout
+    assert summary.endswith("test_sample.py:7: the extra is not installed"), summary
+    assert pytest_summary(ran.stdout.replace("SKIPPED", "skip")) == summary.split(";")[0]
+
+
 def test_ci_runs_the_images_handoff_and_the_matrix_runs_it_too():
     """CI (`make handoff`) runs a subset of the matrix: the TPU image trains, the GPU image predicts offline."""
     assert [leg.name for leg in versions.HANDOFF_LEGS] == ["kaggle-tpu", "kaggle-gpu"]
