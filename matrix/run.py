@@ -274,7 +274,7 @@ def pytest_summary(output: str) -> str:
     counts = [line for line in lines if re.search(r"\d+ (passed|failed|error)", line)]
     summary = counts[-1].strip("= ") if counts else ""
     skipped = [line.removeprefix("SKIPPED ") for line in lines if line.startswith("SKIPPED [")]
-    return "; ".join([summary, *(f"skipped {s}" for s in skipped)]) if skipped else summary
+    return "; ".join([summary, *(f"skipped {s}" for s in skipped)])
 
 
 def read_ids(path: Path) -> list[str]:
