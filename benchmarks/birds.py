@@ -2,14 +2,16 @@
 pretrained bird model as the teacher.
 
     python -m benchmarks.birds [--folds 0,1,2] [--source ../shared/xc-warblers] [--out FILE] [--keep DIR]
-                               [--quick] [--no-baseline] [--no-distill] [--no-hidden] [--no-defaults]
+                               [--seed-offset N] [--quick] [--no-baseline] [--no-distill] [--no-hidden]
+                               [--no-defaults]
 
 `../shared/xc-warblers/` (84 recordings, 21 per species, 114 min, mp3; per-file CC BY-NC licences): a fine-grained
 task -- four reed warblers whose songs differ in rhythm more than in pitch. Three folds: within each species,
 sorted by xeno-canto id, fold 0 holds out the 3rd, 6th, ... recording (the source README's split), folds 1 and 2
 the other two thirds, so every recording is tested once (28 a fold). Each fold is a competition folder in
 BirdCLEF's training layout (`python -m pipeline data xeno-canto`: train_audio/<species>/, train.csv,
-taxonomy.csv) with a test table, trained with the README's BirdCLEF parameters and seed = the fold:
+taxonomy.csv) with a test table, trained with the README's BirdCLEF parameters and seed = the fold (plus
+`--seed-offset`, for the same folds on other seeds):
 
     defaults        the train notebook's defaults on this table (bird recordings: `training/plan.py`), with
                     `pretrained_teacher birdnet`: the same student, scored three ways by the infer notebook --
@@ -122,6 +124,7 @@ def run_fold(
     distill: bool,
     hidden_species: bool = True,
     defaults: bool = True,
+    seed_offset: int = 0,
 ) -> dict[str, Any]:
     from pipeline.demo_data.xeno_canto import make_xeno_canto_competition
 
@@ -131,11 +134,11 @@ def run_fold(
     base = {
         "data_dir": data,
         "progress": False,
-        "seed": fold,
+        "seed": fold + seed_offset,
         **BIRDCLEF_TABLE,
         **({"epochs": 2} if quick else {}),
     }
-    out: dict[str, Any] = {"fold": fold, "test_recordings": len(truth)}
+    out: dict[str, Any] = {"fold": fold, "seed": base["seed"], "test_recordings": len(truth)}
     if defaults:
         out.update(run_defaults(data, work, base, truth, species if hidden_species else []))
     if baseline:
@@ -254,7 +257,7 @@ def _summarise_defaults(folds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(source: Path = DEFAULT_SOURCE, folds: tuple[int, ...] = FOLDS, quick: bool = False, baseline: bool = True,
         distill: bool = True, keep: Path | None = None, hidden_species: bool = True,
-        defaults: bool = True) -> dict[str, Any]:  # fmt: skip
+        defaults: bool = True, seed_offset: int = 0) -> dict[str, Any]:  # fmt: skip
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise FileExistsError(f"--keep {keep}: not empty; name a new folder (nothing is overwritten)")
     if quick:
@@ -265,7 +268,9 @@ def run(source: Path = DEFAULT_SOURCE, folds: tuple[int, ...] = FOLDS, quick: bo
         for fold in folds:
             work = Path(tmp) / f"fold{fold}"
             work.mkdir()
-            done = run_fold(Path(source), fold, work, quick, baseline, distill, hidden_species, defaults)
+            done = run_fold(
+                Path(source), fold, work, quick, baseline, distill, hidden_species, defaults, seed_offset
+            )
             results.append(done)
             found = {k: done[k]["accuracy"] for k in ("student", "blend", "teacher", "today") if k in done}
             found.update({f"distilled {k}": done["distilled"][k]["accuracy"] for k in ("student", "blend")
@@ -274,7 +279,12 @@ def run(source: Path = DEFAULT_SOURCE, folds: tuple[int, ...] = FOLDS, quick: bo
             if keep is not None:
                 keep.mkdir(parents=True, exist_ok=True)
                 shutil.move(work, keep / work.name)
-    meta = {"quick": quick, "minutes": round((time.monotonic() - started) / 60, 1), **meter.result}
+    meta = {
+        "quick": quick,
+        "seed_offset": seed_offset,
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        **meter.result,
+    }
     return summarise(results, meta)
 
 
@@ -293,11 +303,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-defaults", action="store_true", help="skip the defaults' student, blend, teacher (and hidden)"
     )
+    parser.add_argument(
+        "--seed-offset", type=int, default=0, help="train fold k with seed k + N (default 0: seed = fold)"
+    )
     parser.add_argument("--out", type=Path, help="also write the result here (JSON)")
     parser.add_argument("--keep", type=Path, help="keep each fold's folder, artifacts and submissions here")
     args = parser.parse_args(argv)
     result = run(args.source, tuple(int(f) for f in args.folds.split(",")), args.quick, not args.no_baseline,
-                 not args.no_distill, args.keep, not args.no_hidden, not args.no_defaults)  # fmt: skip
+                 not args.no_distill, args.keep, not args.no_hidden, not args.no_defaults,
+                 args.seed_offset)  # fmt: skip
     print_result(result, args.out)
     return 0
 
