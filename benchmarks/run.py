@@ -145,6 +145,23 @@ def section_xla_step(quick: bool) -> dict[str, Any]:
 FSDD_SPLITS = (0, 1, 2)
 
 
+def fsdd_time_verdict(outcome: dict[str, Any], task: str) -> dict[str, Any]:
+    """The time limit in same-day units: NOTES set `time_limit_s` where its plain loop took
+    `BASELINE_FSDD_S[task]`, so the limit is that many loops, and the slowest split is counted in loops of the one
+    run beside split 0 (this machine's speed moves up to 3x between days). Without that loop (a quick run), the
+    absolute limit."""
+    loop_s = (outcome.get("plain_loop") or {}).get("total_s")
+    if not loop_s:
+        return {"time_rule": "absolute seconds", "time_met": outcome["total_s"] <= outcome["time_limit_s"]}
+    limit, slowest = outcome["time_limit_s"] / BASELINE_FSDD_S[task], outcome["total_s"] / loop_s
+    return {
+        "time_rule": "same-day loops",
+        "time_limit_in_loops": round(limit, 3),
+        "slowest_in_loops": round(slowest, 3),
+        "time_met": slowest <= limit,
+    }
+
+
 def section_fsdd(quick: bool) -> dict[str, Any]:
     from benchmarks.fsdd_accuracy import run
 
@@ -169,9 +186,11 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
             ]
             outcome["accuracy"] = round(sum(r["accuracy"] for r in runs) / len(runs), 4)
             outcome["total_s"] = max(r["total_s"] for r in runs)
+            outcome.update(fsdd_time_verdict(outcome, task))
             if not quick:
-                outcome["meets_target"] = bool(outcome["accuracy"] >= outcome["target_accuracy"]
-                                               and outcome["total_s"] <= outcome["time_limit_s"])  # fmt: skip
+                outcome["meets_target"] = (
+                    outcome["accuracy"] >= outcome["target_accuracy"] and outcome["time_met"]
+                )
             outcome["vs_time_limit"] = outcome["total_s"] / outcome["time_limit_s"]
             # NOTES' figure is from another day; vs_plain_loop (split 0) is the same-day ratio.
             outcome["vs_baseline_time"] = outcome["total_s"] / BASELINE_FSDD_S[task]
@@ -197,9 +216,13 @@ def section_fsdd(quick: bool) -> dict[str, Any]:
             if "vs_plain_loop" in r
             else ""
         )
+        limit = (
+            f"{r['slowest_in_loops']:.2f}x the loop beside it, the limit {r['time_limit_in_loops']:.2f}x"
+            if "slowest_in_loops" in r
+            else f"{r['vs_time_limit']:.2f}x the 180s limit"
+        )
         parts.append(f"{task} acc {r['accuracy']:.4f} over {len(r['splits'])} split(s) ({each}), the slowest in "
-                     f"{r['total_s']:.0f}s ({r['vs_time_limit']:.2f}x the 180s limit{verdict}{rule}, inference ran "
-                     f"{engines}){beside}")  # fmt: skip
+                     f"{r['total_s']:.0f}s ({limit}{verdict}{rule}, inference ran {engines}){beside}")  # fmt: skip
     if not parts:  # both tasks failed: the section is an error, not "ok" with an empty headline
         raise RuntimeError("; ".join(f"{task}: {r['error']}" for task, r in results.items()))
     results["headline"] = "; ".join(parts)

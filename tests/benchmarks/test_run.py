@@ -89,3 +89,17 @@ def test_from_raw_puts_a_stopped_runs_raw_files_into_the_results(monkeypatch, tm
         assert "esc10.json" in str(stop) and "--only esc10" in str(stop)
     else:
         raise AssertionError("a section without a raw file must be refused")
+
+
+def test_the_fsdd_time_limit_is_judged_in_loops_run_the_same_day():
+    # benchmarks/raw/fsdd.json (91f2fa9): the slowest split and the plain loop run beside split 0, in seconds.
+    digit = {"total_s": 279.1, "time_limit_s": 180.0, "plain_loop": {"total_s": 257.9}}
+    speaker = {"total_s": 541.1, "time_limit_s": 180.0, "plain_loop": {"total_s": 191.9}}
+    judged = bench.fsdd_time_verdict(digit, "digit")  # over 180 s, but 1.08 loops against 180/143 = 1.26
+    assert (
+        judged["time_met"] and judged["slowest_in_loops"] == 1.082 and judged["time_limit_in_loops"] == 1.259
+    )
+    judged = bench.fsdd_time_verdict(speaker, "speaker")  # 2.82 loops (a contended split) against 1.96
+    assert not judged["time_met"] and judged["time_limit_in_loops"] == 1.957
+    quick = bench.fsdd_time_verdict({"total_s": 170.0, "time_limit_s": 180.0}, "speaker")  # no loop beside it
+    assert quick == {"time_rule": "absolute seconds", "time_met": True}
