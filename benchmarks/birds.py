@@ -212,8 +212,10 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
         lines.append(
             f"student {table['student']:.3f}, BirdNET alone {table['teacher']:.3f}, blend {table['blend']:.3f}"
         )
-        lines.append(f"a species hidden from the teacher: blend {hidden['blend_on_hidden']:.3f} on it, "
-                     f"{hidden['blend_on_known']:.3f} on the others; teacher pass {rate:.0f} s of audio/s")  # fmt: skip
+        if hidden["blend_on_hidden"] == hidden["blend_on_hidden"]:  # nan: --no-hidden
+            lines.append(f"a species hidden from the teacher: blend {hidden['blend_on_hidden']:.3f} on it, "
+                         f"{hidden['blend_on_known']:.3f} on the others")  # fmt: skip
+        lines.append(f"teacher pass {rate:.0f} s of audio/s")
     if all("today" in f for f in folds):  # after the defaults' figures, in the same table
         summary["accuracy"]["today"] = _mean([f["today"]["accuracy"] for f in folds])
         lines.append(f"today's recipe {summary['accuracy']['today']:.3f}")

@@ -38,6 +38,7 @@ def test_the_targets_follow_the_means_and_are_not_judged_without_the_hidden_runs
     without = summarise([defaults(0.8, 0.95, 0.9, None)], {})  # --no-hidden
     assert math.isnan(without["hidden_species"]["blend_on_hidden"])
     assert without["targets"]["blend on a hidden species >= the student alone on it"] is None
+    assert "hidden" not in without["headline"] and "a species hidden from the teacher" in met["headline"]
 
 
 def test_a_run_without_the_defaults_summarises_what_ran():
