@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -212,7 +213,7 @@ def summarise(folds: list[dict[str, Any]], meta: dict[str, Any]) -> dict[str, An
         lines.append(
             f"student {table['student']:.3f}, BirdNET alone {table['teacher']:.3f}, blend {table['blend']:.3f}"
         )
-        if hidden["blend_on_hidden"] == hidden["blend_on_hidden"]:  # nan: --no-hidden
+        if not math.isnan(hidden["blend_on_hidden"]):  # nan: --no-hidden
             lines.append(f"a species hidden from the teacher: blend {hidden['blend_on_hidden']:.3f} on it, "
                          f"{hidden['blend_on_known']:.3f} on the others")  # fmt: skip
         lines.append(f"teacher pass {rate:.0f} s of audio/s")
@@ -243,7 +244,7 @@ def _summarise_defaults(folds: list[dict[str, Any]]) -> dict[str, Any]:
         "blend >= teacher on the species it knows": table["blend"] >= table["teacher"],
         "blend on a hidden species >= the student alone on it": (
             hidden["blend_on_hidden"] >= _mean(list(student_per_species.values()))
-            if hidden["blend_on_hidden"] == hidden["blend_on_hidden"] else None  # None: --no-hidden
+            if not math.isnan(hidden["blend_on_hidden"]) else None  # None: --no-hidden
         ),
     }  # fmt: skip
     return {
