@@ -1,6 +1,6 @@
 """The voxceleb-size artifact on a longer run: where the engine race's once-per-run cost no longer shows.
 
-    python -m benchmarks.inference_long [--files 240] [--join 4] [--threads 2] [--rounds 2]
+    python -m benchmarks.inference_long [--files 240] [--join 4] [--threads 2] [--rounds 2] [--out FILE]
 
 benchmarks/inference.py times 2-4 s runs, in which `engine auto`'s race (the first batch computed again by
 each engine, and an ONNX Runtime session opened) is a visible share. A submission runs minutes. This times
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import soundfile as sf
 
+from benchmarks import print_result
 from benchmarks.inference import make_artifact, make_subset, make_test_folder
 from pipeline.core.config import InferConfig
 from pipeline.inference.submission import run_inference
@@ -78,8 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--join", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="also write the result here, stamped (a raw file)"
+    )
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.files, args.join, args.threads, args.rounds), indent=2))
+    print_result(run(args.files, args.join, args.threads, args.rounds), args.out)
     return 0
 
 
