@@ -92,7 +92,8 @@ def test_from_raw_puts_a_stopped_runs_raw_files_into_the_results(monkeypatch, tm
 
 
 def test_the_fsdd_time_limit_is_judged_in_loops_run_the_same_day():
-    # benchmarks/raw/fsdd.json (91f2fa9): the slowest split and the plain loop run beside split 0, in seconds.
+    # The fsdd section run at 91f2fa9 (`git show 7cf1ac1:benchmarks/raw/fsdd.json`): the slowest split and the
+    # plain loop run beside split 0, in seconds.
     digit = {"total_s": 279.1, "time_limit_s": 180.0, "plain_loop": {"total_s": 257.9}}
     speaker = {"total_s": 541.1, "time_limit_s": 180.0, "plain_loop": {"total_s": 191.9}}
     judged = bench.fsdd_time_verdict(digit, "digit")  # over 180 s, but 1.08 loops against 180/143 = 1.26
