@@ -344,8 +344,9 @@ def load_session(path: str | Path, threads: int) -> Any:
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # Int8 files written before weights were kept to 7 bits (quantize_embedding_model) saturate on x86 CPUs
     # without VNNI; this has ONNX Runtime multiply their out-of-range weights as uint8 x uint8 on such CPUs
-    # (slower, exact). ONNX Runtime leaves VNNI CPUs alone, and 7-bit weights ran at the same speed with it on
-    # and off (benchmarks/int8_range.py).
+    # (slower, exact). 7-bit weights run at the same speed with it on and off; full-range ones lose 16-45% of
+    # their int8 speed with it even on a VNNI CPU, where they would not saturate (docs/measurements.md, Int8
+    # weight range): a cost only artifacts from before 7-bit weights pay.
     options.add_session_config_entry("session.x64quantprecision", "1")
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
