@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,19 @@ def print_result(result: dict[str, Any], out: Path | None = None) -> None:
     if out is not None:
         stamped = {**commit_state(), "machine": machine(), **result}
         Path(out).write_text(json.dumps(stamped, indent=1, default=str) + "\n")
+
+
+def in_fresh_process(module: str, args: list[str], log: Any = None) -> str:
+    """`python -m MODULE ARGS` in a process of its own, from the repository root; its stdout. A timed run that
+    stands for a user's notebook should start cold, as the notebook's kernel does, and so should what it is
+    held against. `log` (a text stream) gets the process's stdout and stderr when it is done; a failure raises
+    with the end of its stderr."""
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if log is not None:
+        log.write(done.stdout + done.stderr)
+    if done.returncode != 0:
+        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
+        raise RuntimeError(f"python -m {module} {' '.join(args)} failed ({done.returncode}): {tail}")
+    return done.stdout

@@ -90,8 +90,9 @@ def run(
     """Train + infer with default configs on an FSDD `task` folder; returns accuracy and times.
 
     `quick` is a smoke run (few files per cell, 2 epochs): it checks the path works, not the accuracy.
-    `plain_loop` also runs NOTES' plain loop on the same folder right after (benchmarks/plain_loop.py): the
-    pipeline's time as a ratio to a loop measured minutes apart on the same machine (`vs_plain_loop`).
+    `plain_loop` also runs NOTES' plain loop on the same folder right after (benchmarks/plain_loop.py), in a
+    process of its own: the pipeline's time as a ratio to a loop measured minutes apart on the same machine
+    (`vs_plain_loop`), each starting cold (a caller that wants this run cold runs it in a fresh process too).
     """
     from pipeline.core.config import InferConfig, TrainConfig, from_params
     from pipeline.demo_data.fsdd import make_fsdd_competition
@@ -139,10 +140,11 @@ def run(
             }
         plain = {}
         if plain_loop:
-            from benchmarks import plain_loop as loop
+            from benchmarks import in_fresh_process
 
             with CpuMeter() as loop_meter:
-                plain = {"plain_loop": loop.run(data, task, seed)}
+                args = ["--data", str(data), "--task", task, "--seed", str(seed)]
+                plain = {"plain_loop": json.loads(in_fresh_process("benchmarks.plain_loop", args))}
             plain["plain_loop"]["others_cpu_share"] = loop_meter.result["others_cpu_share"]
             plain["vs_plain_loop"] = round((t2 - t0) / plain["plain_loop"]["total_s"], 3)
     total = t2 - t0

@@ -61,3 +61,21 @@ def test_the_machine_names_the_cpu_and_the_instruction_sets_int8_depends_on():
     )
     assert found["cpu_flags"] == [flag for flag in ISA_FLAGS if flag in flags]
     assert found["cpu"] and found["cpu"] in Path("/proc/cpuinfo").read_text()
+
+
+def test_a_timed_run_in_a_fresh_process_gives_its_stdout_or_its_error(tmp_path):
+    import io
+
+    from benchmarks import in_fresh_process
+
+    good = tmp_path / "good.json"
+    good.write_text('{"accuracy": 0.5}')
+    log = io.StringIO()
+    assert json.loads(in_fresh_process("json.tool", [str(good)], log=log)) == {"accuracy": 0.5}
+    assert '"accuracy": 0.5' in log.getvalue()  # what the process printed reaches the caller's log
+    missing = tmp_path / "missing.json"
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)python -m json.tool .*missing.json failed \(\d+\): .*can.t open .*missing.json",
+    ):
+        in_fresh_process("json.tool", [str(missing)])
