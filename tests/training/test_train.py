@@ -201,9 +201,11 @@ def test_a_thousand_classes_with_few_clips_each_train(tmp_path):
 
 def test_one_label_training_learns_from_blended_crops(synthetic_data, tmp_path, capsys):
     """BC learning through the real step: every crop blended with another class's, the aam objective on soft
-    targets; the validation loss still falls."""
+    targets; the training loss, a mean over each epoch's blended crops, falls. (The validation split holds 5
+    clips: its loss rose over the same 3 epochs on 3 of 6 seeds on an AVX-512 Xeon, while the training loss fell
+    by 1.0-2.3 on all 6.)"""
     result = train(TrainConfig(data_dir=str(synthetic_data), artifact_dir=str(tmp_path / "a"), blend_probability=1.0,
                                **{**TINY_TRAIN, "epochs": 3}))  # fmt: skip
     assert "two clips' crops blended at a random ratio" in capsys.readouterr().out
-    assert all(np.isfinite(r["train_loss"]) for r in result.history)
-    assert result.history[-1]["val_loss"] < result.history[0]["val_loss"]
+    assert all(np.isfinite(r["train_loss"]) and np.isfinite(r["val_loss"]) for r in result.history)
+    assert result.history[-1]["train_loss"] < result.history[0]["train_loss"] - 0.5
