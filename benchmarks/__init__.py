@@ -7,6 +7,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,14 +72,32 @@ def print_result(result: dict[str, Any], out: Path | None = None) -> None:
 def in_fresh_process(module: str, args: list[str], log: Any = None) -> str:
     """`python -m MODULE ARGS` in a process of its own, from the repository root; its stdout. A timed run that
     stands for a user's notebook should start cold, as the notebook's kernel does, and so should what it is
-    held against. `log` (a text stream) gets the process's stdout and stderr when it is done; a failure raises
-    with the end of its stderr."""
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args], cwd=ROOT, capture_output=True, text=True, check=False
+    held against. `log` (a text stream) gets the process's stdout and stderr line by line as they come (a
+    3-minute training run is not silent until it ends); a failure raises with the end of its stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    if log is not None:
-        log.write(done.stdout + done.stderr)
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-5:])
-        raise RuntimeError(f"python -m {module} {' '.join(args)} failed ({done.returncode}): {tail}")
-    return done.stdout
+    kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
+
+    def follow(stream: Any, name: str) -> None:  # one thread a pipe: neither fills while the other is read
+        for line in stream:
+            kept[name].append(line)
+            if log is not None:
+                log.write(line)
+
+    readers = [
+        threading.Thread(target=follow, args=(process.stdout, "stdout")),
+        threading.Thread(target=follow, args=(process.stderr, "stderr")),
+    ]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join()
+    if process.wait() != 0:
+        tail = "".join(kept["stderr"][-5:]).strip()
+        raise RuntimeError(f"python -m {module} {' '.join(args)} failed ({process.returncode}): {tail}")
+    return "".join(kept["stdout"])
