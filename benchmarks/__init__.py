@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,7 +69,7 @@ def print_result(result: dict[str, Any], out: Path | None = None) -> None:
         Path(out).write_text(json.dumps(stamped, indent=1, default=str) + "\n")
 
 
-def in_fresh_process(module: str, args: list[str], log: Any = None) -> str:
+def in_fresh_process(module: str, args: list[str], log: IO[str] | None = None) -> str:
     """`python -m MODULE ARGS` in a process of its own, from the repository root; its stdout. A timed run that
     stands for a user's notebook should start cold, as the notebook's kernel does, and so should what it is
     held against. `log` (a text stream) gets the process's stdout and stderr line by line as they come (a
@@ -83,16 +83,14 @@ def in_fresh_process(module: str, args: list[str], log: Any = None) -> str:
     )
     kept: dict[str, list[str]] = {"stdout": [], "stderr": []}
 
-    def follow(stream: Any, name: str) -> None:  # one thread a pipe: neither fills while the other is read
+    # One thread a pipe: neither pipe fills up and stalls the process while the other is being read.
+    def follow(stream: IO[str], name: str) -> None:
         for line in stream:
             kept[name].append(line)
             if log is not None:
                 log.write(line)
 
-    readers = [
-        threading.Thread(target=follow, args=(process.stdout, "stdout")),
-        threading.Thread(target=follow, args=(process.stderr, "stderr")),
-    ]
+    readers = [threading.Thread(target=follow, args=(getattr(process, name), name)) for name in kept]
     for reader in readers:
         reader.start()
     for reader in readers:
