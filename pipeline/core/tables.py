@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import ast
 import csv
+import hashlib
 import io
+import json
 import os
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,14 @@ from typing import Any
 
 import numpy as np
 
-from .staging import check_output_dir, mark, marked_as, staged_directory, write_text_atomically
+from .staging import (
+    check_output_dir,
+    check_output_file,
+    mark,
+    marked_as,
+    staged_directory,
+    write_text_atomically,
+)
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".aiff", ".aif", ".aifc", ".au", ".caf", ".w64")
 
@@ -127,11 +136,15 @@ def read_csv(csv_path: Path, columns: Sequence[str], hint: str) -> list[tuple[in
 def write_csv(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]]) -> None:
     """The one CSV writer (competition folders, submission.csv, probabilities.csv): csv.writer quoting, since
     ids, paths and labels may hold commas or quotes; `\n` line ends; written atomically."""
+    write_text_atomically(path, _csv_text(header, rows))
+
+
+def _csv_text(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(header)
     writer.writerows(rows)
-    write_text_atomically(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def resolve_inside(data_dir: Path, rel_path: str) -> Path:
@@ -380,6 +393,56 @@ class ChunkTargets:
     known: np.ndarray | None = (
         None  # [classes] bool: the file has a column for the class (its teacher knows it)
     )
+
+
+# What every lineage record beside a targets file holds (`<name>.json`): how this project tells its own.
+LINEAGE_KEYS = ("teacher", "windows", "files", "sha256")
+
+
+def targets_lineage(csv_path: Path) -> Path:
+    return csv_path.with_suffix(".json")
+
+
+def _lineage_of_ours(path: Path) -> bool:
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and all(key in record for key in LINEAGE_KEYS)
+
+
+def check_targets_file(csv_path: str | Path, why: str) -> Path:
+    """Refuse (OutputRefused) a targets file, or its lineage record, that this project did not write: a
+    targets file is ours when the lineage beside it is (`why`: which step writes it)."""
+    csv_path = Path(csv_path)
+    lineage = targets_lineage(csv_path)
+    check_output_file(lineage, is_ours=_lineage_of_ours, what="a targets file's lineage record", why=why)
+    check_output_file(
+        csv_path,
+        is_ours=lambda _: _lineage_of_ours(lineage),
+        what=f"a targets file (no lineage record {lineage.name} of this project beside it)",
+        why=why,
+    )
+    return csv_path
+
+
+def write_targets_file(
+    csv_path: str | Path,
+    header: Sequence[str],
+    rows: Iterable[Iterable[object]],
+    lineage: Callable[[], dict[str, Any]],
+    why: str,
+) -> dict[str, Any]:
+    """A targets file and its lineage record (`lineage()` once the rows are consumed, with the file's sha256
+    added), each written atomically, the record first: a session killed between the two leaves a record of
+    this project beside the older file, so a rerun may replace it. A file of someone else's is refused
+    (`check_targets_file`). Returns the record."""
+    csv_path = check_targets_file(csv_path, why)
+    text = _csv_text(header, rows)
+    record = {**lineage(), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
+    write_text_atomically(targets_lineage(csv_path), json.dumps(record, indent=2))
+    write_text_atomically(csv_path, text)
+    return record
 
 
 def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:

@@ -9,8 +9,6 @@ teacher blended in, as the submission would have it). The targets file is `filen
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,8 +18,7 @@ import numpy as np
 
 from ..core.artifact import load_artifact
 from ..core.config import InferConfig
-from ..core.staging import write_text_atomically
-from ..core.tables import write_csv
+from ..core.tables import write_targets_file
 from .predict import predict
 from .rows import plan_window_rows
 from .runtime import resolve_runtime
@@ -58,14 +55,11 @@ def write_window_targets(
     scoring = Scoring.of(config or InferConfig(), artifact, plan, independent=independent)
     probs = span_probabilities(predictions.spans.pooled[scoring.pooling], scoring, predictions, runtime)
     ok = predictions.spans.ok
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     rows = (
         [names[span.file], f"{span.start:g}", f"{span.end:g}", *(f"{p:.4f}" for p in row)]
         for span, row, usable in zip(plan.spans, probs, ok, strict=True)
         if usable
     )
-    write_csv(out, ["filename", "start", "end", *artifact.labels], rows)
     # What the teacher learned from: its own targets' lineage (None for a focal-only model).
     taught = (artifact.manifest.get("provenance") or {}).get("soundscape_targets")
     lineage = {
@@ -74,14 +68,14 @@ def write_window_targets(
         "windows": int(np.sum(ok)),
         "files": len(files),
         "hop_seconds": hop,
-        "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
     }
-    write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
+    header = ["filename", "start", "end", *artifact.labels]
+    write_targets_file(out, header, rows, lambda: lineage, why=f"the teacher's scores of the {what}")
     log(
         f"teacher {artifact_dir}: {len(plan.spans)} windows of {len(files)} {what} scored in "
         f"{time.perf_counter() - started:.0f} s -> {out}"
     )
-    return out
+    return Path(out)
 
 
 __all__ = ["write_window_targets"]

@@ -67,6 +67,14 @@ class Taught:
         }
 
 
+def targets_files(config: TrainConfig) -> tuple[Path, Path | None]:
+    """Where the teacher's pass writes its scores, beside the artifact: the training recordings', and the
+    soundscapes' (None without noise_dir)."""
+    base = Path(config.artifact_dir)
+    soundscapes = base.with_name(f"{base.name}.teacher_soundscapes.csv") if config.noise_dir else None
+    return base.with_name(f"{base.name}.teacher_recordings.csv"), soundscapes
+
+
 def teach(session: Session, log: Callable[[str], Any] = print) -> Taught:
     """The teacher's pass over the training recordings and soundscapes (module docstring)."""
     config, rows = session.config, list(session.sources.rows)
@@ -75,14 +83,11 @@ def teach(session: Session, log: Callable[[str], Any] = print) -> Taught:
     class_map = match_classes(classes, teacher.labels, session.taxonomy, config.teacher_exclude or ())
     log(f"pretrained teacher: {teacher.describe()}; {class_map.describe()}")
     runtime = teacher.runtime(config.num_threads)
-    base = Path(config.artifact_dir)
     files = sorted({row.rel_path for row in rows})
-    recordings = base.with_name(f"{base.name}.teacher_recordings.csv")
+    recordings, soundscapes = targets_files(config)
     rate = _targets(runtime, class_map, config, files, files, recordings, "training recordings", log)
-    soundscapes = None
-    if config.noise_dir:
+    if soundscapes is not None:
         found, names = session.sources.noise_names()
-        soundscapes = base.with_name(f"{base.name}.teacher_soundscapes.csv")
         _targets(runtime, class_map, config, found, names, soundscapes, "soundscapes", log)
     unknown = fit_unknown(recordings, rows, classes, class_map)
     if unknown is not None:
@@ -172,4 +177,4 @@ def _labels_file(teacher: Teacher, scratch: Path) -> Path:
     return path
 
 
-__all__ = ["Taught", "fit_unknown", "seal", "teach"]
+__all__ = ["Taught", "fit_unknown", "seal", "targets_files", "teach"]

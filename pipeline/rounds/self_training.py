@@ -26,11 +26,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..core.artifact import check_training_outputs
 from ..core.config import ConfigError, InferConfig, TrainConfig
+from ..core.tables import check_targets_file
 from ..inference.targets import write_window_targets
 from ..training.plan import Session, open_session
 from ..training.train import TrainResult, train
@@ -87,13 +90,63 @@ def score_recordings(
     )
 
 
+@dataclass(frozen=True)
+class Round:
+    """One training run of the rounds: its number (0: the focal recordings alone), its artifact folder, and the
+    targets files the teacher's pass writes for it (None: none; a teacher's .csv is read as it is)."""
+
+    number: int
+    artifact: Path
+    soundscape_targets: Path | None
+    focal_targets: Path | None
+
+
+def plan_rounds(config: TrainConfig) -> list[Round]:
+    """Every round `config` trains, in order: round 0 unless a `teacher` is given, then rounds 1..N, each scored
+    by the one before (the first by `teacher`); the last round's artifact is `artifact_dir` itself."""
+    base = Path(config.artifact_dir)
+    if config.self_training_rounds == 0:
+        return [Round(0, base, None, None)]
+    given_scores = bool(config.teacher) and config.teacher.endswith(".csv")
+    numbers = ([] if config.teacher else [0]) + list(range(1, config.self_training_rounds + 1))
+    plan = []
+    for position, k in enumerate(numbers):
+        scored = k > 0 and not (position == 0 and given_scores)
+        plan.append(
+            Round(
+                k,
+                base if position == len(numbers) - 1 else base.with_name(f"{base.name}.round_{k}"),
+                base.with_name(f"{base.name}.targets_{k}.csv") if scored and config.noise_dir else None,
+                base.with_name(f"{base.name}.focal_targets_{k}.csv")
+                if scored and config.distill_focal
+                else None,
+            )
+        )
+    return plan
+
+
+def check_round_outputs(config: TrainConfig, extra_files: Sequence[Path] = ()) -> None:
+    """Every folder and file the rounds write, checked before anything slow (never train a round for an hour,
+    then refuse the next one's folder or replace a user's file): each round's artifact and checkpoint folder
+    as training checks its own, and each targets file, the rounds' and `extra_files` (the teacher's pass)."""
+    for this in plan_rounds(config):
+        check_training_outputs(dataclasses.replace(config, artifact_dir=str(this.artifact)))
+        for path in (this.soundscape_targets, this.focal_targets):
+            if path is not None:
+                check_targets_file(path, why=f"the teacher's scores for self-training round {this.number}")
+    for path in extra_files:
+        check_targets_file(path, why="the pretrained teacher's scores")
+
+
 def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> TrainResult:
     """What the train notebook runs: `train(config)`, or with `self_training_rounds` N that many student rounds,
     each taught by the one before -- the first by `teacher` (an artifact folder or a targets .csv), or without
     one by a round 0 on the focal recordings alone. A `pretrained_teacher` first scores the recordings and
     soundscapes (rounds/pretrained.py): its soundscape scores teach the first round, with distill_focal its
-    recording scores teach every crop, and with teacher_blend > 0 it is sealed in the last artifact. Round k's artifact is `<artifact_dir>.round_<k>`, the last
-    round's is `artifact_dir` (the one the infer notebook loads); its targets `<artifact_dir>.targets_<k>.csv`.
+    recording scores teach every crop, and with teacher_blend > 0 it is sealed in the last artifact. Round k's
+    artifact is `<artifact_dir>.round_<k>`, the last round's is `artifact_dir` (the one the infer notebook
+    loads); its targets `<artifact_dir>.targets_<k>.csv` (`plan_rounds`). Every folder and file of them is
+    checked before the first starts (`check_round_outputs`).
 
     Each round gets an equal share of what is left of `time_budget_minutes`; a round whose artifact is already
     there from an earlier session, trained with the same parameters, is kept rather than trained again, so a
@@ -102,18 +155,20 @@ def train_rounds(config: TrainConfig, log: Callable[[str], Any] = print) -> Trai
     # every round and the teacher's pass read the same table.
     session = open_session(config)
     config = session.config
-    taught = None
+    rounds_session, teacher_files = session, ()
     if config.pretrained_teacher:  # its scores teach this run (rounds/pretrained.py); it is sealed at the end
-        taught = pretrained.teach(session, log)
+        recordings, soundscapes = teacher_files = pretrained.targets_files(config)
         rounds = config.self_training_rounds
         # Its recording scores teach every crop (distill_focal); its soundscape scores teach the first round.
-        session = session.but(
+        rounds_session = session.but(
             pretrained_teacher=None,
-            focal_targets=str(taught.recordings) if config.distill_focal else config.focal_targets,
+            focal_targets=str(recordings) if config.distill_focal else config.focal_targets,
             distill_focal=config.distill_focal and bool(rounds),
-            teacher=str(taught.soundscapes) if rounds and taught.soundscapes else None,
+            teacher=str(soundscapes) if rounds and soundscapes else None,
         )
-    result = _rounds(session, log)
+    check_round_outputs(rounds_session.config, [path for path in teacher_files if path is not None])
+    taught = pretrained.teach(session, log) if config.pretrained_teacher else None
+    result = _rounds(rounds_session, log)
     if taught is not None and config.teacher_blend > 0:
         pretrained.seal(result.artifact_dir, taught, config.teacher_blend, log)
     return result
@@ -130,29 +185,23 @@ def _rounds(session: Session, log: Callable[[str], Any]) -> TrainResult:
             "or distill_focal (the teacher scores the training recordings)"
         )
     started = time.monotonic()
-    base = Path(config.artifact_dir)
+    plan = plan_rounds(config)
     teacher = config.teacher
-    stages = ([] if teacher else [None]) + list(range(1, rounds + 1))  # None: round 0, focal recordings only
     result = None
-    for position, k in enumerate(stages):
-        last = position == len(stages) - 1
-        artifact = base if last else base.with_name(f"{base.name}.round_{k or 0}")
-        targets, focal = None, config.focal_targets
-        if k is not None and teacher.endswith(".csv"):  # scores computed elsewhere: the soundscapes'
-            targets = teacher
-        elif k is not None:
-            if config.noise_dir:
-                out = base.with_name(f"{base.name}.targets_{k}.csv")
-                targets = str(score_soundscapes(teacher, session, out, log=log))
-            if config.distill_focal:
-                out = base.with_name(f"{base.name}.focal_targets_{k}.csv")
-                focal = str(score_recordings(teacher, session, out, log=log))
+    for position, this in enumerate(plan):
+        last = position == len(plan) - 1
+        targets = teacher if this.number and teacher.endswith(".csv") else None  # scores computed elsewhere
+        focal = config.focal_targets
+        if this.soundscape_targets:
+            targets = str(score_soundscapes(teacher, session, this.soundscape_targets, log=log))
+        if this.focal_targets:
+            focal = str(score_recordings(teacher, session, this.focal_targets, log=log))
         budget = None
         if config.time_budget_minutes is not None:
             left = config.time_budget_minutes - (time.monotonic() - started) / 60
-            budget = max(1.0, left / (len(stages) - position))
+            budget = max(1.0, left / (len(plan) - position))
         round_session = session.but(
-            artifact_dir=str(artifact),
+            artifact_dir=str(this.artifact),
             soundscape_targets=targets,
             focal_targets=focal,
             time_budget_minutes=budget,
@@ -162,16 +211,16 @@ def _rounds(session: Session, log: Callable[[str], Any]) -> TrainResult:
         )
         taught = [Path(t).name for t in (targets, focal) if t]
         log(
-            f"self-training round {k or 0} of {rounds}: "
+            f"self-training round {this.number} of {rounds}: "
             + (f"targets {' and '.join(taught)}" if taught else "focal recordings only")
             + (f", {budget:.0f} min" if budget else "")
-            + f" -> {artifact}"
+            + f" -> {this.artifact}"
         )
-        if not last and _trained_with(artifact, round_session.config):
-            log(f"round {k or 0}: {artifact} is there, trained with these parameters: kept")
+        if not last and _trained_with(this.artifact, round_session.config):
+            log(f"round {this.number}: {this.artifact} is there, trained with these parameters: kept")
         else:
             result = train(round_session)
-        teacher = str(artifact)
+        teacher = str(this.artifact)
     return result
 
 
@@ -194,4 +243,12 @@ def _trained_with(artifact: Path, config: TrainConfig) -> bool:
     )
 
 
-__all__ = ["TEACHER_SCORING", "score_recordings", "score_soundscapes", "train_rounds"]
+__all__ = [
+    "TEACHER_SCORING",
+    "Round",
+    "check_round_outputs",
+    "plan_rounds",
+    "score_recordings",
+    "score_soundscapes",
+    "train_rounds",
+]

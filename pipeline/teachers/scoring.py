@@ -16,8 +16,6 @@ on the current one (a thread: the runtimes release the GIL).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,8 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..core.data import AudioError, load_audio
-from ..core.staging import write_text_atomically
-from ..core.tables import write_csv
+from ..core.tables import write_targets_file
 from .model import TeacherRuntime, sigmoid
 from .species import ClassMap
 
@@ -129,31 +126,31 @@ def write_targets(
             for start, row in zip(starts, probs, strict=True):
                 yield [names[k], f"{start:g}", f"{start + window:g}", *(f"{p:.4f}" for p in row)]
 
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_csv(out, ["filename", "start", "end", *(class_map.classes[k] for k in known)], rows())
-    seconds = time.perf_counter() - started
-    lineage = {
-        "teacher": teacher.name,
-        "teacher_sha256": teacher.sha256(),
-        "windows": n_windows,
-        "files": len(files),
-        "unreadable": problems,
-        "hop_seconds": hop_seconds or window,
-        "window_seconds": window,
-        "threads": runtime.threads,
-        "seconds": round(seconds, 1),
-        "audio_seconds_per_second": round(audio / max(seconds, 1e-9), 1),
-        **class_map.as_record(),
-        "sha256": hashlib.sha256(out.read_bytes()).hexdigest(),
-    }
-    write_text_atomically(out.with_suffix(".json"), json.dumps(lineage, indent=2))
+    def lineage() -> dict[str, Any]:  # once the rows are scored
+        seconds = time.perf_counter() - started
+        return {
+            "teacher": teacher.name,
+            "teacher_sha256": teacher.sha256(),
+            "windows": n_windows,
+            "files": len(files),
+            "unreadable": problems,
+            "hop_seconds": hop_seconds or window,
+            "window_seconds": window,
+            "threads": runtime.threads,
+            "seconds": round(seconds, 1),
+            "audio_seconds_per_second": round(audio / max(seconds, 1e-9), 1),
+            **class_map.as_record(),
+        }
+
+    header = ["filename", "start", "end", *(class_map.classes[k] for k in known)]
+    record = write_targets_file(out, header, rows(), lineage, why=f"the teacher's scores of the {what}")
+    seconds = record["seconds"]
     log(
         f"teacher {teacher.name}: {n_windows} windows of {len(files) - len(problems)} {what} "
-        f"({audio / 3600:.2f} h) in {seconds:.0f} s, {lineage['audio_seconds_per_second']:g} s of audio per second "
+        f"({audio / 3600:.2f} h) in {seconds:.0f} s, {record['audio_seconds_per_second']:g} s of audio per second "
         f"on {runtime.threads} thread(s) -> {out}" + (f"; {len(problems)} unreadable" if problems else "")
     )
-    return lineage
+    return record
 
 
 def span_logits(

@@ -188,3 +188,31 @@ def test_a_taxonomy_table_maps_labels_to_scientific_names_and_no_table_is_no_map
     assert read_taxonomy(tmp_path) == {}
     (tmp_path / "taxonomy.csv").write_text("code,name\nx,y\n")  # not BirdCLEF's columns
     assert read_taxonomy(tmp_path) == {}
+
+
+def test_a_targets_file_is_written_with_its_lineage_and_replaces_only_its_own(tmp_path):
+    import hashlib
+    import json
+
+    from pipeline.core.staging import OutputRefused
+    from pipeline.core.tables import write_targets_file
+
+    out = tmp_path / "m.targets_1.csv"
+    lineage = lambda: {"teacher": "m.round_0", "windows": 1, "files": 1}  # noqa: E731
+    record = write_targets_file(
+        out, ["filename", "start", "end", "a"], [["s.ogg", 0, 1, 0.5]], lineage, why="test"
+    )
+    assert out.read_text() == "filename,start,end,a\ns.ogg,0,1,0.5\n"
+    assert json.loads(out.with_suffix(".json").read_text()) == record
+    assert record["sha256"] == hashlib.sha256(out.read_bytes()).hexdigest()
+    # Its own file is replaced (a rerun), also when a killed run left the new record beside the old file.
+    out.write_text("filename,start,end,a\nold.ogg,0,1,0.1\n")
+    write_targets_file(out, ["filename", "start", "end", "a"], [["s.ogg", 1, 2, 0.25]], lineage, why="test")
+    assert "s.ogg,1,2,0.25" in out.read_text()
+    # Someone else's: a file without a lineage record of this project beside it, or a record that is not one.
+    for theirs, text in ((tmp_path / "x.csv", "filename,start,end\n"), (tmp_path / "y.json", "[1, 2]")):
+        theirs.write_text(text)
+        with pytest.raises(OutputRefused, match=rf"{theirs.name} is there and this project did not write it"):
+            write_targets_file(theirs.with_suffix(".csv"), ["filename"], [], lineage, why="test")
+        assert theirs.read_text() == text
+        assert not theirs.with_suffix(".json" if theirs.suffix == ".csv" else ".csv").exists()

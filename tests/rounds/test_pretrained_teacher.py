@@ -152,3 +152,23 @@ def test_the_teacher_parameters_are_checked_and_train_points_to_the_rounds():
     with pytest.raises(ConfigError, match="train_rounds"):
         train(TrainConfig(pretrained_teacher="birdnet", data_dir="x", artifact_dir="y"))
     assert json.dumps(TrainConfig(distill_focal=True, pretrained_teacher="birdnet").distill_focal)
+
+
+def test_the_teachers_pass_refuses_outputs_it_did_not_write_before_it_scores(taught, tmp_path):
+    """The teacher's targets files, and the artifact folder, are checked before the teacher scores anything."""
+    from pipeline.core.staging import OutputRefused
+
+    data, teacher, artifact, _ = taught
+    config = TrainConfig(data_dir=str(data), artifact_dir=str(tmp_path / "model"), cache_dir=str(tmp_path / "cache"),
+                         pretrained_teacher=str(teacher), **TINY)  # fmt: skip
+    theirs = tmp_path / "model.teacher_recordings.csv"
+    theirs.write_text("filename,start,end\nmine.ogg,0,1\n")  # no lineage beside it: not this project's
+    with pytest.raises(OutputRefused, match=r"model\.teacher_recordings\.csv"):
+        train_rounds(config, log=lambda _: None)
+    assert theirs.read_text() == "filename,start,end\nmine.ogg,0,1\n"
+    theirs.unlink()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "notes.txt").write_text("mine")
+    with pytest.raises(OutputRefused, match=r"artifact_dir.*notes\.txt"):
+        train_rounds(config, log=lambda _: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]  # the teacher scored nothing

@@ -152,3 +152,34 @@ def test_focal_targets_cover_the_training_rows_by_their_recording(field, tmp_pat
     path.write_text("filename,start,end,a,b\nelsewhere/x.ogg,0,1,0.2,0.8\n")
     with pytest.raises(DataError, match="none of its 1 files is a recording of the training table"):
         load_focal_targets(config, rows, ["a", "b"], log=lambda _: None)
+
+
+def test_the_rounds_check_every_file_and_folder_they_write_before_anything_runs(field, tmp_path):
+    """A round's targets file or folder that this project did not write is refused before round 0 trains, and
+    left as it was: never train for an hour, then replace or refuse a user's file."""
+    from pipeline.core.staging import OutputRefused
+    from pipeline.rounds.self_training import train_rounds
+
+    config = TrainConfig(data_dir=str(field), artifact_dir=str(tmp_path / "model"), cache_dir=str(tmp_path / "cache"),
+                         self_training_rounds=2, distill_focal=True, **LAYOUT, **TINY_TRAIN)  # fmt: skip
+    theirs = tmp_path / "model.focal_targets_2.csv"
+    theirs.write_text("my own notes\n")
+    with pytest.raises(OutputRefused, match=r"model\.focal_targets_2\.csv.*did not write"):
+        train_rounds(config, log=lambda _: None)
+    assert theirs.read_text() == "my own notes\n"
+    theirs.unlink()
+    lineage = tmp_path / "model.targets_1.json"  # a lineage record's name, holding something else
+    lineage.write_text('{"mine": true}\n')
+    with pytest.raises(OutputRefused, match=r"model\.targets_1\.json"):
+        train_rounds(config, log=lambda _: None)
+    assert lineage.read_text() == '{"mine": true}\n'
+    lineage.unlink()
+    folder = tmp_path / "model.round_1"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    with pytest.raises(OutputRefused, match=r"model\.round_1.*notes\.txt"):
+        train_rounds(config, log=lambda _: None)
+    assert (folder / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "model.round_1"
+    ]  # nothing trained, scored or cached
