@@ -21,7 +21,6 @@ from __future__ import annotations
 import ast
 import csv
 import hashlib
-import io
 import json
 import os
 from array import array
@@ -39,6 +38,7 @@ from .staging import (
     mark,
     marked_as,
     staged_directory,
+    staged_file,
     write_text_atomically,
 )
 
@@ -135,16 +135,25 @@ def read_csv(csv_path: Path, columns: Sequence[str], hint: str) -> list[tuple[in
 
 def write_csv(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]]) -> None:
     """The one CSV writer (competition folders, submission.csv, probabilities.csv): csv.writer quoting, since
-    ids, paths and labels may hold commas or quotes; `\n` line ends; written atomically."""
-    write_text_atomically(path, _csv_text(header, rows))
+    ids, paths and labels may hold commas or quotes; `\n` line ends; written atomically, row by row (a
+    teacher's scores of every window run to millions of rows: they never stand in memory as one text)."""
+    with staged_file(path) as staging:
+        _write_rows(staging, header, rows)
 
 
-def _csv_text(header: Iterable[str], rows: Iterable[Iterable[object]]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(header)
-    writer.writerows(rows)
-    return buffer.getvalue()
+def _write_rows(path: Path, header: Iterable[str], rows: Iterable[Iterable[object]]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def resolve_inside(data_dir: Path, rel_path: str) -> Path:
@@ -438,10 +447,10 @@ def write_targets_file(
     this project beside the older file, so a rerun may replace it. A file of someone else's is refused
     (`check_targets_file`). Returns the record."""
     csv_path = check_targets_file(csv_path, why)
-    text = _csv_text(header, rows)
-    record = {**lineage(), "sha256": hashlib.sha256(text.encode("utf-8")).hexdigest()}
-    write_text_atomically(targets_lineage(csv_path), json.dumps(record, indent=2))
-    write_text_atomically(csv_path, text)
+    with staged_file(csv_path) as staging:  # replaces csv_path when the block ends
+        _write_rows(staging, header, rows)
+        record = {**lineage(), "sha256": _sha256(staging)}
+        write_text_atomically(targets_lineage(csv_path), json.dumps(record, indent=2))
     return record
 
 
