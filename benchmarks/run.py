@@ -135,6 +135,10 @@ def section_targets_scale(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.targets_scale", quick)
 
 
+def section_teacher_pass_scale(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.teacher_pass_scale", quick)
+
+
 def section_xla_step(quick: bool) -> dict[str, Any]:
     return _external("benchmarks.xla_step", quick)
 
@@ -434,6 +438,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "xla_step": section_xla_step,
     "scale": section_scale,
     "targets_scale": section_targets_scale,
+    "teacher_pass_scale": section_teacher_pass_scale,
     "cuda": section_cuda,
 }
 SECTIONS = tuple(RUNNERS)  # the order `make bench` runs them in

@@ -76,6 +76,7 @@ def write_window_targets(
                         f"{span.end:g}",
                         *(f"{p:.4f}" for p in row),
                     ]
+            del plan, predictions, probs  # before the next pass: the memory of one pass, not two
 
     # What the teacher learned from: its own targets' lineage (None for a focal-only model).
     taught = (artifact.manifest.get("provenance") or {}).get("soundscape_targets")
