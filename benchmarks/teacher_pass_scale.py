@@ -81,8 +81,11 @@ def run(
                 raise RuntimeError(f"scoring {count} soundscapes failed: {done['output'][-2000:]}")
             targets = root / f"targets_{count}.csv"
             windows = sum(1 for _ in targets.open()) - 1
-            results["sizes"].append({"files": count, "windows": windows, "score_s": round(float(done["output"].split()[-1]), 2),
-                                     "peak_private_mb": round(done["peak_private_gb"] * 1000)})  # fmt: skip
+            seconds = round(float(done["output"].split()[-1]), 2)
+            peak_mb = round(done["peak_private_gb"] * 1000)
+            results["sizes"].append(
+                {"files": count, "windows": windows, "score_s": seconds, "peak_private_mb": peak_mb}
+            )
     one, ten = results["sizes"]
     results["time_ratio"] = round(ten["score_s"] / one["score_s"], 2)
     results["memory_ratio"] = round(ten["peak_private_mb"] / one["peak_private_mb"], 2)
