@@ -15,7 +15,6 @@ never leaves a directory that looks valid. Loading checks every file against the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ from .config import (
     TrainConfig,
 )
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
-from .staging import check_output_dir, staged_directory
+from .staging import check_output_dir, file_sha256, staged_directory
 
 # 2: labels/config sealed in model.safetensors; hyperparams.yaml runs the windowed encoder (1: neither).
 FORMAT_VERSION = 2
@@ -335,11 +334,7 @@ def load_artifact(artifact_dir: str | Path) -> Artifact:
 
 
 def _file_record(path: Path) -> dict[str, Any]:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"sha256": digest.hexdigest(), "size": path.stat().st_size}
+    return {"sha256": file_sha256(path), "size": path.stat().st_size}
 
 
 def _speechbrain_yaml(

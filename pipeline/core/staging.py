@@ -17,6 +17,7 @@ A file the project names itself (a self-training round's targets beside the arti
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -127,6 +128,15 @@ def check_output_file(
             f"this run writes a file of that name ({why}). Move it away, or choose another artifact_dir"
         )
     return path
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file, read in blocks (a targets file or a teacher model runs to hundreds of MB)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @contextmanager

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import csv
-import hashlib
 import json
 import os
 from array import array
@@ -35,6 +34,7 @@ import numpy as np
 from .staging import (
     check_output_dir,
     check_output_file,
+    file_sha256,
     mark,
     marked_as,
     staged_directory,
@@ -146,14 +146,6 @@ def _write_rows(path: Path, header: Iterable[str], rows: Iterable[Iterable[objec
         writer = csv.writer(handle, lineterminator="\n")
         writer.writerow(header)
         writer.writerows(rows)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def resolve_inside(data_dir: Path, rel_path: str) -> Path:
@@ -449,7 +441,7 @@ def write_targets_file(
     csv_path = check_targets_file(csv_path, why)
     with staged_file(csv_path) as staging:  # replaces csv_path when the block ends
         _write_rows(staging, header, rows)
-        record = {**lineage(), "sha256": _sha256(staging)}
+        record = {**lineage(), "sha256": file_sha256(staging)}
         write_text_atomically(targets_lineage(csv_path), json.dumps(record, indent=2))
     return record
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..core.artifact import TEACHER_RECORD, add_to_artifact
 from ..core.config import TrainConfig
-from ..core.tables import label_list, read_chunk_targets
+from ..core.tables import label_list, read_chunk_targets, targets_lineage
 from ..teachers.blend import fit_unknown_logit
 from ..teachers.model import Teacher, TeacherRuntime, find_teacher, logit
 from ..teachers.scoring import write_targets
@@ -110,7 +110,7 @@ def _targets(
 ) -> float:
     """Write (or keep, when the same teacher already scored the same files into it) a targets file; returns
     the teacher's rate in seconds of audio per second."""
-    lineage_path = out.with_suffix(".json")
+    lineage_path = targets_lineage(out)
     if out.is_file() and lineage_path.is_file():
         kept = json.loads(lineage_path.read_text())
         same = (

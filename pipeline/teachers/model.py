@@ -16,7 +16,6 @@ says what to install or attach.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import math
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ..core.kaggle import find_dirs_with
+from ..core.staging import file_sha256
 
 BIRDNET_MODEL = "BirdNET_GLOBAL_6K_V2.4_Model_FP32.tflite"
 BIRDNET_LABELS = "BirdNET_GLOBAL_6K_V2.4_Labels.txt"
@@ -69,11 +69,7 @@ class Teacher:
         return int(round(self.window_seconds * self.sample_rate))
 
     def sha256(self) -> str:
-        digest = hashlib.sha256()
-        with self.model_path.open("rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        return digest.hexdigest()
+        return file_sha256(self.model_path)
 
     def runtime(self, threads: int | None = None) -> TeacherRuntime:
         return TeacherRuntime(self, threads)

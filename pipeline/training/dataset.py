@@ -8,7 +8,6 @@ returns is small (row metadata and index arrays; the audio stays on disk) and is
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -21,6 +20,7 @@ from ..core import tables
 from ..core.config import TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
+from ..core.staging import file_sha256
 from ..core.tables import DataError, LabelledChunk, TrainRow, skip_or_stop
 from .augment import FocalTargets, SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
@@ -236,10 +236,10 @@ def _read_targets(config: TrainConfig, name: str, labels: list[str], log: Callab
 def _targets_record(path: Path, **fields: object) -> dict:
     """What the provenance keeps of a targets file: its name and hash, `fields`, and the lineage its teacher
     wrote beside it (`<name>.json`, pipeline/rounds/self_training.py)."""
-    lineage = path.with_suffix(".json")
+    lineage = tables.targets_lineage(path)
     return {
         "file": path.name,
-        "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "sha256": file_sha256(path),
         **fields,
         "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
     }
