@@ -69,7 +69,7 @@ matrix: $(STAMP)
 
 # CI's part of the matrix: Kaggle's TPU image trains the artifact on 8 XLA CPU devices, its training exporting
 # the ONNX files; Kaggle's GPU image predicts from it offline, and SpeechBrain and ONNX Runtime on those files
-# agree (3.1 min in benchmarks/raw/fresh_clone.json's .ci/run, ~2 more with a cold uv cache).
+# agree (2.4 min in benchmarks/raw/fresh_clone.json's .ci/run, ~2 more with a cold uv cache).
 handoff: $(STAMP)
 	$(BIN)/python -m matrix.run --handoff
 
