@@ -11,8 +11,8 @@ The one rule for every output folder (`check_output_dir`, re-checked by `staged_
 may be new, empty, or one this project wrote before (its marker says so); anything else is refused with a
 message that says what to do. It may never be the working directory, one of its parents, the home folder or a
 filesystem root, and it may not overlap the folders it must stay apart from (e.g. the data it was made from).
-A file the project names itself (a self-training round's targets beside the artifact) has the same rule
-(`check_output_file`): new, or one this project wrote.
+A file the project names itself (a self-training round's targets beside the artifact; the report and the
+extras beside a submission) has the same rule (`check_output_file`): new, or one this project wrote.
 """
 
 from __future__ import annotations
@@ -117,15 +117,21 @@ def check_output_dir(
 
 
 def check_output_file(
-    target: str | os.PathLike, *, is_ours: Callable[[Path], bool], what: str, why: str
+    target: str | os.PathLike,
+    *,
+    is_ours: Callable[[Path], bool],
+    what: str,
+    why: str,
+    instead: str = "choose another artifact_dir",
 ) -> Path:
     """Refuse (OutputRefused) to write the file `target`, named by this project (`why`: after what), unless it
-    is new or `what` this project wrote before (`is_ours`). Nothing is touched."""
+    is new or `what` this project wrote before (`is_ours`); `instead`: the other way out than moving it.
+    Nothing is touched."""
     path = Path(target)
     if path.is_dir() or (path.exists() and not is_ours(path)):
         raise OutputRefused(
             f"{path} is there and this project did not write it (it is not {what}), so it is left alone: "
-            f"this run writes a file of that name ({why}). Move it away, or choose another artifact_dir"
+            f"this run writes a file of that name ({why}). Move it away, or {instead}"
         )
     return path
 

@@ -32,7 +32,7 @@ from ..core.artifact import Artifact, load_artifact
 from ..core.config import InferConfig
 from ..core.kaggle import is_competition_rerun, process_started_at
 from ..core.progress import plural
-from ..core.staging import staged_file, write_text_atomically
+from ..core.staging import check_output_file, file_sha256, staged_file, write_text_atomically
 from ..core.tables import (
     DataError,
     SampleSubmission,
@@ -85,13 +85,14 @@ def run_inference(config: InferConfig) -> InferenceResult:
     """Load the artifact, plan the rows, predict their audio, write the submission and its report."""
     started = time.perf_counter()
     artifact = load_artifact(config.artifact_dir)  # an invalid artifact is the one thing that stops the run
+    outputs = OutputFiles.of(config)  # refused before anything is predicted, not after
     sample, items = read_test_set(config)
     plan = plan_rows(sample, items, config)
     runtime = resolve_runtime(config, artifact)
     for line in [*plan.notes, plan.segment_rule, plan.rule, runtime.describe()]:
         print(line)
     predictions = predict(artifact.model, plan, runtime, prediction_deadline(config, plan, sample))
-    return write_submission(config, artifact, sample, plan, predictions, runtime, started=started)
+    return write_submission(config, artifact, sample, plan, predictions, runtime, outputs, started=started)
 
 
 def read_test_set(config: InferConfig) -> tuple[SampleSubmission, TestItems]:
@@ -111,6 +112,76 @@ def prediction_deadline(config: InferConfig, plan: RowPlan, sample: SampleSubmis
 
 
 # ------------------------------------------------------------------------------------------ writing
+
+# Every report this project writes holds these keys: how a report beside the submission is told from a user's.
+REPORT_KEYS = ("row_rule", "fallback_summary")
+EXTRA_NAMES = ("probabilities.csv", "embeddings.npz")
+
+
+@dataclass(frozen=True)
+class OutputFiles:
+    """Where the infer stage writes. The submission is the file the user named (submission_path, or
+    submission.csv in the folder it names) and is replaced as asked; its report and the extras beside it are
+    named by this project, so each is replaced only if this project wrote it: the report when it holds
+    REPORT_KEYS, an extra when that report lists it with its sha256 (`OutputFiles.of` refuses the others)."""
+
+    submission: Path
+    report: Path
+    probabilities: Path | None  # probabilities.csv, when write_probabilities
+    embeddings: Path | None  # embeddings.npz, when write_embeddings
+
+    @classmethod
+    def of(cls, config: InferConfig) -> OutputFiles:
+        path = Path(config.submission_path)
+        if path.is_dir():  # submission_path names a file, or an existing folder to write submission.csv in
+            print(f"submission_path {path} is a folder: writing {path / 'submission.csv'}")
+            path = path / "submission.csv"
+        outputs = cls(
+            path,
+            path.with_name(path.stem + "_report.json"),
+            path.with_name(EXTRA_NAMES[0]) if config.write_probabilities else None,
+            path.with_name(EXTRA_NAMES[1]) if config.write_embeddings else None,
+        )
+        instead = "choose another submission_path folder"
+        check_output_file(
+            outputs.report,
+            is_ours=lambda p: _our_report(p) is not None,
+            what="an infer report",
+            why="the submission's report",
+            instead=instead,
+        )
+        for extra in outputs.extras:
+            check_output_file(
+                extra,
+                is_ours=lambda p: p.name in outputs.written_extras(),
+                what=f"an extra listed with its sha256 in {outputs.report.name}",
+                why=f"{'write_probabilities' if extra == outputs.probabilities else 'write_embeddings'}=True",
+                instead=instead,
+            )
+        return outputs
+
+    @property
+    def extras(self) -> list[Path]:
+        return [p for p in (self.probabilities, self.embeddings) if p is not None]
+
+    def written_extras(self) -> dict[str, str]:
+        """{name: sha256} of the extras beside the submission that this project wrote and nobody changed since,
+        as the report there lists them (carried into the next report, so a run without an extra keeps it ours)."""
+        listed = (_our_report(self.report) or {}).get("extras")
+        if not isinstance(listed, dict):  # none (an older report), or not a report of ours
+            return {}
+        beside = {name: self.report.parent / name for name in listed if name in EXTRA_NAMES}
+        return {
+            name: listed[name] for name, p in beside.items() if p.is_file() and file_sha256(p) == listed[name]
+        }
+
+
+def _our_report(path: Path) -> dict[str, Any] | None:
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) and all(key in report for key in REPORT_KEYS) else None
 
 
 @dataclass(frozen=True)
@@ -150,6 +221,7 @@ def write_submission(
     plan: RowPlan,
     predictions: Predictions,
     runtime: Runtime,
+    outputs: OutputFiles,
     *,
     started: float,
 ) -> InferenceResult:
@@ -159,10 +231,7 @@ def write_submission(
     spans = predictions.spans
     scores = post_process(spans.pooled[scoring.pooling], plan, config.chunk_smoothing, config.file_max_weight)
     probs = span_probabilities(scores, scoring, predictions, runtime)
-    path = Path(config.submission_path)
-    if path.is_dir():  # submission_path names a file, or an existing folder to write submission.csv in
-        print(f"submission_path {path} is a folder: writing {path / 'submission.csv'}")
-        path = path / "submission.csv"
+    path = outputs.submission
     if sample.probabilities:
         prior = training_prior(artifact, scoring.independent)
         header, rows, written, notes = probability_rows(sample, plan, probs, spans.ok, scoring, prior)
@@ -170,8 +239,14 @@ def write_submission(
         header, rows, written, notes = label_rows(sample, plan, probs, spans.ok, scoring)
     fallbacks, causes = fallback_rows(plan, spans)
     summary = fallback_summary(config, causes, len(plan.ids), path)
+    extras = outputs.written_extras()
     if not summary["stops_run"]:
         write_csv(path, header, rows)
+        if outputs.probabilities:
+            write_all_probabilities(outputs.probabilities, plan, probs, spans.ok, scoring)
+        if outputs.embeddings:
+            write_embeddings(outputs.embeddings, plan, predictions)
+        extras.update({p.name: file_sha256(p) for p in outputs.extras})  # the report lists them: ours
     for line in notes:
         print(line)
     speed = speed_report(config, predictions)
@@ -207,21 +282,18 @@ def write_submission(
         "time_limit_minutes": config.time_limit_minutes,
         "stopped": spans.stopped,
         "artifact": str(artifact.path),
+        "extras": extras,
         "seconds": round(time.perf_counter() - started, 3),
     }
     if spans.stopped:
         print(spans.stopped)
-    report_path = path.with_name(path.stem + "_report.json")
+    report_path = outputs.report
     write_text_atomically(report_path, json.dumps(report, indent=2))
     if summary["stops_run"]:
         raise AllFallbacksError(
             f"{summary['alarm']} No submission was written (fail_on_all_fallbacks); the "
             f"report is {report_path}."
         )
-    if config.write_probabilities:
-        write_all_probabilities(path.with_name("probabilities.csv"), plan, probs, spans.ok, scoring)
-    if config.write_embeddings:
-        write_embeddings(path.with_name("embeddings.npz"), plan, predictions)
     return InferenceResult(
         path,
         report_path,

@@ -8,6 +8,7 @@ import soundfile as sf
 
 from pipeline.core.artifact import ArtifactError
 from pipeline.core.config import InferConfig
+from pipeline.core.staging import OutputRefused
 from pipeline.core.tables import DataError
 from pipeline.inference.submission import AllFallbacksError, run_inference
 from pipeline.tooling.scoring import score_submission
@@ -40,6 +41,37 @@ def test_inference_stage_on_synthetic_data(tiny_artifact, synthetic_data, tmp_pa
     assert abs(sum(float(v) for k, v in probs[0].items() if k != "id") - 1.0) < 1e-3
     emb = np.load(tmp_path / "embeddings.npz")
     assert emb["embeddings"].shape[0] == len(ids) and emb["ok"].all()
+
+
+def test_the_report_and_extras_replace_only_files_this_project_wrote(tiny_artifact, synthetic_data, tmp_path):
+    """The files named after the submission (its report, probabilities.csv, embeddings.npz) replace a file only
+    if this project wrote it: refused before anything is predicted, and a user's file is left as it was."""
+    out = tmp_path / "sub.csv"
+    config = dict(data_dir=str(synthetic_data), artifact_dir=str(tiny_artifact), submission_path=str(out),
+                  progress=False, write_probabilities=True, write_embeddings=True)  # fmt: skip
+    users = {"sub_report.json": '{"mine": 1}', "probabilities.csv": "id,score\nmine,1\n"}
+    for name, text in users.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(OutputRefused, match=rf"{name} is there and this project did not write it"):
+            run_inference(InferConfig(**config))
+        assert (
+            (tmp_path / name).read_text() == text
+            and not out.exists()
+            and not (tmp_path / "embeddings.npz").exists()
+        )
+        (tmp_path / name).unlink()
+
+    run_inference(InferConfig(**config))
+    listed = json.loads((tmp_path / "sub_report.json").read_text())["extras"]
+    assert sorted(listed) == ["embeddings.npz", "probabilities.csv"]
+    run_inference(
+        InferConfig(**{**config, "write_embeddings": False})
+    )  # ours: replaced; the other stays ours
+    assert sorted(json.loads((tmp_path / "sub_report.json").read_text())["extras"]) == sorted(listed)
+    with (tmp_path / "embeddings.npz").open("ab") as edited:  # changed since: no longer the file we wrote
+        edited.write(b"\0")
+    with pytest.raises(OutputRefused, match="embeddings.npz is there"):
+        run_inference(InferConfig(**config))
 
 
 def test_broken_test_files_still_get_rows_and_are_reported(tiny_artifact, synthetic_data, tmp_path):
