@@ -71,8 +71,8 @@ def measure(path: Path, rows: int, classes: int, repo: Path) -> dict[str, Any]:
     written, write_mb = measured(WRITE, [str(path), str(rows), str(classes)], repo)
     read, read_mb = measured(READ, [str(path), str(classes)], repo)
     read_s, read_rows, nbytes = read[-3:]
-    return {"rows": int(read_rows), "write_s": round(float(written[-1]), 2), "write_peak_private_mb": write_mb,
-            "read_s": round(float(read_s), 2), "peak_private_mb": read_mb, "probs_mb": round(int(nbytes) / 1e6)}  # fmt: skip
+    return {"rows": int(read_rows), "write_s": round(float(written[-1]), 3), "write_peak_private_mb": write_mb,
+            "read_s": round(float(read_s), 3), "peak_private_mb": read_mb, "probs_mb": round(int(nbytes) / 1e6)}  # fmt: skip
 
 
 def run(quick: bool = False, rows: int | None = None, classes: int = 10, repo: Path = ROOT) -> dict[str, Any]:
