@@ -92,7 +92,9 @@ def run_inference(config: InferConfig) -> InferenceResult:
     for line in [*plan.notes, plan.segment_rule, plan.rule, runtime.describe()]:
         print(line)
     predictions = predict(artifact.model, plan, runtime, prediction_deadline(config, plan, sample))
-    return write_submission(config, artifact, sample, plan, predictions, runtime, outputs, started=started)
+    return write_submission(
+        config, artifact, sample, plan, predictions, runtime, outputs=outputs, started=started
+    )
 
 
 def read_test_set(config: InferConfig) -> tuple[SampleSubmission, TestItems]:
@@ -221,8 +223,8 @@ def write_submission(
     plan: RowPlan,
     predictions: Predictions,
     runtime: Runtime,
-    outputs: OutputFiles,
     *,
+    outputs: OutputFiles,
     started: float,
 ) -> InferenceResult:
     """submission.csv with sample_submission's header (a label per row, or a probability per class column), its
