@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ast
 import csv
+import hashlib
+import io
 import json
 import os
 from array import array
@@ -394,6 +396,7 @@ class ChunkTargets:
     known: np.ndarray | None = (
         None  # [classes] bool: the file has a column for the class (its teacher knows it)
     )
+    sha256: str = ""  # of the bytes read: what the student's provenance and checkpoint fingerprint record
 
 
 # What every lineage record beside a targets file holds (`<name>.json`): how this project tells its own.
@@ -452,11 +455,16 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
     unreadable time or a probability outside 0..1 stops with its line and what to fix.
 
     A teacher's scores of every window of a BirdCLEF training set run to millions of rows, so the file is read
-    row by row straight into flat float arrays (4 bytes a probability; a row of Python floats costs ~10x)."""
+    row by row straight into flat float arrays (4 bytes a probability; a row of Python floats costs ~10x), and
+    hashed as it is read (one pass over hundreds of MB, and the hash is of the very bytes parsed)."""
     hint = "A targets file has the columns filename, start, end and one probability (0..1) per class."
     if not csv_path.is_file():
         raise DataError(f"{csv_path}: file not found. {hint}")
-    with csv_path.open(newline="", encoding="utf-8-sig") as handle:
+    digest = hashlib.sha256()
+    with (
+        _HashingReader(csv_path, digest) as raw,
+        io.TextIOWrapper(raw, encoding="utf-8-sig", newline="") as handle,
+    ):
         reader = csv.reader(handle)
         header = [name.strip() for name in next(reader, [])]
         if missing := [c for c in ("filename", "start", "end") if c not in header]:
@@ -505,7 +513,27 @@ def read_chunk_targets(csv_path: Path, labels: Sequence[str]) -> ChunkTargets:
     probs[:, columns] = found
     has_column = np.zeros(len(labels), dtype=bool)
     has_column[columns] = True
-    return ChunkTargets(files, spans[:, 0].copy(), spans[:, 1].copy(), probs, notes, has_column)
+    return ChunkTargets(
+        files, spans[:, 0].copy(), spans[:, 1].copy(), probs, notes, has_column, digest.hexdigest()
+    )
+
+
+class _HashingReader(io.BufferedReader):
+    """A file read in binary whose bytes also go into `digest`, as they are read."""
+
+    def __init__(self, path: Path, digest: Any) -> None:
+        super().__init__(io.FileIO(path, "rb"), buffer_size=1 << 20)
+        self.digest = digest
+
+    def read1(self, size: int = -1) -> bytes:  # what TextIOWrapper reads with
+        data = super().read1(size)
+        self.digest.update(data)
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = super().read(size)
+        self.digest.update(data)
+        return data
 
 
 def _seconds(text: str) -> float:

@@ -20,7 +20,6 @@ from ..core import tables
 from ..core.config import TrainConfig
 from ..core.objectives import is_multi_label
 from ..core.progress import plural
-from ..core.staging import file_sha256
 from ..core.tables import DataError, LabelledChunk, TrainRow, skip_or_stop
 from .augment import FocalTargets, SoundscapeTargets
 from .store import AudioStore, CacheBuildStopped, open_or_build, source_files
@@ -233,13 +232,13 @@ def _read_targets(config: TrainConfig, name: str, labels: list[str], log: Callab
     return path, found
 
 
-def _targets_record(path: Path, **fields: object) -> dict:
-    """What the provenance keeps of a targets file: its name and hash, `fields`, and the lineage its teacher
-    wrote beside it (`<name>.json`, pipeline/rounds/self_training.py)."""
+def _targets_record(path: Path, found: tables.ChunkTargets, **fields: object) -> dict:
+    """What the provenance keeps of a targets file: its name and the hash of what was read (`found`), `fields`,
+    and the lineage its teacher wrote beside it (`<name>.json`, pipeline/rounds/self_training.py)."""
     lineage = tables.targets_lineage(path)
     return {
         "file": path.name,
-        "sha256": file_sha256(path),
+        "sha256": found.sha256,
         **fields,
         "lineage": json.loads(lineage.read_text()) if lineage.is_file() else None,
     }
@@ -278,7 +277,12 @@ def load_focal_targets(
         one_label=not is_multi_label(objective),
     )
     record = _targets_record(
-        path, windows=len(order), rows_covered=covered, rows=len(rows), weight=config.focal_target_weight
+        path,
+        found,
+        windows=len(order),
+        rows_covered=covered,
+        rows=len(rows),
+        weight=config.focal_target_weight,
     )
     log(
         f"focal targets: {plural(len(order), 'teacher window')} over {covered} of {plural(len(rows), 'training row')} "
@@ -323,6 +327,7 @@ def load_soundscape_targets(
     )
     record = _targets_record(
         path,
+        found,
         stretches=len(keep),
         of=len(found.files),
         soundscapes=len(files),

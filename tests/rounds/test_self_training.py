@@ -78,6 +78,18 @@ def test_a_round_of_self_training_is_taught_by_round_0_and_says_so(field, tmp_pa
     assert not _trained_with(teacher, dataclasses.replace(round_0, seed=5))
 
 
+def test_a_targets_file_is_hashed_as_it_is_read(tmp_path):
+    """The student's record of its targets (provenance, checkpoint fingerprint) takes the hash of the bytes
+    read_chunk_targets parsed, in the same pass: over a BOM, CRLF lines, and a file of many read blocks."""
+    path = tmp_path / "targets.csv"
+    rows = "".join(f"s{k % 97}.ogg,{k},{k + 1},0.{k % 10}\r\n" for k in range(150_000))
+    for text in ("filename,start,end,a\ns.ogg,0,1,0.5\n", "\ufefffilename,start,end,a\r\n" + rows):
+        path.write_bytes(text.encode("utf-8"))
+        found = read_chunk_targets(path, ["a"])
+        assert found.sha256 == hashlib.sha256(path.read_bytes()).hexdigest() and len(found.files) >= 1
+    assert len(found.files) == 150_000 and path.stat().st_size > 2 * (1 << 20)  # more than one 1 MB block
+
+
 def test_targets_keep_the_models_classes_and_refuse_what_cannot_be_a_probability(tmp_path):
     path = tmp_path / "targets.csv"
     path.write_text("filename,start,end,b,zz\ns.ogg,0,1,0.5,0.9\ns.ogg,1,2,0.25,0\n")
