@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# As `make test` runs the suite (Makefile: PYTEST), also for a plain `pytest -n 2`: OpenMP's idle threads sleep
+# instead of spinning on the cores the other worker and the notebook kernels need. Set before anything imports
+# torch in this process, and inherited by every process the tests start. Without it, `pytest -n 2` on
+# tests/demo_data/test_soundscapes.py timed out training its fixture after 600 s in both workers; with it the
+# module passed in 63 s (benchmarks/raw/soundscape_module_n2_{spinning,passive}.log).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 ROOT = Path(__file__).resolve().parents[1]
 # Decoded training audio is cached under $XDG_CACHE_HOME when cache_dir is not given (pipeline/training/dataset.py):
 # the tests' caches go to a folder of their own, shared by every test of the session and every process it
