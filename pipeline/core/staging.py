@@ -23,9 +23,10 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # Written into every folder the data commands, `kaggle package` and the audio cache create: what it is, so a
 # later run may replace it. The artifact's own marker is its manifest.json (pipeline.core.artifact.is_artifact).
@@ -114,6 +115,16 @@ def check_output_dir(
             f"{how_to_replace or 'choose another folder'} to replace it"
         )
     return resolved
+
+
+def read_record(path: Path, keys: Sequence[str]) -> dict[str, Any] | None:
+    """The JSON object at `path` if it is a record of this project's (it holds every one of `keys`), else None:
+    how a report or lineage record this project wrote is told from a user's file of the same name."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and all(key in record for key in keys) else None
 
 
 def check_output_file(

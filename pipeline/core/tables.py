@@ -39,6 +39,7 @@ from .staging import (
     file_sha256,
     mark,
     marked_as,
+    read_record,
     staged_directory,
     staged_file,
     write_text_atomically,
@@ -408,11 +409,7 @@ def targets_lineage(csv_path: Path) -> Path:
 
 
 def _lineage_of_ours(path: Path) -> bool:
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and all(key in record for key in LINEAGE_KEYS)
+    return read_record(path, LINEAGE_KEYS) is not None
 
 
 def check_targets_file(csv_path: str | Path, why: str) -> Path:

@@ -32,7 +32,13 @@ from ..core.artifact import Artifact, load_artifact
 from ..core.config import InferConfig
 from ..core.kaggle import is_competition_rerun, process_started_at
 from ..core.progress import plural
-from ..core.staging import check_output_file, file_sha256, staged_file, write_text_atomically
+from ..core.staging import (
+    check_output_file,
+    file_sha256,
+    read_record,
+    staged_file,
+    write_text_atomically,
+)
 from ..core.tables import (
     DataError,
     SampleSubmission,
@@ -131,6 +137,10 @@ class OutputFiles:
     report: Path
     probabilities: Path | None  # probabilities.csv, when write_probabilities
     embeddings: Path | None  # embeddings.npz, when write_embeddings
+    # {name: sha256} of the extras beside it that this project wrote and nobody changed since, as the report
+    # there lists them: read once, before anything is predicted (carried into the next report, so a run
+    # without an extra keeps it ours).
+    ours: dict[str, str]
 
     @classmethod
     def of(cls, config: InferConfig) -> OutputFiles:
@@ -138,16 +148,18 @@ class OutputFiles:
         if path.is_dir():  # submission_path names a file, or an existing folder to write submission.csv in
             print(f"submission_path {path} is a folder: writing {path / 'submission.csv'}")
             path = path / "submission.csv"
+        report = path.with_name(path.stem + "_report.json")
         outputs = cls(
             path,
-            path.with_name(path.stem + "_report.json"),
+            report,
             path.with_name(EXTRA_NAMES[0]) if config.write_probabilities else None,
             path.with_name(EXTRA_NAMES[1]) if config.write_embeddings else None,
+            _extras_written(report),
         )
         instead = "choose another submission_path folder"
         check_output_file(
             outputs.report,
-            is_ours=lambda p: _our_report(p) is not None,
+            is_ours=lambda p: read_record(p, REPORT_KEYS) is not None,
             what="an infer report",
             why="the submission's report",
             instead=instead,
@@ -155,7 +167,7 @@ class OutputFiles:
         for extra in outputs.extras:
             check_output_file(
                 extra,
-                is_ours=lambda p: p.name in outputs.written_extras(),
+                is_ours=lambda p: p.name in outputs.ours,
                 what=f"an extra listed with its sha256 in {outputs.report.name}",
                 why=f"{'write_probabilities' if extra == outputs.probabilities else 'write_embeddings'}=True",
                 instead=instead,
@@ -166,24 +178,15 @@ class OutputFiles:
     def extras(self) -> list[Path]:
         return [p for p in (self.probabilities, self.embeddings) if p is not None]
 
-    def written_extras(self) -> dict[str, str]:
-        """{name: sha256} of the extras beside the submission that this project wrote and nobody changed since,
-        as the report there lists them (carried into the next report, so a run without an extra keeps it ours)."""
-        listed = (_our_report(self.report) or {}).get("extras")
-        if not isinstance(listed, dict):  # none (an older report), or not a report of ours
-            return {}
-        beside = {name: self.report.parent / name for name in listed if name in EXTRA_NAMES}
-        return {
-            name: listed[name] for name, p in beside.items() if p.is_file() and file_sha256(p) == listed[name]
-        }
 
-
-def _our_report(path: Path) -> dict[str, Any] | None:
-    try:
-        report = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return report if isinstance(report, dict) and all(key in report for key in REPORT_KEYS) else None
+def _extras_written(report: Path) -> dict[str, str]:
+    listed = (read_record(report, REPORT_KEYS) or {}).get("extras")
+    if not isinstance(listed, dict):  # none (an older report), or not a report of ours
+        return {}
+    beside = {name: report.parent / name for name in listed if name in EXTRA_NAMES}
+    return {
+        name: listed[name] for name, p in beside.items() if p.is_file() and file_sha256(p) == listed[name]
+    }
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ def write_submission(
         header, rows, written, notes = label_rows(sample, plan, probs, spans.ok, scoring)
     fallbacks, causes = fallback_rows(plan, spans)
     summary = fallback_summary(config, causes, len(plan.ids), path)
-    extras = outputs.written_extras()
+    extras = dict(outputs.ours)
     if not summary["stops_run"]:
         write_csv(path, header, rows)
         if outputs.probabilities:
