@@ -104,11 +104,31 @@ class Artifact:
 
 
 def is_artifact(folder: Path) -> bool:
-    """True if `folder` holds an artifact of this project (of any format version): one a new one may replace."""
+    """True if `folder` holds an artifact of this project (of any format version) and nothing else, each file as
+    its manifest records it: one a new one may replace, with nobody's file lost (`not_the_artifact`)."""
+    return not not_the_artifact(folder)
+
+
+def not_the_artifact(folder: Path) -> list[str]:
+    """What in `folder` is not the artifact its manifest describes: a file the manifest does not list (a
+    notebook or notes put there), or one whose size or sha256 differ from its record (edited since). [] for
+    an artifact as training left it; every entry where there is no manifest of this project's."""
     try:
-        return "format_version" in json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError, TypeError):
-        return False
+        manifest = json.loads((folder / MANIFEST).read_text())
+        listed = manifest["files"] if "format_version" in manifest else None
+    except (OSError, ValueError, TypeError, KeyError):
+        listed = None
+    if not isinstance(listed, dict):
+        return sorted(p.name for p in folder.iterdir()) or [f"no {MANIFEST}"]
+    changes = []
+    for path in sorted(folder.iterdir()):
+        if path.name == MANIFEST:
+            continue
+        if path.name not in listed:
+            changes.append(path.name)
+        elif not path.is_file() or listed[path.name] != _file_record(path):
+            changes.append(f"{path.name} (changed since)")
+    return changes
 
 
 def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None) -> Path:
@@ -118,8 +138,9 @@ def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None
         artifact_dir,
         name="artifact_dir",
         is_ours=is_artifact,
-        what="an artifact of this project (no manifest.json)",
+        what="an artifact of this project as training left it",
         keep_apart=keep_apart,
+        not_ours=not_the_artifact,
     )
 
 

@@ -28,8 +28,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-# Written into every folder the data commands, `kaggle package` and the audio cache create: what it is, so a
-# later run may replace it. The artifact's own marker is its manifest.json (pipeline.core.artifact.is_artifact).
+# Written into every folder the data commands, `kaggle package` and the audio cache create: what it is and the
+# files it holds, so a later run may replace it while nobody has put or changed a file there
+# (`changes_since_marked`). The artifact's own marker is its manifest.json (pipeline.core.artifact.is_artifact).
 MARKER = ".written-by-pipeline"
 
 
@@ -38,8 +39,10 @@ class OutputRefused(FileExistsError):
 
 
 def mark(folder: Path, kind: str) -> None:
-    """Record in `folder` that this project wrote it, as `kind` (e.g. "competition folder")."""
-    (folder / MARKER).write_text(json.dumps({"kind": kind}) + "\n", encoding="utf-8")
+    """Record in `folder` that this project wrote it, as `kind` (e.g. "competition folder"), and every file in
+    it with its size and modification time: what `changes_since_marked` holds the folder against later."""
+    files = {name: _size_and_time(folder / name) for name in _files_below(folder) if name != MARKER}
+    (folder / MARKER).write_text(json.dumps({"kind": kind, "files": files}) + "\n", encoding="utf-8")
 
 
 def marked_as(folder: Path, kind: str) -> bool:
@@ -47,6 +50,46 @@ def marked_as(folder: Path, kind: str) -> bool:
         return json.loads((folder / MARKER).read_text(encoding="utf-8")).get("kind") == kind
     except (OSError, ValueError, AttributeError):
         return False
+
+
+def changes_since_marked(folder: Path, kind: str) -> list[str]:
+    """What in a folder marked as `kind` this project did not write: files put there since, or changed since
+    (another size or modification time than the marker records). [] when the folder is as this project left
+    it, so a later run may replace it; every entry when it is not marked as `kind`. A file the marker lists
+    but the folder lacks is no one's loss. A marker written before markers listed files names
+    none: a file modified after the marker was written is then the change."""
+    if not marked_as(folder, kind):
+        return sorted(p.name for p in folder.iterdir()) or [f"no {MARKER}"]
+    record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    listed, marked_at = record.get("files"), (folder / MARKER).stat().st_mtime_ns
+    changes = []
+    for name in _files_below(folder):
+        if name == MARKER:
+            continue
+        size, mtime = _size_and_time(folder / name)
+        if listed is None:
+            if mtime > marked_at:
+                changes.append(f"{name} (changed since)")
+        elif name not in listed:
+            changes.append(name)
+        elif listed[name] != [size, mtime]:
+            changes.append(f"{name} (changed since)")
+    return changes
+
+
+def _files_below(folder: Path) -> list[str]:
+    """Every file below `folder` (links as themselves, never followed), as paths relative to it."""
+    names = []
+    for root, dirs, files in os.walk(folder):
+        links = [d for d in dirs if os.path.islink(os.path.join(root, d))]
+        for name in files + links:
+            names.append(os.path.relpath(os.path.join(root, name), folder))
+    return sorted(names)
+
+
+def _size_and_time(path: Path) -> list[int]:
+    info = path.lstat()
+    return [info.st_size, info.st_mtime_ns]
 
 
 def check_output_dir(
@@ -58,10 +101,12 @@ def check_output_dir(
     keep_apart: Mapping[str, str | os.PathLike | None] | None = None,
     replace_ours: bool = True,
     how_to_replace: str = "",
+    not_ours: Callable[[Path], Sequence[str]] | None = None,
 ) -> Path:
     """Refuse (OutputRefused) to write the folder `target` (parameter `name`) unless it is new, empty, or `what`
     this project wrote before (`is_ours`) and `replace_ours`; and unless it stays apart from every folder
-    of `keep_apart` ({parameter: path}). Returns the resolved target. Nothing is touched."""
+    of `keep_apart` ({parameter: path}). `not_ours`: what in it this project does not own, for the refusal
+    (default: its entries). Returns the resolved target. Nothing is touched."""
     resolved = Path(target).expanduser().resolve()
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if resolved == Path(resolved.anchor) or resolved == home or cwd.is_relative_to(resolved):
@@ -103,7 +148,8 @@ def check_output_dir(
     if not entries:
         return resolved
     if not is_ours(resolved):
-        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        foreign = list(not_ours(resolved)) if not_ours else entries
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise OutputRefused(
             f"{name}={str(target)!r} holds files this project did not write ({shown}); it is "
             f"not {what}, so it is left alone. Choose a new or empty folder for {name}, or "

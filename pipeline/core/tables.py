@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 
 from .staging import (
+    changes_since_marked,
     check_output_dir,
     check_output_file,
     file_sha256,
     mark,
-    marked_as,
     read_record,
     staged_directory,
     staged_file,
@@ -657,22 +657,12 @@ def read_sample_submission(path: Path) -> SampleSubmission:
 # ---------------------------------------------------------------------------------- writing folders
 
 COMPETITION_FOLDER = "competition folder"
-# What `python -m pipeline data` wrote before folders carried the marker: still recognised as ours.
-_LEGACY_FOLDER_ENTRIES = {
-    "train.csv",
-    "test.csv",
-    "sample_submission.csv",
-    "solution.csv",
-    "audio",
-    "ATTRIBUTION.txt",
-}
 
 
 def written_by_data_command(folder: Path) -> bool:
-    """True for a competition folder that `python -m pipeline data` wrote (it may replace it)."""
-    if marked_as(folder, COMPETITION_FOLDER):
-        return True
-    return {"solution.csv", "audio"} <= {p.name for p in folder.iterdir()} <= _LEGACY_FOLDER_ENTRIES
+    """True for a competition folder that `python -m pipeline data` wrote and nobody changed since: a rerun
+    with --overwrite may replace it (core/staging.changes_since_marked)."""
+    return not changes_since_marked(folder, COMPETITION_FOLDER)
 
 
 @contextmanager
@@ -683,7 +673,8 @@ def new_competition_folder(out_dir: str | os.PathLike, overwrite: bool) -> Itera
         out_dir,
         name="out",
         is_ours=written_by_data_command,
-        what="a competition folder written by `python -m pipeline data`",
+        what="a competition folder written by `python -m pipeline data` and left as it was",
+        not_ours=lambda folder: changes_since_marked(folder, COMPETITION_FOLDER),
         replace_ours=overwrite,
         how_to_replace="pass --overwrite (overwrite=True)",
     )

@@ -41,7 +41,7 @@ from typing import Any
 
 from packaging.utils import canonicalize_name
 
-from ..core.staging import check_output_dir, mark, marked_as, staged_directory
+from ..core.staging import changes_since_marked, check_output_dir, mark, staged_directory
 from . import wheelcheck
 from .versions import installed_version
 
@@ -153,7 +153,11 @@ def package(
         raise PackagingError(f"--train-accelerator {train_accelerator!r}: use one of {list(MACHINE_SHAPES)}")
     slugs = Slugs.default(owner, competition)
     out = check_output_dir(
-        out, name="--out", is_ours=is_package_output, what="a `kaggle package` output folder"
+        out,
+        name="--out",
+        is_ours=is_package_output,
+        what="a `kaggle package` output folder left as it was",
+        not_ours=lambda folder: changes_since_marked(folder, PACKAGE_KIND),
     )
     notebooks = {
         "train": (MACHINE_SHAPES[train_accelerator], train_internet),
@@ -196,11 +200,9 @@ def package(
 
 
 def is_package_output(folder: Path) -> bool:
-    """An earlier output of `kaggle package` (marked; or, from before the marker, only its four entries)."""
-    names = {p.name for p in folder.iterdir()}
-    return marked_as(folder, PACKAGE_KIND) or (
-        "code" in names and names <= {"train", "infer", "code", "README.md"}
-    )
+    """An earlier output of `kaggle package` that nobody changed since (a hand-edited kernel-metadata.json or
+    a file put there is refused, never lost: core/staging.changes_since_marked)."""
+    return not changes_since_marked(folder, PACKAGE_KIND)
 
 
 def kernel_metadata(slugs: Slugs, notebook: str, machine_shape: str, enable_internet: bool) -> dict[str, Any]:

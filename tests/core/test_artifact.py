@@ -6,9 +6,16 @@ import pytest
 import torch
 from helpers import classify_clips
 
-from pipeline.core.artifact import ArtifactError, load_artifact, save_artifact, verify_artifact
-from pipeline.core.config import InferConfig
+from pipeline.core.artifact import (
+    ArtifactError,
+    check_training_outputs,
+    load_artifact,
+    save_artifact,
+    verify_artifact,
+)
+from pipeline.core.config import InferConfig, TrainConfig
 from pipeline.core.model import ModelConfig, SpeakerClassifier
+from pipeline.core.staging import OutputRefused
 
 
 def small_model():
@@ -153,6 +160,20 @@ def test_a_failed_save_keeps_the_previous_artifact(tmp_path):
             first, small_model(), ["x", "y", "z"], {"run": 2}, extra_files={"p.png": tmp_path / "no"}
         )
     assert load_artifact(first).manifest["provenance"] == {"run": 1}
+
+
+def test_a_new_artifact_never_replaces_a_file_put_into_the_old_one_or_edited_there(tmp_path):
+    first = save_artifact(tmp_path / "a", small_model(), ["x", "y", "z"], {"run": 1})
+    (first / "analysis.ipynb").write_text("precious")
+    with pytest.raises(OutputRefused, match=r"holds files this project did not write \(analysis.ipynb\)"):
+        save_artifact(first, small_model(), ["x", "y", "z"], {"run": 2})
+    assert (first / "analysis.ipynb").read_text() == "precious"
+    (first / "analysis.ipynb").unlink()
+    with (first / "hyperparams.yaml").open("a") as yaml:
+        yaml.write("# my note\n")
+    with pytest.raises(OutputRefused, match=r"\(hyperparams.yaml \(changed since\)\)"):
+        check_training_outputs(TrainConfig(artifact_dir=str(first), data_dir=str(tmp_path / "data")))
+    assert (first / "hyperparams.yaml").read_text().endswith("# my note\n")
 
 
 def test_moved_artifact_still_loads(artifact_copy, tmp_path):

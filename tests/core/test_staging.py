@@ -1,13 +1,16 @@
 """pipeline.core.staging: a directory appears complete or not at all, a replaced one survives a failed build, and
 no output ever replaces or overlaps a folder this project did not write."""
 
+import os
 import stat
 
 import numpy as np
 import pytest
 
 from pipeline.core.staging import (
+    MARKER,
     OutputRefused,
+    changes_since_marked,
     check_output_dir,
     mark,
     marked_as,
@@ -87,6 +90,49 @@ def test_new_empty_and_own_folders_may_be_written(tmp_path):
     mark(ours, "competition folder")
     assert marked_as(ours, "competition folder") and not marked_as(ours, "artifact")
     check_output_dir(ours, name="out", is_ours=lambda p: marked_as(p, "competition folder"), what="x")
+
+
+def test_a_marked_folder_is_ours_only_while_nobody_put_or_changed_a_file_there(tmp_path):
+    ours = tmp_path / "ours"
+    (ours / "audio").mkdir(parents=True)
+    (ours / "audio" / "a.wav").write_bytes(b"RIFF")
+    (ours / "train.csv").write_text("path,label\n")
+    mark(ours, "competition folder")
+    assert changes_since_marked(ours, "competition folder") == []
+    assert changes_since_marked(ours, "kaggle package") == [MARKER, "audio", "train.csv"]
+    (ours / "train.csv").unlink()  # a file of ours gone is nobody's loss
+    assert changes_since_marked(ours, "competition folder") == []
+    (ours / "audio" / "mine.wav").write_bytes(b"RIFF")  # put there
+    (ours / "audio" / "a.wav").write_bytes(b"RIFX")  # the same size, written again a second later
+    later = (ours / MARKER).stat().st_mtime_ns + 1_000_000_000
+    os.utime(ours / "audio" / "a.wav", ns=(later, later))
+    assert changes_since_marked(ours, "competition folder") == [
+        "audio/a.wav (changed since)",
+        "audio/mine.wav",
+    ]
+    with pytest.raises(
+        OutputRefused, match=r"holds files this project did not write \(audio/a.wav \(changed"
+    ):
+        check_output_dir(
+            ours,
+            name="out",
+            is_ours=lambda p: not changes_since_marked(p, "competition folder"),
+            what="x",
+            not_ours=lambda p: changes_since_marked(p, "competition folder"),
+        )
+    assert (ours / "audio" / "mine.wav").exists()
+
+
+def test_a_marker_from_before_markers_listed_files_holds_the_folder_to_its_time(tmp_path):
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "train.csv").write_text("path,label\n")
+    (ours / MARKER).write_text('{"kind": "competition folder"}\n')
+    assert changes_since_marked(ours, "competition folder") == []
+    later = (ours / MARKER).stat().st_mtime_ns + 1_000_000_000
+    (ours / "notes.txt").write_text("mine")
+    os.utime(ours / "notes.txt", ns=(later, later))
+    assert changes_since_marked(ours, "competition folder") == ["notes.txt (changed since)"]
 
 
 def test_a_folder_with_a_users_files_is_refused_naming_them(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 import soundfile as sf
 from scipy import signal
 
+from pipeline.core.staging import MARKER
 from pipeline.demo_data import synthetic
 from pipeline.demo_data.synthetic import make_synthetic_competition
 
@@ -26,7 +27,13 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
 
 
 def _tree_bytes(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file's bytes but the marker's, which records when each file was written (core/staging.mark)."""
+    assert (root / MARKER).is_file()
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and p.name != MARKER
+    }
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +162,7 @@ def test_deterministic_given_seed(tmp_path: Path) -> None:
     a = _tree_bytes(make_synthetic_competition(tmp_path / "a", seed=1, **SMALL))
     b = _tree_bytes(make_synthetic_competition(tmp_path / "b", seed=1, **SMALL))
     c = _tree_bytes(make_synthetic_competition(tmp_path / "c", seed=2, **SMALL))
-    assert len(a) == 5 + 3 * (3 + 2)  # 4 CSVs, the marker, the WAVs
+    assert len(a) == 4 + 3 * (3 + 2)  # 4 CSVs, the WAVs
     assert a == b
     assert a.keys() == c.keys()
     wavs = [k for k in a if k.endswith(".wav")]
@@ -174,6 +181,23 @@ def test_never_replaces_a_folder_it_did_not_write(tmp_path: Path) -> None:
     assert (
         sorted(p.name for p in out.iterdir()) == ["keep.txt"] and (out / "keep.txt").read_text() == "precious"
     )
+
+
+def test_a_users_folder_in_this_projects_layout_or_with_a_file_added_is_never_replaced(
+    tmp_path: Path,
+) -> None:
+    mine = tmp_path / "mine"  # a competition folder of the user's own, laid out as this project's
+    (mine / "audio").mkdir(parents=True)
+    for name in ("train.csv", "test.csv", "sample_submission.csv", "solution.csv", "audio/rec1.wav"):
+        (mine / name).write_text("mine")
+    with pytest.raises(FileExistsError, match="holds files this project did not write"):
+        make_synthetic_competition(mine, overwrite=True, **SMALL)
+    assert (mine / "audio" / "rec1.wav").read_text() == "mine"
+    ours = make_synthetic_competition(tmp_path / "ours", **SMALL)
+    (ours / "audio" / "notes.txt").write_text("precious")  # put into a folder this project wrote
+    with pytest.raises(FileExistsError, match=r"did not write \(audio/notes.txt\)"):
+        make_synthetic_competition(ours, seed=1, overwrite=True, **SMALL)
+    assert (ours / "audio" / "notes.txt").read_text() == "precious"
 
 
 def test_replaces_its_own_folder_only_when_asked(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import nbformat
 import pytest
 from helpers import ROOT, fresh_python, run_bootstrap
 
+from pipeline.core.staging import OutputRefused
 from pipeline.tooling.packaging import (
     MACHINE_SHAPES,
     WHEEL_PREFIX,
@@ -118,6 +119,23 @@ def test_an_out_folder_with_a_users_files_is_refused_and_kept(tmp_path):
     assert (
         json.loads((again.train_dir / "kernel-metadata.json").read_text())["machine_shape"] == "NvidiaTeslaT4"
     )
+
+
+def test_a_users_project_or_an_edited_bundle_is_never_replaced(tmp_path):
+    project = tmp_path / "project"  # shaped as bundles were before they carried a marker: code/ and a README
+    (project / "code").mkdir(parents=True)
+    (project / "code" / "my_model.py").write_text("precious")
+    (project / "README.md").write_text("mine")
+    with pytest.raises(OutputRefused, match=r"did not write \(README.md, code\)"):
+        package(project, OWNER, COMPETITION, download=False, allow_incomplete=True)
+    assert (project / "code" / "my_model.py").read_text() == "precious"
+    bundle = package(tmp_path / "bundle", OWNER, COMPETITION, download=False, allow_incomplete=True).out
+    edited = bundle / "infer" / "kernel-metadata.json"
+    meta = json.loads(edited.read_text())
+    edited.write_text(json.dumps({**meta, "dataset_sources": [*meta["dataset_sources"], "alice/extra"]}))
+    with pytest.raises(OutputRefused, match=r"did not write \(infer/kernel-metadata.json \(changed since\)"):
+        package(bundle, OWNER, COMPETITION, download=False, allow_incomplete=True)
+    assert "alice/extra" in json.loads(edited.read_text())["dataset_sources"]
 
 
 def test_wheels_dir_fills_the_gaps(tmp_path):
