@@ -25,6 +25,8 @@ Sections (each fails soft: an error is recorded and the next section runs):
   cold_start    papermill start of notebooks/infer.ipynb -> first prediction on disk (measured here)
   xla_step      host trace time per TPU step vs batch; device time on paper    (benchmarks/xla_step.py)
   scale         1.7 h vs 16.7 h: memory, cache, first step, throughput, wait, inference (benchmarks/scale.py)
+  targets_scale, teacher_pass_scale, ownership_scale  a teacher's targets file, a round's teacher pass, and
+                telling this project's folders from a user's, each at two sizes (their modules)
   cuda          GPU peak, training step per precision, inference per batch: where a GPU is lent (cuda.py)
 
 Every section also writes its whole result to benchmarks/raw/<section>.json (with the machine, the time and
@@ -95,6 +97,10 @@ def _external(module_name: str, quick: bool) -> dict[str, Any]:
     if not hasattr(module, "run"):
         raise NotAvailable(f"{module_name} has no run(quick=...)")
     return module.run(quick=quick)
+
+
+def section_ownership_scale(quick: bool) -> dict[str, Any]:
+    return _external("benchmarks.ownership_scale", quick)
 
 
 def section_loader_wait(quick: bool) -> dict[str, Any]:
@@ -439,6 +445,7 @@ RUNNERS: dict[str, Callable[[bool], dict[str, Any]]] = {
     "scale": section_scale,
     "targets_scale": section_targets_scale,
     "teacher_pass_scale": section_teacher_pass_scale,
+    "ownership_scale": section_ownership_scale,
     "cuda": section_cuda,
 }
 SECTIONS = tuple(RUNNERS)  # the order `make bench` runs them in
