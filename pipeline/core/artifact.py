@@ -37,7 +37,7 @@ from .config import (
     TrainConfig,
 )
 from .model import ModelConfig, SpeakerClassifier, WindowedEncoder
-from .staging import check_output_dir, file_sha256, staged_directory
+from .staging import check_output_dir, file_sha256, read_record, staged_directory
 
 # 2: labels/config sealed in model.safetensors; hyperparams.yaml runs the windowed encoder (1: neither).
 FORMAT_VERSION = 2
@@ -113,11 +113,8 @@ def not_the_artifact(folder: Path) -> list[str]:
     """What in `folder` is not the artifact its manifest describes: a file the manifest does not list (a
     notebook or notes put there), or one whose size or sha256 differ from its record (edited since). [] for
     an artifact as training left it; every entry where there is no manifest of this project's."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        listed = manifest["files"] if "format_version" in manifest else None
-    except (OSError, ValueError, TypeError, KeyError):
-        listed = None
+    manifest = read_record(folder / MANIFEST, ("format_version", "files"))
+    listed = manifest["files"] if manifest else None
     if not isinstance(listed, dict):
         return sorted(p.name for p in folder.iterdir()) or [f"no {MANIFEST}"]
     changes = []

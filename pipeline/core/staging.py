@@ -46,10 +46,16 @@ def mark(folder: Path, kind: str) -> None:
 
 
 def marked_as(folder: Path, kind: str) -> bool:
+    return _marker(folder, kind) is not None
+
+
+def _marker(folder: Path, kind: str) -> dict[str, Any] | None:
+    """The marker's record if `folder` is marked as `kind`, else None."""
     try:
-        return json.loads((folder / MARKER).read_text(encoding="utf-8")).get("kind") == kind
-    except (OSError, ValueError, AttributeError):
-        return False
+        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and record.get("kind") == kind else None
 
 
 def changes_since_marked(folder: Path, kind: str) -> list[str]:
@@ -58,9 +64,9 @@ def changes_since_marked(folder: Path, kind: str) -> list[str]:
     it, so a later run may replace it; every entry when it is not marked as `kind`. A file the marker lists
     but the folder lacks is no one's loss. A marker written before markers listed files names
     none: a file modified after the marker was written is then the change."""
-    if not marked_as(folder, kind):
+    record = _marker(folder, kind)
+    if record is None:
         return sorted(p.name for p in folder.iterdir()) or [f"no {MARKER}"]
-    record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
     listed, marked_at = record.get("files"), (folder / MARKER).stat().st_mtime_ns
     changes = []
     for name in _files_below(folder):
