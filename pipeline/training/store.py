@@ -31,6 +31,7 @@ import concurrent.futures
 import hashlib
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ import numpy as np
 from ..core.config import SAMPLE_RATE
 from ..core.data import AudioError, load_audio
 from ..core.progress import plural, progress_bar
-from ..core.staging import MARKER, check_output_dir, mark, marked_as, staged_directory
+from ..core.staging import MARKER, OutputRefused, check_output_dir, mark, marked_as, staged_directory
 from ..core.tables import DataError, resolve_inside
 from ..devices.launch import helper_spawn_context
 
@@ -49,6 +50,7 @@ CACHE_VERSION = 2  # 2: the sample rate is a parameter; index.npz holds loudness
 CACHE_KIND = "audio cache"
 MANIFEST = "cache.json"
 INDEX = "index.npz"
+SHARD = re.compile(r"shard-\d{5}\.pcm")
 FULL_SCALE = 32767.0
 ENVELOPE_SECONDS = 0.1  # one loudness value per 100 ms: 10 floats per second of audio, 14 MB for 100 hours
 # A decoding task is a run of consecutive files of about this much source data: big enough that a task's
@@ -144,6 +146,20 @@ def is_cache(folder: Path) -> bool:
     return marked_as(folder, CACHE_KIND)
 
 
+def not_cache_files(folder: Path) -> list[str]:
+    """What in `folder` a rebuild of this cache would delete and this project did not write: every entry if it
+    is not marked as a cache, else every file that is not one a cache holds (cache.json, index.npz, the
+    shards). A cache's own files count as ours whatever their times (a cache copied from a dataset has new
+    ones) and whatever their content (it is decoded again from the audio)."""
+    if not is_cache(folder):
+        return sorted(p.name for p in folder.iterdir())
+    return [
+        p.name
+        for p in sorted(folder.iterdir())
+        if p.is_dir() or not (p.name in (MARKER, MANIFEST, INDEX) or SHARD.fullmatch(p.name))
+    ]
+
+
 def is_cache_dir(folder: Path) -> bool:
     """A cache_dir this project may write into: new, empty, or holding only caches (and their locks)."""
     return all(is_cache(p) or p.name.startswith(".") for p in folder.iterdir())
@@ -182,9 +198,15 @@ def open_or_build(
     with FileLock(str(root / f".{key}.lock")):  # another process may be building this very cache: wait for it
         if _complete(root / key, key):
             return _reuse(root / key, log)
+        if (root / key).exists() and (strangers := not_cache_files(root / key)):
+            raise OutputRefused(
+                f"{root / key} is where this cache is built, and it holds files this project did not write "
+                f"({', '.join(strangers[:5])}{' ...' if len(strangers) > 5 else ''}); rebuilding would delete "
+                "them, so it is left alone. Move those files away, or choose another cache_dir"
+            )
         _explain_rebuild(root, records, log)
         started = time.perf_counter()
-        with staged_directory(root / key, is_cache) as staging:
+        with staged_directory(root / key, lambda folder: not not_cache_files(folder)) as staging:
             _build(files, records, key, sample_rate, staging, workers, stop_at_first_failure, log, progress)
             mark(staging, CACHE_KIND)
         store = AudioStore(root / key)

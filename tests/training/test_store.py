@@ -133,6 +133,28 @@ def test_a_cache_dir_holding_someone_elses_files_is_refused(tmp_path):
     assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
+def test_a_cache_is_rebuilt_over_its_own_files_only_never_over_a_file_put_there(tmp_path):
+    """An incomplete cache (a shard lost) is rebuilt in place; with a user's file inside it, it is refused before
+    decoding anything, naming the file, and nothing there is deleted."""
+    data = tmp_path / "data"
+    names = make_files(data)
+    store, _ = build(data, names, tmp_path / "cache")
+    folder = store.folder
+    (folder / "shard-00000.pcm").unlink()  # incomplete: the next run rebuilds it
+    rebuilt, log = build(data, names, tmp_path / "cache")
+    assert rebuilt.folder == folder and (folder / "shard-00000.pcm").is_file()
+    assert not any("reusing" in line for line in log)
+
+    (folder / "shard-00000.pcm").unlink()
+    (folder / "notes.txt").write_text("precious")
+    (folder / "plots").mkdir()
+    before = sorted(p.name for p in folder.iterdir())
+    with pytest.raises(OutputRefused, match=r"notes\.txt, plots.*cache_dir"):
+        build(data, names, tmp_path / "cache")
+    assert sorted(p.name for p in folder.iterdir()) == before
+    assert (folder / "notes.txt").read_text() == "precious"
+
+
 CONCURRENT = """
 import sys
 from pathlib import Path
