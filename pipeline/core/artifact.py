@@ -307,15 +307,9 @@ def verify_artifact(artifact_dir: str | Path) -> dict[str, Any]:
     weights = root / WEIGHTS
     with safe_open(str(weights), framework="pt") as handle:
         sealed = handle.metadata() or {}
-    for name in SEALED_FIELDS:
-        if name not in sealed:
+    for name in (*SEALED_FIELDS, *OPTIONAL_SEALED_FIELDS):
+        if name not in sealed and name in SEALED_FIELDS:
             raise ArtifactError(f"{weights}: carries no sealed {name!r}; re-save the artifact with this code")
-        if json.loads(sealed[name]) != manifest.get(name):
-            raise ArtifactError(
-                f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
-                "(manifest.json was edited); restore it or retrain"
-            )
-    for name in OPTIONAL_SEALED_FIELDS:
         if (json.loads(sealed[name]) if name in sealed else None) != manifest.get(name):
             raise ArtifactError(
                 f"{manifest_path}: {name!r} differs from the value sealed in {weights.name} "
