@@ -51,11 +51,8 @@ def marked_as(folder: Path, kind: str) -> bool:
 
 def _marker(folder: Path, kind: str) -> dict[str, Any] | None:
     """The marker's record if `folder` is marked as `kind`, else None."""
-    try:
-        record = json.loads((folder / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) and record.get("kind") == kind else None
+    record = read_record(folder / MARKER, ("kind",))
+    return record if record is not None and record["kind"] == kind else None
 
 
 def changes_since_marked(folder: Path, kind: str) -> list[str]:
