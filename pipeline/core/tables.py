@@ -393,11 +393,9 @@ class ChunkTargets:
     starts: np.ndarray  # [rows] float64 seconds
     ends: np.ndarray
     probs: np.ndarray  # [rows, classes] float32, in the order of the `labels` read_chunk_targets was given
-    notes: list[str] = field(default_factory=list)
-    known: np.ndarray | None = (
-        None  # [classes] bool: the file has a column for the class (its teacher knows it)
-    )
-    sha256: str = ""  # of the bytes read: what the student's provenance and checkpoint fingerprint record
+    notes: list[str]
+    known: np.ndarray | None  # [classes] bool: the file has a column for the class (its teacher knows it)
+    sha256: str  # of the bytes read: what the student's provenance and checkpoint fingerprint record
 
 
 # What every lineage record beside a targets file holds (`<name>.json`): how this project tells its own.
