@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "data":
-        from .demo_data.fsdd import FSDDError, make_fsdd_competition
+        from .demo_data.fsdd import make_fsdd_competition
 
         try:
             if args.source == "fsdd":
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                 from .demo_data.synthetic import make_synthetic_competition
 
                 out = make_synthetic_competition(args.out, seed=args.seed, overwrite=args.overwrite)
-        except (FSDDError, FileExistsError, ValueError) as error:
+        except (FileExistsError, ValueError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
         kind = {"synthetic": "synthetic", "soundscapes": "soundscape", "xeno-canto": "bird"}.get(
@@ -186,13 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         ) or f"FSDD {args.task}"
         print(f"wrote {kind} competition folder {out}")
     elif args.command == "score":
-        from .core.tables import DataError
         from .tooling.scoring import score_submission
 
         try:
             metric, value = score_submission(args.submission, args.solution, args.metric)
             print(f"{metric}={value:.4f}")
-        except (DataError, ValueError, OSError) as error:
+        except (ValueError, OSError) as error:
             print(f"error: {error}", file=sys.stderr)
             return 2
     elif args.command == "kaggle" and args.action == "package":
