@@ -215,14 +215,14 @@ def save_artifact(
             # fallback_label: predicted for unreadable test files (default: the most frequent training label)
             **sealed,
             "provenance": provenance,
-            "files": {p.name: _file_record(p) for p in sorted(staging.iterdir())},
         }
         _write_manifest(staging, manifest)
     return target
 
 
 def _write_manifest(staging: Path, manifest: dict[str, Any]) -> None:
-    """The manifest, last; then every file on disk before the rename makes the artifact visible."""
+    """The manifest (listing what is staged), last; then every file on disk before the rename shows it."""
+    manifest["files"] = {p.name: _file_record(p) for p in sorted(staging.iterdir())}
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2))
     for child in staging.iterdir():
         with child.open("rb") as handle:
@@ -248,7 +248,6 @@ def add_to_artifact(artifact_dir: str | Path, files: dict[str, Path], provenance
                 )
             shutil.copyfile(source, staging / name)
         manifest["provenance"] = {**manifest.get("provenance", {}), **provenance}
-        manifest["files"] = {p.name: _file_record(p) for p in sorted(staging.iterdir())}
         _write_manifest(staging, manifest)
     return target
 
