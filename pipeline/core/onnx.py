@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from speechbrain.lobes.models.ECAPA_TDNN import ECAPA_TDNN
 
-from .model import ModelConfig, SpeakerClassifier
+from .model import SpeakerClassifier, host_model
 from .progress import first_line
 from .staging import staged_file
 
@@ -163,13 +163,11 @@ def pristine_encoder(model: SpeakerClassifier) -> torch.nn.Module:
     encoder = model.embedding_model
     if type(encoder) is not ECAPA_TDNN:
         return copy.deepcopy(encoder).cpu().float().eval()
-    fresh = SpeakerClassifier(ModelConfig(**model.config.to_dict())).embedding_model
     state = {
-        name: value.detach().cpu().float() if value.is_floating_point() else value.detach().cpu()
-        for name, value in encoder.state_dict().items()
+        k: v.detach().cpu().float() if v.is_floating_point() else v.detach().cpu()
+        for k, v in model.state_dict().items()
     }
-    fresh.load_state_dict(state)
-    return fresh.eval()
+    return host_model(model, state).embedding_model
 
 
 def check_export(encoder: torch.nn.Module, model: SpeakerClassifier, path: str | Path) -> float:
