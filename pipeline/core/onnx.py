@@ -114,9 +114,7 @@ def example_inputs(
     return feats, lens
 
 
-def export_embedding_model(
-    model: SpeakerClassifier, path: str | Path, opset: int = OPSET, strict: bool = False
-) -> ExportReport:
+def export_embedding_model(model: SpeakerClassifier, path: str | Path, strict: bool = False) -> ExportReport:
     """Write `model.embedding_model` as ONNX to `path` (atomically), dynamic in batch and time, checked
     against torch at another batch and time. `model` itself is not touched (see pristine_encoder). `strict`
     traces with Dynamo instead (the slower way, kept for benchmarks.onnx_export's comparison).
@@ -140,7 +138,7 @@ def export_embedding_model(
                 dynamo=True,
                 input_names=list(INPUTS),
                 output_names=[OUTPUT],
-                opset_version=opset,
+                opset_version=OPSET,
                 optimize=True,
             )
     except Exception as error:  # noqa: BLE001 - the exporter raises many types; all mean "no ONNX file"
@@ -152,7 +150,7 @@ def export_embedding_model(
     with staged_file(target) as staging:
         onnx_program.save(str(staging))
         diff = check_export(encoder, model, staging)
-    return ExportReport(target, time.perf_counter() - started, diff, torch.__version__, opset)
+    return ExportReport(target, time.perf_counter() - started, diff, torch.__version__, OPSET)
 
 
 def pristine_encoder(model: SpeakerClassifier) -> torch.nn.Module:
