@@ -21,13 +21,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..core.staging import staged_file
 from ..devices.strategy import Strategy
+
+if TYPE_CHECKING:
+    from .train import Run
 
 LATEST = "latest.pt"
 # TrainingState's fields a checkpoint holds as they are (best_predictions travels as a tensor).
@@ -78,32 +81,24 @@ def run_dir(checkpoint_dir: Path, fingerprint: str) -> Path:
     return Path(checkpoint_dir) / fingerprint
 
 
-def save(
-    checkpoint_dir: Path,
-    fingerprint: str,
-    model,
-    optimizer,
-    scheduler,
-    strategy: Strategy,
-    state,
-    average=None,
-) -> None:
-    """Write the checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
+def save(run: Run) -> None:
+    """Write `run`'s checkpoint (rank 0 only; every rank holds the same weights under data parallelism)."""
+    strategy, state = run.strategy, run.state
     if not strategy.is_main:
         return
     predictions = state.best_predictions
     payload = {
-        "fingerprint": fingerprint,
+        "fingerprint": run.fingerprint,
         "saved_at": time.time(),
-        "model": {k: v.detach().to("cpu") for k, v in strategy.unwrap(model).state_dict().items()},
-        "optimizer": _to_cpu(optimizer.state_dict()),
-        "scheduler": scheduler.state_dict(),
+        "model": {k: v.detach().to("cpu") for k, v in strategy.unwrap(run.model).state_dict().items()},
+        "optimizer": _to_cpu(run.optimizer.state_dict()),
+        "scheduler": run.scheduler.state_dict(),
         "scaler": strategy.scaler.state_dict() if strategy.scaler else None,
-        "average": average.state_dict() if average is not None else None,
+        "average": run.average.state_dict() if run.average is not None else None,
         **{name: getattr(state, name) for name in STATE_FIELDS},
         "best_predictions": None if predictions is None else torch.from_numpy(predictions),
     }
-    with staged_file(run_dir(checkpoint_dir, fingerprint) / LATEST) as staging:
+    with staged_file(run_dir(run.checkpoint_dir, run.fingerprint) / LATEST) as staging:
         torch.save(payload, staging)
 
 

@@ -153,16 +153,7 @@ class Run:
     export_reserve_s: float = 0.0  # kept back from the time budget for the ONNX files (rank 0 writes them)
 
     def save_checkpoint(self) -> None:
-        ckpt.save(
-            self.checkpoint_dir,
-            self.fingerprint,
-            self.model,
-            self.optimizer,
-            self.scheduler,
-            self.strategy,
-            self.state,
-            self.average,
-        )
+        ckpt.save(self)
         self.last_checkpoint = time.monotonic()
 
 
