@@ -150,12 +150,9 @@ def teacher_scores(
     outputs = np.asarray(choice.outputs)
     known = np.flatnonzero(outputs >= 0)
     logits = np.full((len(plan.spans), len(outputs)), np.nan, dtype=np.float32)
-    spans_of: dict[int, list[int]] = {}
-    for index, span in enumerate(plan.spans):
-        spans_of.setdefault(span.file, []).append(index)
+    spans_of = SpanWindows(plan, runtime.windows).spans_of  # each file's spans as (span index, start, end)
     started, audio, done, stopped = time.perf_counter(), 0.0, 0, None
     paths = [plan.root / plan.files[i] for i in files]
-    ends = [[plan.spans[j].end for j in spans_of[i]] for i in files]
     for k, (_, samples, _) in enumerate(decoded(paths, teacher.sample_rate, MAX_DECODE_SECONDS)):
         spent = time.perf_counter() - started
         if deadline is not None and done and time.time() + 1.5 * spent / done > deadline:
@@ -165,10 +162,9 @@ def teacher_scores(
             log(stopped)
             break
         if samples is not None and len(samples):
-            index = spans_of[files[k]]
-            scored = span_logits(
-                model, samples, [(plan.spans[j].start, end) for j, end in zip(index, ends[k], strict=True)]
-            )
+            spans = spans_of[files[k]]
+            index = [j for j, _, _ in spans]
+            scored = span_logits(model, samples, [(start, end) for _, start, end in spans])
             logits[np.ix_(index, known)] = scored[:, outputs[known]]
             audio += len(samples) / teacher.sample_rate
         done += 1
