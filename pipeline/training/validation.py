@@ -9,7 +9,7 @@ every rank ends with the same predictions, and so the same best-epoch decision.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -142,17 +142,19 @@ def file_scores(
     # selection measures what it computes.
     plan = WindowPlan.for_model(config, VALIDATION_BATCH, speeds=test_time_speeds(config))
 
-    def files():
-        for k, position in enumerate(mine):
-            samples = data.store.read(int(data.items[val_idx[position]]))
-            yield FileWindows(k, *span_windows(samples, [(k, 0.0, None)], plan))
-
     with torch.inference_mode():
-        predictions = run_windows(model, files(), len(mine), plan, device, embed=embed)
+        files = _whole_files(data, [val_idx[position] for position in mine], plan)
+        predictions = run_windows(model, files, len(mine), plan, device, embed=embed)
     scores = torch.zeros(len(val_idx), len(data.labels), dtype=torch.float64)
     if mine:
         scores[mine] = torch.from_numpy(predictions.scores).double()
     return scores
+
+
+def _whole_files(data: TrainingData, rows: list[int], plan: WindowPlan) -> Iterator[FileWindows]:
+    """The windows of the table's `rows`, read from the cache one at a time, each file one span."""
+    for k, row in enumerate(rows):
+        yield FileWindows(k, *span_windows(data.store.read(int(data.items[row])), [(k, 0.0, None)], plan))
 
 
 # The artifact's embedding centre is the mean over this many training files (evenly spaced), of at most this many
@@ -182,12 +184,8 @@ def embedding_centre(model: torch.nn.Module, data: TrainingData, config: TrainCo
     chosen = spread_evenly(data.train_idx, CENTRE_FILES)
     plan = WindowPlan.for_model(config, VALIDATION_BATCH, max_windows_per_file=CENTRE_WINDOWS_PER_FILE)
 
-    def files():
-        for k, row in enumerate(chosen):
-            yield FileWindows(k, *span_windows(data.store.read(int(data.items[row])), [(k, 0.0, None)], plan))
-
     with torch.inference_mode():
-        found = run_windows(model, files(), len(chosen), plan, CPU)
+        found = run_windows(model, _whole_files(data, chosen, plan), len(chosen), plan, CPU)
     unit = torch.nn.functional.normalize(torch.from_numpy(found.embeddings[found.ok]), dim=1)
     return unit.mean(dim=0).tolist()
 
