@@ -46,15 +46,11 @@ TEACHER_SCORING = InferConfig(engine="torch", progress=False)
 
 
 def score_soundscapes(
-    artifact_dir: str | Path,
-    session: Session,
-    out: str | Path,
-    hop_seconds: float | None = None,
-    log: Callable[[str], Any] = print,
+    artifact_dir: str | Path, session: Session, out: str | Path, log: Callable[[str], Any] = print
 ) -> Path:
     """The teacher's probabilities for every window of the session's soundscapes (noise_dir's files: the
-    background training reads too), windows of the model's length, `hop_seconds` apart (default half a window),
-    as a targets file at `out` (+ its .json); filenames relative to noise_dir (TrainConfig.soundscape_targets)."""
+    background training reads too), windows of the model's length half a window apart, as a targets file at
+    `out` (+ its .json); filenames relative to noise_dir (TrainConfig.soundscape_targets)."""
     files, names = session.sources.noise_names()
     # Independent sigmoids even from a one-label teacher: a stretch of soundscape holds any number of calls, or
     # none, where a softmax would share out a probability of 1.
@@ -64,7 +60,6 @@ def score_soundscapes(
         files,
         names,
         out,
-        hop_seconds=hop_seconds,
         independent=True,
         config=TEACHER_SCORING,
         what="soundscapes",
