@@ -74,18 +74,17 @@ def decoded(
 
 
 def score_files(
-    runtime: TeacherRuntime, paths: Sequence[Path], hop_seconds: float | None = None
+    runtime: TeacherRuntime, paths: Sequence[Path]
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, str | None]]:
-    """(index into paths, window starts in seconds, logits [windows, outputs], problem) for every file; an
-    unreadable file yields no windows and its problem."""
+    """(index into paths, window starts in seconds, logits [windows, outputs], problem) for every file, its
+    windows one window apart; an unreadable file yields no windows and its problem."""
     teacher = runtime.teacher
     window = teacher.window_samples
-    hop = int(round((hop_seconds or teacher.window_seconds) * teacher.sample_rate))
     for k, (_, samples, problem) in enumerate(decoded(list(paths), teacher.sample_rate)):
         if samples is None:
             yield k, np.zeros(0), np.zeros((0, len(teacher.labels)), dtype=np.float32), problem
             continue
-        windows, starts = teacher_windows(samples, window, hop)
+        windows, starts = teacher_windows(samples, window, window)
         yield k, starts / teacher.sample_rate, window_logits(runtime, windows), None
 
 
@@ -97,7 +96,6 @@ def write_targets(
     names: Sequence[str],
     out: str | Path,
     *,
-    hop_seconds: float | None = None,
     what: str = "files",
     log: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
@@ -116,7 +114,7 @@ def write_targets(
     def rows() -> Iterator[list[str]]:
         nonlocal audio, n_windows
         paths = [Path(data_dir) / rel for rel in files]
-        for k, starts, logits, problem in score_files(runtime, paths, hop_seconds):
+        for k, starts, logits, problem in score_files(runtime, paths):
             if problem:
                 problems[files[k]] = problem
                 continue
@@ -134,7 +132,7 @@ def write_targets(
             "windows": n_windows,
             "files": len(files),
             "unreadable": problems,
-            "hop_seconds": hop_seconds or window,
+            "hop_seconds": window,
             "window_seconds": window,
             "threads": runtime.threads,
             "seconds": round(seconds, 1),
