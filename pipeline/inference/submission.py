@@ -317,7 +317,8 @@ def span_probabilities(
     """[spans, classes of the model]: the softmax or sigmoids of the scaled cosine scores, blended with the
     pretrained teacher's probabilities where it scored the span (teachers/blend.py). NaN scores (unusable
     audio) give rows no row reads."""
-    probs = probabilities(np.nan_to_num(scores, nan=0.0), scoring.scale, scoring.independent)
+    cosines = torch.from_numpy(np.asarray(np.nan_to_num(scores, nan=0.0), dtype=np.float64))
+    probs = objectives.probabilities(cosines, scoring.scale, scoring.independent).numpy()
     if predictions.teacher is not None:
         choice = runtime.teacher
         taught = teacher_probabilities(
@@ -369,13 +370,6 @@ def probability_rows(
         rows.append([row_id, *(f"{p:.6g}" for p in values)])
         written.append(sample.value_columns[int(np.argmax(values))])
     return [sample.id_column, *sample.value_columns], rows, written, class_notes(sample, labels, shared)
-
-
-def probabilities(cosines: np.ndarray, scale: float, independent: bool) -> np.ndarray:
-    """Class probabilities from cosine scores (objectives.probabilities, in float64 on numpy arrays)."""
-    return objectives.probabilities(
-        torch.from_numpy(np.asarray(cosines, dtype=np.float64)), scale, independent
-    ).numpy()
 
 
 def class_notes(sample: SampleSubmission, labels: list[str], shared: np.ndarray) -> list[str]:
