@@ -157,23 +157,15 @@ def seal(artifact_dir: str | Path, taught: Taught, weight: float, log: Callable[
         description.write_text(
             json.dumps({**record, "model": model_name, "labels": "teacher_labels.txt"}, indent=2)
         )
-        files = {
-            model_name: teacher.model_path,
-            "teacher_labels.txt": _labels_file(teacher, Path(scratch)),
-            TEACHER_RECORD: description,
-        }
+        labels = Path(scratch) / "teacher_labels.txt"
+        labels.write_text("\n".join(teacher.labels) + "\n", encoding="utf-8")
+        files = {model_name: teacher.model_path, "teacher_labels.txt": labels, TEACHER_RECORD: description}
         provenance = {"pretrained_teacher": {k: v for k, v in record.items() if k != "classes"}}
         path = add_to_artifact(artifact_dir, files, provenance)
     log(
         f"pretrained teacher: {teacher.name} sealed in {path} ({teacher.model_path.stat().st_size / 1e6:.0f} MB), "
         f"blended at inference with weight {weight:g} ({teacher.licence or 'see its licence'})"
     )
-    return path
-
-
-def _labels_file(teacher: Teacher, scratch: Path) -> Path:
-    path = scratch / "teacher_labels.txt"
-    path.write_text("\n".join(teacher.labels) + "\n", encoding="utf-8")
     return path
 
 
