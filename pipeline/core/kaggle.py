@@ -101,6 +101,11 @@ def find_input_checkpoints() -> list[Path]:
     return find_dirs_with((CHECKPOINT_FILE,))
 
 
+# Outside Kaggle, data_dir and artifact_dir left as None are the Makefile demo's folders.
+LOCAL_DATA = Path("artifacts/demo_data")
+LOCAL_ARTIFACT = Path("artifacts/model")
+
+
 def input_or_local(search: Callable[[], Path | None], local_default: Path, name: str, what: str) -> str:
     """A path parameter left as None: on Kaggle what `search` finds among the inputs (said), else the local
     default; a ConfigError naming the parameter when neither is there."""

@@ -13,8 +13,6 @@ from pathlib import Path
 from ..core import kaggle
 from ..core.config import InferConfig
 
-LOCAL_DATA = Path("artifacts/demo_data")
-LOCAL_ARTIFACT = Path("artifacts/model")
 LOCAL_SUBMISSION = Path("artifacts/submission.csv")
 
 
@@ -22,13 +20,13 @@ def resolve_infer_paths(config: InferConfig) -> InferConfig:
     test_files = f"folder {config.test_audio_dir}" if config.test_audio_dir else config.test_table
     data_dir = config.data_dir or kaggle.input_or_local(
         lambda: kaggle.find_test_dir(config.sample_submission, config.test_table, config.test_audio_dir),
-        LOCAL_DATA,
+        kaggle.LOCAL_DATA,
         "data_dir",
         f"a folder with {config.sample_submission} and the test {test_files}",
     )
     artifact_dir = config.artifact_dir or kaggle.input_or_local(
         kaggle.find_artifact_dir,
-        LOCAL_ARTIFACT,
+        kaggle.LOCAL_ARTIFACT,
         "artifact_dir",
         "a folder with manifest.json (train.ipynb's output)",
     )

@@ -65,9 +65,6 @@ from ..devices.probe import Topology
 from ..teachers.species import bird_signal
 from .dataset import Sources, TrainingData, load_training_data
 
-LOCAL_DATA = Path("artifacts/demo_data")
-LOCAL_ARTIFACT = Path("artifacts/model")
-
 # ESC's clips are 5 s, UrbanSound8K's 4 s; the scale benchmark's speech clips are 3 s and the demo's utterances
 # 1.5 s (median): the recipe starts between them.
 EVENT_MIN_SECONDS = 3.5
@@ -231,7 +228,7 @@ def resolve_session(config: TrainConfig) -> TrainConfig:
     kept, so resolving twice changes nothing."""
     data_dir = config.data_dir or kaggle.input_or_local(
         lambda: kaggle.find_competition_dir(config.train_table),
-        LOCAL_DATA,
+        kaggle.LOCAL_DATA,
         "data_dir",
         f"a folder with {config.train_table} and sample_submission.csv",
     )
@@ -241,7 +238,7 @@ def resolve_session(config: TrainConfig) -> TrainConfig:
             config,
             data_dir=str(data_dir),
             cache_dir=cache_dir,
-            artifact_dir=config.artifact_dir or str(LOCAL_ARTIFACT),
+            artifact_dir=config.artifact_dir or str(kaggle.LOCAL_ARTIFACT),
         )
     artifact_dir = config.artifact_dir or str(kaggle.working_dir() / "model")
     checkpoint_dir = Path(config.checkpoint_dir or kaggle.working_dir() / "checkpoints")
