@@ -235,18 +235,14 @@ def _resolve(
 
 
 def require_installable(
-    code_dir: str | Path,
-    images: Iterable[Image | str] | None = None,
-    *,
-    missing: Iterable[str] = (),
-    error: type[Exception] = WheelCheckError,
+    code_dir: str | Path, *, missing: Iterable[str] = (), error: type[Exception] = WheelCheckError
 ) -> list[BundleCheck]:
-    """check_bundle for each image (default: both Kaggle images); raises `error` listing every problem.
+    """check_bundle for both Kaggle images (IMAGES); raises `error` listing every problem.
     `missing`: wheels the bundle is already known to lack (`kaggle package --allow-incomplete`): such a
     bundle cannot install offline anyway and is not checked."""
     if list(missing):
         return []
-    checks = [check_bundle(code_dir, image) for image in (images or IMAGES.values())]
+    checks = [check_bundle(code_dir, image) for image in IMAGES.values()]
     if failed := [check for check in checks if not check.ok]:
         raise error(
             f"the code dataset {code_dir} would not install as it should on Kaggle's image(s):\n"
