@@ -35,7 +35,8 @@ from ..core.artifact import check_training_outputs
 from ..core.config import ConfigError, InferConfig, TrainConfig
 from ..core.tables import check_targets_file
 from ..inference.targets import write_window_targets
-from ..training.plan import Session, open_session
+from ..training.plan import Session, auto_could_choose, open_session
+from ..training.provenance import PATH_FIELDS
 from ..training.train import TrainResult, train
 from . import pretrained
 
@@ -221,9 +222,6 @@ def _rounds(session: Session, log: Callable[[str], Any]) -> TrainResult:
 
 def _trained_with(artifact: Path, config: TrainConfig) -> bool:
     """Whether `artifact` holds a finished model trained with `config` (compared as its provenance keeps it)."""
-    from ..training.plan import auto_could_choose
-    from ..training.provenance import PATH_FIELDS
-
     manifest = artifact / "manifest.json"
     if not manifest.is_file():
         return False
