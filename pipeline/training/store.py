@@ -198,13 +198,13 @@ def open_or_build(
     with FileLock(str(root / f".{key}.lock")):  # another process may be building this very cache: wait for it
         if _complete(root / key, key):
             return _reuse(root / key, log)
+        _explain_rebuild(root, records, log)
         if (root / key).exists() and (strangers := not_cache_files(root / key)):
             raise OutputRefused(
                 f"{root / key} is where this cache is built, and it holds files this project did not write "
                 f"({', '.join(strangers[:5])}{' ...' if len(strangers) > 5 else ''}); rebuilding would delete "
                 "them, so it is left alone. Move those files away, or choose another cache_dir"
             )
-        _explain_rebuild(root, records, log)
         started = time.perf_counter()
         with staged_directory(root / key, lambda folder: not not_cache_files(folder)) as staging:
             _build(files, records, key, sample_rate, staging, workers, stop_at_first_failure, log, progress)
