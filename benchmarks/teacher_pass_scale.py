@@ -6,7 +6,9 @@ time in proportion to the windows and memory that does not grow with them.
 
 The teacher is an untrained 'tiny' model with C classes (its weights do not change what is computed, only what
 comes out), sealed as an artifact; the soundscapes are 10 s of low noise each, scored in 0.5 s windows 0.05 s
-apart (191 windows a file: many windows from little audio on disk). Each size runs in a fresh interpreter whose
+apart (191 windows a file: many windows from little audio on disk). The smaller size is one whole pass of the
+infer stage's calls (targets.FILES_PER_PASS files), so both sizes score whole passes: below one pass, a pass
+holds fewer files and its memory is smaller for that reason alone. Each size runs in a fresh interpreter whose
 peak private memory (RssAnon of the process tree) and wall time are measured. `--repo` scores with another
 checkout's code (e.g. an older commit's worktree), for a before/after in one run.
 """
@@ -67,9 +69,17 @@ def make_soundscapes(folder: Path, count: int) -> None:
 def run(
     quick: bool = False, files: int | None = None, classes: int = 200, repo: Path = ROOT
 ) -> dict[str, Any]:
-    small = files or (20 if quick else 100)
+    from pipeline.inference.targets import FILES_PER_PASS
+
+    small = files or (20 if quick else FILES_PER_PASS)
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "2"}
-    results: dict[str, Any] = {"classes": classes, "repo": str(repo), "hop_seconds": HOP, "sizes": []}
+    results: dict[str, Any] = {
+        "classes": classes,
+        "repo": str(repo),
+        "hop_seconds": HOP,
+        "files_per_pass": FILES_PER_PASS,
+        "sizes": [],
+    }
     with tempfile.TemporaryDirectory(prefix="bench-teacher-pass-") as tmp:
         artifact = make_teacher(Path(tmp), classes)
         root = Path(tmp) / "soundscapes"
