@@ -67,14 +67,16 @@ def write_window_targets(
                 predictions.spans.pooled[scoring.pooling], scoring, predictions, runtime
             )
             counts["spans"] += len(plan.spans)
-            for span, row, usable in zip(plan.spans, probs, predictions.spans.ok, strict=True):
+            # Rows by index: a loop variable bound to a row of `probs` would keep the whole array alive
+            # into the next pass.
+            for k, (span, usable) in enumerate(zip(plan.spans, predictions.spans.ok, strict=True)):
                 if usable:
                     counts["windows"] += 1
                     yield [
                         names[first + span.file],
                         f"{span.start:g}",
                         f"{span.end:g}",
-                        *(f"{p:.4f}" for p in row),
+                        *(f"{p:.4f}" for p in probs[k]),
                     ]
             del plan, predictions, probs  # before the next pass: the memory of one pass, not two
 

@@ -31,6 +31,39 @@ def test_scoring_in_passes_writes_what_one_pass_writes(tiny_artifact, synthetic_
     assert written[3] == written[1] == written[len(files)]
 
 
+def test_a_pass_lets_go_of_the_last_pass_before_it_predicts(
+    tiny_artifact, synthetic_data, tmp_path, monkeypatch
+):
+    """Memory is bounded by one pass: when a pass starts predicting, no probabilities of the pass before it are
+    still held (a row of them bound to a loop variable kept the whole array alive into the next pass)."""
+    import gc
+    import weakref
+
+    files = sorted(
+        str(p.relative_to(synthetic_data)) for p in (synthetic_data / "audio" / "test").glob("*.wav")
+    )[:3]
+    monkeypatch.setattr(targets, "FILES_PER_PASS", 1)
+    held, alive_at_predict = [], []
+    predict, span_probabilities = targets.predict, targets.span_probabilities
+
+    def watched_predict(*args, **kwargs):
+        gc.collect()
+        alive_at_predict.append(sum(ref() is not None for ref in held))
+        return predict(*args, **kwargs)
+
+    def watched_probabilities(*args, **kwargs):
+        probs = span_probabilities(*args, **kwargs)
+        held.append(weakref.ref(probs))
+        return probs
+
+    monkeypatch.setattr(targets, "predict", watched_predict)
+    monkeypatch.setattr(targets, "span_probabilities", watched_probabilities)
+    targets.write_window_targets(
+        tiny_artifact, synthetic_data, files, files, tmp_path / "t.csv", log=lambda _: None
+    )
+    assert alive_at_predict == [0, 0, 0]
+
+
 def test_a_file_that_cannot_be_read_has_no_rows_and_the_others_keep_theirs(
     tiny_artifact, synthetic_data, tmp_path
 ):
