@@ -134,10 +134,9 @@ def check_artifact_dir(artifact_dir: str | Path, **keep_apart: str | Path | None
     return check_output_dir(
         artifact_dir,
         name="artifact_dir",
-        is_ours=is_artifact,
         what="an artifact of this project as training left it",
-        keep_apart=keep_apart,
         not_ours=not_the_artifact,
+        keep_apart=keep_apart,
     )
 
 

@@ -99,17 +99,18 @@ def check_output_dir(
     target: str | os.PathLike,
     *,
     name: str,
-    is_ours: Callable[[Path], bool],
     what: str,
+    is_ours: Callable[[Path], bool] | None = None,
+    not_ours: Callable[[Path], Sequence[str]] | None = None,
     keep_apart: Mapping[str, str | os.PathLike | None] | None = None,
     replace_ours: bool = True,
     how_to_replace: str = "",
-    not_ours: Callable[[Path], Sequence[str]] | None = None,
 ) -> Path:
     """Refuse (OutputRefused) to write the folder `target` (parameter `name`) unless it is new, empty, or `what`
-    this project wrote before (`is_ours`) and `replace_ours`; and unless it stays apart from every folder
-    of `keep_apart` ({parameter: path}). `not_ours`: what in it this project does not own, for the refusal
-    (default: its entries). Returns the resolved target. Nothing is touched."""
+    this project wrote before and `replace_ours`; and unless it stays apart from every folder of `keep_apart`
+    ({parameter: path}). Ours: `not_ours`, what in it this project does not own (named in the refusal), lists
+    nothing; or, given instead, `is_ours` says so (the refusal names every entry). Returns the resolved
+    target. Nothing is touched."""
     resolved = Path(target).expanduser().resolve()
     cwd, home = Path.cwd().resolve(), Path.home().resolve()
     if resolved == Path(resolved.anchor) or resolved == home or cwd.is_relative_to(resolved):
@@ -150,8 +151,8 @@ def check_output_dir(
     entries = sorted(p.name for p in resolved.iterdir())
     if not entries:
         return resolved
-    if not is_ours(resolved):
-        foreign = list(not_ours(resolved)) if not_ours else entries
+    foreign = list(not_ours(resolved)) if not_ours else ([] if is_ours(resolved) else entries)
+    if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise OutputRefused(
             f"{name}={str(target)!r} holds files this project did not write ({shown}); it is "

@@ -670,7 +670,6 @@ def new_competition_folder(out_dir: str | os.PathLike, overwrite: bool) -> Itera
     target = check_output_dir(
         out_dir,
         name="out",
-        is_ours=written_by_data_command,
         what="a competition folder written by `python -m pipeline data` and left as it was",
         not_ours=lambda folder: changes_since_marked(folder, COMPETITION_FOLDER),
         replace_ours=overwrite,

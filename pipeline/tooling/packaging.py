@@ -155,7 +155,6 @@ def package(
     out = check_output_dir(
         out,
         name="--out",
-        is_ours=is_package_output,
         what="a `kaggle package` output folder left as it was",
         not_ours=lambda folder: changes_since_marked(folder, PACKAGE_KIND),
     )

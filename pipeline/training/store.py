@@ -42,7 +42,7 @@ import numpy as np
 from ..core.config import SAMPLE_RATE
 from ..core.data import AudioError, load_audio
 from ..core.progress import plural, progress_bar
-from ..core.staging import MARKER, OutputRefused, check_output_dir, mark, marked_as, staged_directory
+from ..core.staging import MARKER, check_output_dir, mark, marked_as, staged_directory
 from ..core.tables import DataError, resolve_inside
 from ..devices.launch import helper_spawn_context
 
@@ -199,12 +199,14 @@ def open_or_build(
         if _complete(root / key, key):
             return _reuse(root / key, log)
         _explain_rebuild(root, records, log)
-        if (root / key).exists() and (strangers := not_cache_files(root / key)):
-            raise OutputRefused(
-                f"{root / key} is where this cache is built, and it holds files this project did not write "
-                f"({', '.join(strangers[:5])}{' ...' if len(strangers) > 5 else ''}); rebuilding would delete "
-                "them, so it is left alone. Move those files away, or choose another cache_dir"
-            )
+        # Over its own files only, and checked before decoding, not only at the swap: an hour's decoding must
+        # not end in a refusal.
+        check_output_dir(
+            root / key,
+            name="cache_dir",
+            what="an audio cache as this project left it",
+            not_ours=not_cache_files,
+        )
         started = time.perf_counter()
         with staged_directory(root / key, lambda folder: not not_cache_files(folder)) as staging:
             _build(files, records, key, sample_rate, staging, workers, stop_at_first_failure, log, progress)
